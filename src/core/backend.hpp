@@ -1,0 +1,49 @@
+// The backend interface. Each backend answers, for one call, through ONE planning function:
+// "can I run this, with which kernel, how much workspace, how many splits" — or the reason it
+// can't. dispatch.cpp asks the backends in priority order; "supported", "workspace size" and
+// "launch" therefore can never disagree.
+#pragma once
+#include <cstddef>
+#include <vector>
+
+#include "problem.hpp"
+#include "status.hpp"
+
+namespace flashport {
+
+struct Plan {
+  char kernel[96] = {0};     // human-readable kernel name (FLASHPORT_LOG, fp_selection)
+  size_t workspace_bytes = 0;
+  int32_t num_splits = 1;
+  int32_t kernel_id = 0;     // backend-private
+  int32_t num_threads = 0;   // CPU backends: resolved thread count
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual fp_backend id() const = 0;
+  // Compiled in and, for a GPU backend, a device present.
+  virtual bool available() const = 0;
+  virtual bool handles_device(fp_device_type dev) const = 0;
+
+  // Each plan_* returns OK and fills the plan, or FP_ERR_UNSUPPORTED with the reason.
+  virtual Status plan_fwd(const Problem& p, Plan* plan) const = 0;
+  virtual Status run_fwd(const Problem& p, const Plan& plan, void* workspace) const = 0;
+  virtual Status plan_bwd(const BwdProblem& p, Plan* plan) const = 0;
+  virtual Status run_bwd(const BwdProblem& p, const Plan& plan, void* workspace) const = 0;
+  virtual Status plan_merge(const MergeProblem& p, Plan* plan) const = 0;
+  virtual Status run_merge(const MergeProblem& p, const Plan& plan) const = 0;
+  virtual Status run_merge_bwd(const MergeBwdProblem& p, const Plan& plan) const = 0;
+};
+
+// Backends in priority order (fastest first); defined in dispatch.cpp from the compiled set.
+const std::vector<const Backend*>& registered_backends();
+
+// Factories, one per backend source folder (only the compiled ones are linked).
+const Backend* reference_backend();
+const Backend* cpu_backend();
+const Backend* cuda_backend();
+const Backend* hip_backend();
+
+}  // namespace flashport

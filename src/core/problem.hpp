@@ -1,0 +1,188 @@
+// The resolved form of a validated call: shapes, per-sequence lengths, element addressing and
+// score rules, as one trivially copyable struct that host code and GPU kernels both read.
+// validate.cpp is the only producer (resolve_fwd / resolve_bwd / resolve_merge).
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "flashport/flashport.h"
+#include "hd.hpp"
+
+namespace flashport {
+
+enum class KvLayout : int32_t { Batched = 0, Packed = 1, Paged = 2 };
+
+// Per-sequence lengths and row starts. Reads the int32 index tensors, so on a GPU it is only
+// called from device code (the pointers are device pointers there).
+struct SeqInfo {
+  int64_t batch = 0;
+  int64_t sq = 0;            // batched: q.shape[1]; varlen: max_seqlen_q
+  int64_t sk = 0;            // batched/cache: k.shape[1] (cache capacity); varlen: max_seqlen_k
+  int64_t snew = 0;          // rows of k_new (0 = no append)
+  const int32_t* cu_q = nullptr;       // [B+1] or null (batched q)
+  const int32_t* cu_k = nullptr;       // [B+1] or null
+  const int32_t* seqused_k = nullptr;  // [B] or null
+  KvLayout kv_layout = KvLayout::Batched;
+  const int32_t* block_table = nullptr;  // [B, max_blocks]
+  int64_t block_table_stride = 0;        // elements between rows of block_table
+  int64_t max_blocks = 0;
+  int64_t page_size = 0;
+  const int32_t* cache_batch_idx = nullptr;  // [B] or null
+
+  FP_HD int64_t q_len(int64_t b) const { return cu_q ? int64_t(cu_q[b + 1]) - cu_q[b] : sq; }
+  // First packed row of sequence b (0 for batched q).
+  FP_HD int64_t q_start(int64_t b) const { return cu_q ? int64_t(cu_q[b]) : 0; }
+  // Keys valid before the append (what seqused_k says), the full length otherwise.
+  FP_HD int64_t k_len_before_append(int64_t b) const {
+    if (seqused_k) return seqused_k[b];
+    if (cu_k) return int64_t(cu_k[b + 1]) - cu_k[b];
+    if (kv_layout == KvLayout::Paged) return max_blocks * page_size;
+    return sk;
+  }
+  FP_HD int64_t k_len(int64_t b) const { return k_len_before_append(b) + (seqused_k ? snew : 0); }
+  FP_HD int64_t k_start(int64_t b) const { return cu_k ? int64_t(cu_k[b]) : 0; }
+};
+
+// Addressing of q-like tensors (q, out, dout, dq, k_new, v_new): element (b, row, head, 0).
+struct RowAddr {
+  int64_t batch_stride = 0;  // 0 when packed
+  int64_t row_stride = 0;
+  int64_t head_stride = 0;
+  bool packed = false;       // rows are offset by cu_q[b] (q side) or cu_k[b] (k side)
+  FP_HD int64_t at(int64_t b, int64_t seq_start, int64_t row, int64_t h) const {
+    return packed ? (seq_start + row) * row_stride + h * head_stride
+                  : b * batch_stride + row * row_stride + h * head_stride;
+  }
+};
+
+// Addressing of k-like tensors (k, v, dk, dv): batched, packed or paged.
+struct KvAddr {
+  int64_t s0 = 0, s1 = 0, s2 = 0;  // the tensor's first three strides
+  KvLayout layout = KvLayout::Batched;
+  FP_HD int64_t at(const SeqInfo& seq, int64_t b, int64_t j, int64_t h) const {
+    switch (layout) {
+      case KvLayout::Packed:
+        return (seq.k_start(b) + j) * s0 + h * s2;
+      case KvLayout::Paged: {
+        const int64_t page = seq.block_table[b * seq.block_table_stride + j / seq.page_size];
+        return page * s0 + (j % seq.page_size) * s1 + h * s2;
+      }
+      default: {
+        const int64_t row = seq.cache_batch_idx ? int64_t(seq.cache_batch_idx[b]) : b;
+        return row * s0 + j * s1 + h * s2;
+      }
+    }
+  }
+};
+
+// LSE addressing: batched [B, Hq, Sq] or packed [Hq, Tq].
+struct LseAddr {
+  int64_t batch_stride = 0, head_stride = 0, row_stride = 0;
+  bool packed = false;
+  FP_HD int64_t at(int64_t b, int64_t seq_start, int64_t h, int64_t row) const {
+    return packed ? h * head_stride + (seq_start + row) * row_stride
+                  : b * batch_stride + h * head_stride + row * row_stride;
+  }
+};
+
+// The score rules of one call (everything between q.k and the softmax).
+struct ScoreRules {
+  float scale = 1.0f;     // softmax_scale, resolved
+  float softcap = 0.0f;   // 0 = off
+  int64_t window_left = -1, window_right = -1;  // resolved: causal => window_right = 0
+  bool top_left = false;  // causal_align
+  const float* alibi = nullptr;   // [Hq] or [B, Hq]
+  int64_t alibi_batch_stride = 0; // 0 for [Hq]
+  const float* sinks = nullptr;   // [Hq]
+  float dropout_p = 0.0f;
+  uint32_t dropout_threshold = 0;
+  uint64_t dropout_seed = 0, dropout_offset = 0;
+
+  FP_HD int64_t shift(int64_t lq, int64_t lk) const { return top_left ? 0 : lk - lq; }
+  // Visible keys of row i: [lo, hi) intersected with [0, lk).
+  FP_HD int64_t key_lo(int64_t i, int64_t shift_) const {
+    const int64_t lo = window_left >= 0 ? i + shift_ - window_left : 0;
+    return lo < 0 ? 0 : lo;
+  }
+  FP_HD int64_t key_hi(int64_t i, int64_t shift_, int64_t lk) const {
+    const int64_t hi = window_right >= 0 ? i + shift_ + window_right + 1 : lk;
+    return hi > lk ? lk : (hi < 0 ? 0 : hi);
+  }
+  FP_HD float alibi_slope(int64_t b, int64_t h) const {
+    return alibi ? alibi[b * alibi_batch_stride + h] : 0.0f;
+  }
+  FP_HD bool has_dropout() const { return dropout_p > 0.0f; }
+};
+
+// A validated forward call.
+struct Problem {
+  const fp_attn_params* raw = nullptr;  // the caller's struct (host memory)
+  fp_dtype dtype = FP_F32;              // of q, k, v, out
+  fp_device_type device = FP_DEVICE_CPU;
+  int32_t device_index = 0;
+  // Data pointers (device pointers for GPU calls), copied from raw so kernels can take them.
+  const void* q_ptr = nullptr;
+  void* k_ptr = nullptr;        // written by append-then-attend
+  void* v_ptr = nullptr;
+  void* out_ptr = nullptr;
+  void* lse_ptr = nullptr;      // null when no LSE is requested
+  const void* k_new_ptr = nullptr;
+  const void* v_new_ptr = nullptr;
+  const void* rotary_cos = nullptr;
+  const void* rotary_sin = nullptr;
+  int64_t hq = 0, hkv = 0, d = 0, dv = 0;
+  int64_t group = 1;                    // hq / hkv
+  SeqInfo seq;
+  RowAddr q, out;
+  KvAddr k, v;
+  bool has_lse = false;
+  fp_dtype lse_dtype = FP_F32;
+  LseAddr lse;
+  ScoreRules rules;
+  // Append-then-attend
+  RowAddr k_new, v_new;   // batched [B, Snew, Hkv, *]
+  int64_t rotary_dim = 0; // 0 = no rotary
+  bool rotary_interleaved = false;
+  fp_dtype rotary_dtype = FP_F32;
+  int64_t rotary_row_stride = 0;  // of cos and sin (same layout required)
+  int64_t rotary_rows = 0;        // S_ro
+  int32_t num_splits = 0;         // as requested
+  // Useful totals
+  int64_t total_q_rows = 0;       // B*Sq or Tq (upper bound of query rows)
+};
+
+struct BwdProblem {
+  Problem fwd;            // out and lse (required) are inputs here
+  const void* dout_ptr = nullptr;
+  void* dq_ptr = nullptr;
+  void* dk_ptr = nullptr;
+  void* dv_ptr = nullptr;
+  RowAddr dout, dq;
+  KvAddr dk, dv;
+  float* d_sinks = nullptr;
+  bool deterministic = false;
+};
+
+// Merge: all shapes normalised to batched (packed => batch 1, seq = T).
+struct MergeProblem {
+  const fp_merge_params* raw = nullptr;
+  fp_device_type device = FP_DEVICE_CPU;
+  int64_t splits = 0, batch = 0, seqlen = 0, heads = 0, dv = 0;
+  fp_dtype part_dtype = FP_F32, out_dtype = FP_F32, lse_dtype = FP_F32;
+  int64_t part_stride[5] = {0, 0, 0, 0, 0};   // (split, b, s, h, d)
+  int64_t lse_part_stride[4] = {0, 0, 0, 0};  // (split, b, h, s)
+  int64_t out_stride[4] = {0, 0, 0, 0};       // (b, s, h, d)
+  int64_t lse_stride[3] = {0, 0, 0};          // (b, h, s)
+  bool has_lse = false;
+};
+
+struct MergeBwdProblem {
+  MergeProblem fwd;
+  int64_t dout_stride[4] = {0, 0, 0, 0};
+  bool has_dlse = false;
+  int64_t dlse_stride[3] = {0, 0, 0};
+  int64_t d_part_stride[5] = {0, 0, 0, 0, 0};
+  int64_t d_lse_part_stride[4] = {0, 0, 0, 0};
+};
+
+}  // namespace flashport
