@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds everything and runs every test: the C++ suites (CTest), the CUDA build for sm_80/sm_90
+# (compiled here; its tests run only where a GPU is present), and the Python suite (pytest).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh --python
+jobs=$(nproc)
+start=$(date +%s)
+
+echo "== C++ build (CPU backends) and CTest"
+cmake -S . -B build-test -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+ninja -C build-test -j"$jobs"
+ctest --test-dir build-test --output-on-failure -j"$jobs"
+
+if command -v nvcc >/dev/null; then
+  echo "== CUDA build (sm_80, sm_90)"
+  cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHPORT_CUDA=ON \
+    "-DCMAKE_CUDA_ARCHITECTURES=${FLASHPORT_CUDA_ARCHS:-80;90}" >/dev/null
+  ninja -C build-cuda -j"$jobs"
+  ctest --test-dir build-cuda --output-on-failure -j"$jobs" -R '^gpu|Gpu|Cuda' || exit 1
+fi
+
+if [ -f pyproject.toml ]; then
+  echo "== Python package (pip install .) and pytest"
+  FLASHPORT_CUDA="${FLASHPORT_PY_CUDA:-OFF}" python3 -m pip install -q --disable-pip-version-check --no-build-isolation .
+  python3 -m pytest -q tests/python
+fi
+echo "== all tests passed in $(( $(date +%s) - start )) s"
