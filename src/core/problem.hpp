@@ -177,6 +177,7 @@ struct MergeProblem {
 };
 
 struct MergeBwdProblem {
+  const fp_merge_bwd_params* raw = nullptr;  // data pointers of dout, dlse, d_*_partials
   MergeProblem fwd;
   int64_t dout_stride[4] = {0, 0, 0, 0};
   bool has_dlse = false;
