@@ -207,6 +207,9 @@ void fp_merge_bwd_params_init(fp_merge_bwd_params* p);
 /* Validate and select. FP_OK and a filled selection, or an error with fp_last_error() set. */
 fp_status fp_attn_fwd_select(const fp_attn_params* p, fp_selection* sel);
 fp_status fp_attn_bwd_select(const fp_attn_bwd_params* p, fp_selection* sel);
+/* The workspace bytes the call needs (the selection's workspace_bytes; 0 = none). */
+fp_status fp_attn_fwd_workspace(const fp_attn_params* p, size_t* bytes);
+fp_status fp_attn_bwd_workspace(const fp_attn_bwd_params* p, size_t* bytes);
 
 fp_status fp_attn_fwd(const fp_attn_params* p);
 fp_status fp_attn_bwd(const fp_attn_bwd_params* p);

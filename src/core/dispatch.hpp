@@ -1,0 +1,46 @@
+// Backend selection and launch. ONE selection routine (choose_backend) answers fp_*_select,
+// the workspace size and the launch, so they can never disagree.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backend.hpp"
+
+namespace flashport {
+
+struct Selected {
+  const Backend* backend = nullptr;
+  Plan plan;
+  std::string skipped;  // "name: reason; ..." of the backends that declined (for FLASHPORT_LOG)
+};
+
+using PlanFn = std::function<Status(const Backend&, Plan*)>;
+
+// The backend a call is forced to: `requested` if not AUTO, else FLASHPORT_BACKEND
+// (reference|cpu|cuda|hip; empty or "auto" = none). An unknown env value is an error.
+Status forced_backend(fp_backend requested, fp_backend* forced);
+
+// The selection rule over an explicit backend list (priority order): with a forced backend,
+// that one or an error (BACKEND_UNAVAILABLE if not in the list or not available, UNSUPPORTED
+// with its reason if its plan declines); otherwise the first backend that handles `device` and
+// whose plan accepts, or UNSUPPORTED listing every reason.
+Status choose_backend(const std::vector<const Backend*>& backends, const char* op,
+                      fp_backend forced, fp_device_type device, const PlanFn& plan,
+                      Selected* out);
+
+// FP_ERR_WORKSPACE naming the required size if `given_bytes` is below the plan's need.
+Status check_workspace(const Selected& s, size_t given_bytes);
+
+// The compiled backend with this id, or null.
+const Backend* find_backend(fp_backend id);
+
+// The C API's operations on registered_backends() (validation included).
+Status attn_fwd_select(const fp_attn_params& p, fp_selection* sel);
+Status attn_bwd_select(const fp_attn_bwd_params& p, fp_selection* sel);
+Status attn_fwd(const fp_attn_params& p);
+Status attn_bwd(const fp_attn_bwd_params& p);
+Status merge_fwd(const fp_merge_params& p);
+Status merge_bwd(const fp_merge_bwd_params& p);
+
+}  // namespace flashport
