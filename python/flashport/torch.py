@@ -1,0 +1,545 @@
+"""flashport.torch: flash_attn 2.8's Python API on flashport.
+
+    from flashport.torch import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+
+Same signatures, defaults, argument order and return conventions as flash_attn 2.8, so code runs by
+changing the import. flashport extras are keyword-only: ``sinks`` (per-head sink logits),
+``causal_align`` ("bottom_right" as flash_attn, or "top_left" as torch SDPA), ``backend`` (force a
+backend, e.g. "reference") and, for flash_attn_func/varlen, ``num_splits``.
+
+The kernels are torch.library custom ops (namespace ``flashport``) with fake implementations, so
+torch.compile(fullgraph=True) traces them, and autograd formulas (backward on every backend that has
+one). CPU and CUDA tensors; GPU calls run on the current CUDA stream with workspace from torch's
+caching allocator. Dropout draws (seed, offset) from torch's default generator of the tensors'
+device, so torch.manual_seed reproduces a run; backward replays the same pattern.
+
+Differences from flash_attn, all loud:
+  * ``cache_leftpad`` is not supported: passing it raises NotImplementedError.
+  * The softmax LSE returned by return_attn_probs / return_softmax_lse is not differentiable (as in
+    flash_attn, whose backward ignores its gradient); it is marked non-differentiable here.
+  * ``S_dmask`` (return_attn_probs=True) is computed exactly, not as a kernel by-product: the
+    softmax probabilities P = exp(s - lse) of the visible keys, shape [B, Hq, Sq, Sk] (varlen:
+    [B, Hq, max_seqlen_q, max_seqlen_k], zero padded; no rounding to 128), with dropped elements
+    negated when dropout_p > 0 (flash_attn's encoding). It costs an extra O(Sq * Sk) pass and is
+    meant for testing, as in flash_attn.
+"""
+import math
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from . import _C, Backend, CausalAlign
+
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "flash_attn_with_kvcache",
+    "merge_attn_states",
+]
+
+_U64 = (1 << 64) - 1
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers (run inside the custom ops: real tensors only)
+# --------------------------------------------------------------------------------------------
+
+def _dl(t: Optional[Tensor]):
+    """A DLPack capsule of t (no stream synchronisation: we run on the current stream)."""
+    if t is None:
+        return None
+    return t.detach().__dlpack__(stream=-1)
+
+
+def _stream(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+
+
+def _allocator(device: torch.device):
+    """Workspace from torch's caching allocator; the list keeps it alive for the call."""
+    held: List[Tensor] = []
+
+    def alloc(nbytes: int) -> int:
+        t = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        held.append(t)
+        return t.data_ptr()
+
+    return alloc, held
+
+
+def _tensors(**kw) -> dict:
+    return {k: _dl(v) for k, v in kw.items() if v is not None}
+
+
+def _lse_dtype(q: Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def _draw_dropout_rng(device: torch.device, streams: int) -> Tensor:
+    """(seed, offset) for one dropout call, drawn from torch's default generator of `device`,
+    advancing it, as a CPU int64 [2] tensor (bit patterns of the uint64 values)."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        gen = torch.cuda.default_generators[index]
+        seed = gen.initial_seed()
+        offset = gen.get_offset()
+        # Our Philox streams are offset + b * Hq + h; the generator's offset moves in 4s.
+        gen.set_offset(offset + (streams + 3) // 4 * 4)
+    else:
+        seed, offset = (int(x) for x in torch.randint(0, 2**62, (2,), dtype=torch.int64))
+    as_i64 = [x - (1 << 64) if x >= (1 << 63) else x for x in (seed & _U64, offset & _U64)]
+    return torch.tensor(as_i64, dtype=torch.int64)
+
+
+def _rng_scalars(rng_state: Tensor) -> dict:
+    seed, offset = (int(x) & _U64 for x in rng_state.tolist())
+    return {"dropout_seed": seed, "dropout_offset": offset}
+
+
+def _backend_id(backend) -> int:
+    if backend is None:
+        return int(Backend.AUTO)
+    if isinstance(backend, str):
+        try:
+            return int(Backend[backend.upper()])
+        except KeyError:
+            raise ValueError(f"flashport: unknown backend {backend!r}; one of "
+                             f"{[b.name.lower() for b in Backend]}") from None
+    return int(Backend(backend))
+
+
+def _align_id(causal_align) -> int:
+    if isinstance(causal_align, str):
+        try:
+            return int(CausalAlign[causal_align.upper()])
+        except KeyError:
+            raise ValueError(f"flashport: causal_align must be 'bottom_right' or 'top_left', "
+                             f"got {causal_align!r}") from None
+    return int(CausalAlign(causal_align))
+
+
+def _window(window_size) -> Tuple[int, int]:
+    if len(window_size) != 2:
+        raise ValueError(f"flashport: window_size must be (left, right), got {window_size!r}")
+    return int(window_size[0]), int(window_size[1])
+
+
+def _maybe_contiguous(x: Optional[Tensor]) -> Optional[Tensor]:
+    return x.contiguous() if x is not None and x.stride(-1) != 1 else x
+
+
+def _scale(q: Tensor, softmax_scale) -> float:
+    return float(q.shape[-1] ** (-0.5) if softmax_scale is None else softmax_scale)
+
+
+# --------------------------------------------------------------------------------------------
+# Custom ops: forward / backward (batched and varlen), KV cache forward, merge
+# --------------------------------------------------------------------------------------------
+
+@torch.library.custom_op("flashport::attn_fwd", mutates_args=())
+def _attn_fwd(
+    q: Tensor, k: Tensor, v: Tensor,
+    cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+    max_seqlen_q: int, max_seqlen_k: int,
+    block_table: Optional[Tensor], alibi_slopes: Optional[Tensor], sinks: Optional[Tensor],
+    dropout_p: float, softmax_scale: float, causal: bool, window_left: int, window_right: int,
+    softcap: float, causal_align: int, num_splits: int, deterministic: bool, backend: int,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    out, lse, rng = _attn_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                   block_table, alibi_slopes, sinks, dropout_p, softmax_scale,
+                                   causal, window_left, window_right, softcap, causal_align,
+                                   num_splits, deterministic, backend)
+    scalars = dict(softmax_scale=softmax_scale, causal=int(causal), causal_align=causal_align,
+                   window_left=window_left, window_right=window_right, softcap=softcap,
+                   dropout_p=dropout_p, num_splits=num_splits, backend=backend)
+    if cu_seqlens_q is not None:
+        scalars.update(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    if dropout_p > 0.0:
+        batch = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.numel() - 1
+        rng.copy_(_draw_dropout_rng(q.device, batch * q.shape[-2]))
+        scalars.update(_rng_scalars(rng))
+    else:
+        rng.zero_()
+    alloc, _held = _allocator(q.device)
+    _C.attn_fwd(_tensors(q=q, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q,
+                         cu_seqlens_k=cu_seqlens_k, block_table=block_table,
+                         alibi_slopes=alibi_slopes, sinks=sinks),
+                scalars, _stream(q.device), alloc)
+    return out, lse, rng
+
+
+@_attn_fwd.register_fake
+def _attn_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
+                   alibi_slopes, sinks, dropout_p, softmax_scale, causal, window_left,
+                   window_right, softcap, causal_align, num_splits, deterministic, backend):
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    if cu_seqlens_q is None:  # q [B, Sq, Hq, D] -> lse [B, Hq, Sq]
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=_lse_dtype(q))
+    else:  # q [Tq, Hq, D] -> lse [Hq, Tq]
+        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=_lse_dtype(q))
+    rng = torch.empty((2,), dtype=torch.int64, device="cpu")
+    return out, lse, rng
+
+
+@torch.library.custom_op("flashport::attn_bwd", mutates_args=())
+def _attn_bwd(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+    cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+    max_seqlen_q: int, max_seqlen_k: int,
+    block_table: Optional[Tensor], alibi_slopes: Optional[Tensor], sinks: Optional[Tensor],
+    rng_state: Tensor, dropout_p: float, softmax_scale: float, causal: bool, window_left: int,
+    window_right: int, softcap: float, causal_align: int, deterministic: bool, backend: int,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    dq, dk, dv, d_sinks = _attn_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                         max_seqlen_q, max_seqlen_k, block_table, alibi_slopes,
+                                         sinks, rng_state, dropout_p, softmax_scale, causal,
+                                         window_left, window_right, softcap, causal_align,
+                                         deterministic, backend)
+    scalars = dict(softmax_scale=softmax_scale, causal=int(causal), causal_align=causal_align,
+                   window_left=window_left, window_right=window_right, softcap=softcap,
+                   dropout_p=dropout_p, backend=backend, deterministic=int(deterministic))
+    if cu_seqlens_q is not None:
+        scalars.update(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    if dropout_p > 0.0:
+        scalars.update(_rng_scalars(rng_state))
+    alloc, _held = _allocator(q.device)
+    _C.attn_bwd(_tensors(dout=_maybe_contiguous(dout), q=q, k=k, v=v, out=out, lse=lse,
+                         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                         block_table=block_table, alibi_slopes=alibi_slopes, sinks=sinks,
+                         dq=dq, dk=dk, dv=dv, d_sinks=d_sinks if sinks is not None else None),
+                scalars, _stream(q.device), alloc)
+    return dq, dk, dv, d_sinks
+
+
+@_attn_bwd.register_fake
+def _attn_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                   max_seqlen_k, block_table, alibi_slopes, sinks, rng_state, dropout_p,
+                   softmax_scale, causal, window_left, window_right, softcap, causal_align,
+                   deterministic, backend):
+    d_sinks = (torch.empty_like(sinks, dtype=torch.float32) if sinks is not None
+               else q.new_empty((0,), dtype=torch.float32))
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), d_sinks
+
+
+def _attn_setup_context(ctx, inputs, output):
+    (q, k, v, cu_q, cu_k, max_q, max_k, block_table, alibi, sinks, dropout_p, scale, causal,
+     wl, wr, softcap, align, _num_splits, deterministic, backend) = inputs
+    out, lse, rng = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, block_table, alibi, sinks, rng)
+    ctx.args = (max_q, max_k, dropout_p, scale, causal, wl, wr, softcap, align, deterministic,
+                backend)
+    ctx.has_sinks = sinks is not None
+    ctx.mark_non_differentiable(lse, rng)
+
+
+def _attn_backward(ctx, dout, _dlse, _drng):
+    q, k, v, out, lse, cu_q, cu_k, block_table, alibi, sinks, rng = ctx.saved_tensors
+    (max_q, max_k, dropout_p, scale, causal, wl, wr, softcap, align, deterministic,
+     backend) = ctx.args
+    dq, dk, dv, d_sinks = torch.ops.flashport.attn_bwd(
+        dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, block_table, alibi, sinks, rng,
+        dropout_p, scale, causal, wl, wr, softcap, align, deterministic, backend)
+    return (dq, dk, dv, None, None, None, None, None, None,
+            d_sinks if ctx.has_sinks else None,
+            None, None, None, None, None, None, None, None, None, None)
+
+
+torch.library.register_autograd("flashport::attn_fwd", _attn_backward,
+                                setup_context=_attn_setup_context)
+
+
+@torch.library.custom_op("flashport::attn_fwd_kvcache", mutates_args=("k_cache", "v_cache"))
+def _attn_fwd_kvcache(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
+    rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor], cache_seqlens: Optional[Tensor],
+    cache_batch_idx: Optional[Tensor], block_table: Optional[Tensor],
+    alibi_slopes: Optional[Tensor], sinks: Optional[Tensor], softmax_scale: float, causal: bool,
+    window_left: int, window_right: int, softcap: float, rotary_interleaved: bool,
+    num_splits: int, causal_align: int, backend: int,
+) -> Tuple[Tensor, Tensor]:
+    out, lse = _attn_fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                      cache_seqlens, cache_batch_idx, block_table, alibi_slopes,
+                                      sinks, softmax_scale, causal, window_left, window_right,
+                                      softcap, rotary_interleaved, num_splits, causal_align,
+                                      backend)
+    scalars = dict(softmax_scale=softmax_scale, causal=int(causal), causal_align=causal_align,
+                   window_left=window_left, window_right=window_right, softcap=softcap,
+                   rotary_interleaved=int(rotary_interleaved), num_splits=num_splits,
+                   backend=backend)
+    alloc, _held = _allocator(q.device)
+    _C.attn_fwd(_tensors(q=q, k=k_cache, v=v_cache, out=out, lse=lse, k_new=k, v_new=v,
+                         rotary_cos=rotary_cos, rotary_sin=rotary_sin, seqused_k=cache_seqlens,
+                         cache_batch_idx=cache_batch_idx, block_table=block_table,
+                         alibi_slopes=alibi_slopes, sinks=sinks),
+                scalars, _stream(q.device), alloc)
+    return out, lse
+
+
+@_attn_fwd_kvcache.register_fake
+def _attn_fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                           cache_batch_idx, block_table, alibi_slopes, sinks, softmax_scale,
+                           causal, window_left, window_right, softcap, rotary_interleaved,
+                           num_splits, causal_align, backend):
+    out = q.new_empty((*q.shape[:-1], v_cache.shape[-1]))
+    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=_lse_dtype(q))
+    return out, lse
+
+
+@torch.library.custom_op("flashport::merge_fwd", mutates_args=())
+def _merge_fwd(out_partials: Tensor, lse_partials: Tensor, backend: int) -> Tuple[Tensor, Tensor]:
+    out, lse = _merge_fwd_fake(out_partials, lse_partials, backend)
+    _C.merge_fwd(_tensors(out_partials=out_partials, lse_partials=lse_partials, out=out, lse=lse),
+                 backend, _stream(out_partials.device))
+    return out, lse
+
+
+@_merge_fwd.register_fake
+def _merge_fwd_fake(out_partials, lse_partials, backend):
+    return (out_partials.new_empty(out_partials.shape[1:]),
+            lse_partials.new_empty(lse_partials.shape[1:]))
+
+
+@torch.library.custom_op("flashport::merge_bwd", mutates_args=())
+def _merge_bwd(out_partials: Tensor, lse_partials: Tensor, out: Tensor, lse: Tensor, dout: Tensor,
+               dlse: Optional[Tensor], backend: int) -> Tuple[Tensor, Tensor]:
+    d_out_partials, d_lse_partials = _merge_bwd_fake(out_partials, lse_partials, out, lse, dout,
+                                                     dlse, backend)
+    _C.merge_bwd(_tensors(out_partials=out_partials, lse_partials=lse_partials, out=out, lse=lse,
+                          dout=_maybe_contiguous(dout), dlse=_maybe_contiguous(dlse),
+                          d_out_partials=d_out_partials, d_lse_partials=d_lse_partials),
+                 backend, _stream(out_partials.device))
+    return d_out_partials, d_lse_partials
+
+
+@_merge_bwd.register_fake
+def _merge_bwd_fake(out_partials, lse_partials, out, lse, dout, dlse, backend):
+    return torch.empty_like(out_partials), torch.empty_like(lse_partials)
+
+
+def _merge_setup_context(ctx, inputs, output):
+    out_partials, lse_partials, backend = inputs
+    out, lse = output
+    ctx.save_for_backward(out_partials, lse_partials, out, lse)
+    ctx.backend = backend
+
+
+def _merge_backward(ctx, dout, dlse):
+    out_partials, lse_partials, out, lse = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    d_out_partials, d_lse_partials = torch.ops.flashport.merge_bwd(
+        out_partials, lse_partials, out, lse, dout, dlse, ctx.backend)
+    return d_out_partials, d_lse_partials, None
+
+
+torch.library.register_autograd("flashport::merge_fwd", _merge_backward,
+                                setup_context=_merge_setup_context)
+
+
+# --------------------------------------------------------------------------------------------
+# S_dmask for return_attn_probs (testing aid, as in flash_attn)
+# --------------------------------------------------------------------------------------------
+
+def _probs_one(q, k, lse, keep, scale, causal, wl, wr, softcap, slopes, align):
+    """P for one sequence: q [Lq, Hq, D], k [Lk, Hkv, D], lse [Hq, Lq] -> [Hq, Lq, Lk]."""
+    lq, hq = q.shape[0], q.shape[1]
+    lk, hkv = k.shape[0], k.shape[1]
+    kk = k.float().repeat_interleave(hq // hkv, dim=1)
+    s = torch.einsum("ihd,jhd->hij", q.float(), kk) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    shift = (lk - lq) if align == int(CausalAlign.BOTTOM_RIGHT) else 0
+    i = torch.arange(lq, device=q.device)[:, None]
+    j = torch.arange(lk, device=q.device)[None, :]
+    if slopes is not None:
+        s = s - slopes.float()[:, None, None] * (i + shift - j).abs()
+    visible = torch.ones(lq, lk, dtype=torch.bool, device=q.device)
+    if causal:
+        wr = 0
+    if wl >= 0:
+        visible &= j >= i + shift - wl
+    if wr >= 0:
+        visible &= j <= i + shift + wr
+    p = torch.exp(s - lse.float()[:, :, None]).masked_fill(~visible, 0.0)
+    if keep is not None:
+        p = torch.where(keep, p, -p)
+    return p
+
+
+def _attn_probs(q, k, lse, rng, dropout_p, scale, causal, window, softcap, alibi, align,
+                cu_q=None, cu_k=None, max_q=0, max_k=0, block_table=None):
+    if block_table is not None:
+        raise NotImplementedError("flashport: return_attn_probs with a paged KV cache "
+                                  "(block_table) is not supported")
+    wl, wr = window
+    with torch.no_grad():
+        if cu_q is None:
+            batch, sq, hq = q.shape[0], q.shape[1], q.shape[2]
+            sk = k.shape[1]
+            seqs = [(q[b], k[b], lse[b]) for b in range(batch)]
+        else:
+            batch, hq = cu_q.numel() - 1, q.shape[1]
+            sq, sk = max_q, max_k
+            cq, ck = cu_q.tolist(), cu_k.tolist()
+            seqs = [(q[cq[b]:cq[b + 1]], k[ck[b]:ck[b + 1]], lse[:, cq[b]:cq[b + 1]])
+                    for b in range(batch)]
+        keep_all = None
+        if dropout_p > 0.0:
+            seed, offset = (int(x) & _U64 for x in rng.tolist())
+            keep_all = torch.from_numpy(
+                _C.dropout_keep_mask(seed, offset, batch, hq, sq, sk, float(dropout_p))
+            ).to(device=q.device, dtype=torch.bool)
+        s_dmask = torch.zeros((batch, hq, sq, sk), dtype=q.dtype, device=q.device)
+        for b, (qb, kb, lb) in enumerate(seqs):
+            lq, lk = qb.shape[0], kb.shape[0]
+            slopes = None
+            if alibi is not None:
+                slopes = alibi if alibi.dim() == 1 else alibi[b]
+            keep = None if keep_all is None else keep_all[b, :, :lq, :lk]
+            s_dmask[b, :, :lq, :lk] = _probs_one(qb, kb, lb, keep, scale, causal, wl, wr, softcap,
+                                                 slopes, align).to(q.dtype)
+        return s_dmask
+
+
+# --------------------------------------------------------------------------------------------
+# Public API (flash_attn 2.8 signatures)
+# --------------------------------------------------------------------------------------------
+
+def flash_attn_func(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),  # -1 means infinite context window
+    softcap=0.0,  # 0.0 means deactivated
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    sinks=None,
+    causal_align="bottom_right",
+    num_splits=0,
+    backend=None,
+):
+    """flash_attn.flash_attn_func. q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D|Dv] -> out [B, Sq, Hq, Dv];
+    with return_attn_probs: (out, softmax_lse [B, Hq, Sq], S_dmask). See the module docstring."""
+    q, k, v = (_maybe_contiguous(x) for x in (q, k, v))
+    scale = _scale(q, softmax_scale)
+    wl, wr = _window(window_size)
+    align = _align_id(causal_align)
+    out, lse, rng = torch.ops.flashport.attn_fwd(
+        q, k, v, None, None, 0, 0, None, alibi_slopes, sinks, float(dropout_p), scale,
+        bool(causal), wl, wr, float(softcap), align, int(num_splits), bool(deterministic),
+        _backend_id(backend))
+    if not return_attn_probs:
+        return out
+    s_dmask = _attn_probs(q, k, lse, rng, dropout_p, scale, causal, (wl, wr), softcap,
+                          alibi_slopes, align)
+    return out, lse, s_dmask
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),  # -1 means infinite context window
+    softcap=0.0,  # 0.0 means deactivated
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    block_table=None,
+    *,
+    sinks=None,
+    causal_align="bottom_right",
+    num_splits=0,
+    backend=None,
+):
+    """flash_attn.flash_attn_varlen_func. q [Tq, Hq, D], k/v [Tk, Hkv, D|Dv] (or a paged cache
+    [num_blocks, page_size, Hkv, D|Dv] with block_table), cu_seqlens int32 [B+1] -> out
+    [Tq, Hq, Dv]; with return_attn_probs: (out, softmax_lse [Hq, Tq], S_dmask)."""
+    q, k, v = (_maybe_contiguous(x) for x in (q, k, v))
+    scale = _scale(q, softmax_scale)
+    wl, wr = _window(window_size)
+    align = _align_id(causal_align)
+    out, lse, rng = torch.ops.flashport.attn_fwd(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), block_table,
+        alibi_slopes, sinks, float(dropout_p), scale, bool(causal), wl, wr, float(softcap), align,
+        int(num_splits), bool(deterministic), _backend_id(backend))
+    if not return_attn_probs:
+        return out
+    s_dmask = _attn_probs(q, k, lse, rng, dropout_p, scale, causal, (wl, wr), softcap,
+                          alibi_slopes, align, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+                          int(max_seqlen_k), block_table)
+    return out, lse, s_dmask
+
+
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens: Optional[Union[(int, torch.Tensor)]] = None,
+    cache_batch_idx: Optional[torch.Tensor] = None,
+    cache_leftpad: Optional[torch.Tensor] = None,
+    block_table: Optional[torch.Tensor] = None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),  # -1 means infinite context window
+    softcap=0.0,  # 0.0 means deactivated
+    rotary_interleaved=True,
+    alibi_slopes=None,
+    num_splits=0,
+    return_softmax_lse=False,
+    *,
+    sinks=None,
+    causal_align="bottom_right",
+    backend=None,
+):
+    """flash_attn.flash_attn_with_kvcache: appends k/v into the cache in place at cache_seqlens
+    (after rotary), then attends. Returns out, or (out, softmax_lse) with return_softmax_lse.
+    No backward (as in flash_attn)."""
+    if cache_leftpad is not None:
+        raise NotImplementedError(
+            "flashport: cache_leftpad is not supported (the C API has no left-padded KV cache); "
+            "shift the cache rows or use flash_attn_varlen_func")
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("flashport: k_cache and v_cache must have a contiguous last dimension")
+    if (k is None) != (v is None):
+        raise ValueError("flashport: k and v must be given together")
+    q, k, v = (_maybe_contiguous(x) for x in (q, k, v))
+    if cache_seqlens is not None and isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32,
+                                   device=k_cache.device)
+    wl, wr = _window(window_size)
+    out, lse = torch.ops.flashport.attn_fwd_kvcache(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+        _maybe_contiguous(cache_batch_idx), _maybe_contiguous(block_table), alibi_slopes, sinks,
+        _scale(q, softmax_scale), bool(causal), wl, wr, float(softcap), bool(rotary_interleaved),
+        int(num_splits), _align_id(causal_align), _backend_id(backend))
+    return (out, lse) if return_softmax_lse else out
+
+
+def merge_attn_states(out_partials, lse_partials, *, backend=None):
+    """Merges partial attention results computed over disjoint key sets into one:
+        lse = log sum_i exp(lse_i),  out = sum_i exp(lse_i - lse) * out_i.
+    out_partials [N, B, S, H, Dv] with lse_partials [N, B, H, S] (or packed [N, T, H, Dv] with
+    [N, H, T]); a list of N tensors is stacked. Returns (out, lse). Differentiable in both."""
+    if isinstance(out_partials, (list, tuple)):
+        out_partials = torch.stack(list(out_partials))
+    if isinstance(lse_partials, (list, tuple)):
+        lse_partials = torch.stack(list(lse_partials))
+    return torch.ops.flashport.merge_fwd(_maybe_contiguous(out_partials),
+                                         _maybe_contiguous(lse_partials), _backend_id(backend))
