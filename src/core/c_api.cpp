@@ -78,13 +78,13 @@ void fp_merge_bwd_params_init(fp_merge_bwd_params* p) {
 fp_status fp_attn_fwd_select(const fp_attn_params* p, fp_selection* sel) {
   if (!p) return null_arg("params");
   if (!sel) return null_arg("selection");
-  return guarded("fp_attn_fwd_select", [&] { return flashport::attn_fwd_select(*p, sel); });
+  return guarded("fp_attn_fwd_select", [&] { return flashport::attn_fwd_select_op(*p, sel); });
 }
 
 fp_status fp_attn_bwd_select(const fp_attn_bwd_params* p, fp_selection* sel) {
   if (!p) return null_arg("params");
   if (!sel) return null_arg("selection");
-  return guarded("fp_attn_bwd_select", [&] { return flashport::attn_bwd_select(*p, sel); });
+  return guarded("fp_attn_bwd_select", [&] { return flashport::attn_bwd_select_op(*p, sel); });
 }
 
 fp_status fp_attn_fwd_workspace(const fp_attn_params* p, size_t* bytes) {
@@ -107,22 +107,22 @@ fp_status fp_attn_bwd_workspace(const fp_attn_bwd_params* p, size_t* bytes) {
 
 fp_status fp_attn_fwd(const fp_attn_params* p) {
   if (!p) return null_arg("params");
-  return guarded("fp_attn_fwd", [&] { return flashport::attn_fwd(*p); });
+  return guarded("fp_attn_fwd", [&] { return flashport::attn_fwd_op(*p); });
 }
 
 fp_status fp_attn_bwd(const fp_attn_bwd_params* p) {
   if (!p) return null_arg("params");
-  return guarded("fp_attn_bwd", [&] { return flashport::attn_bwd(*p); });
+  return guarded("fp_attn_bwd", [&] { return flashport::attn_bwd_op(*p); });
 }
 
 fp_status fp_merge_fwd(const fp_merge_params* p) {
   if (!p) return null_arg("params");
-  return guarded("fp_merge_fwd", [&] { return flashport::merge_fwd(*p); });
+  return guarded("fp_merge_fwd", [&] { return flashport::merge_fwd_op(*p); });
 }
 
 fp_status fp_merge_bwd(const fp_merge_bwd_params* p) {
   if (!p) return null_arg("params");
-  return guarded("fp_merge_bwd", [&] { return flashport::merge_bwd(*p); });
+  return guarded("fp_merge_bwd", [&] { return flashport::merge_bwd_op(*p); });
 }
 
 const char* fp_last_error(void) { return g_last_error.c_str(); }

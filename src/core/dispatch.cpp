@@ -203,7 +203,7 @@ Status choose_backend(const std::vector<const Backend*>& backends, const char* o
   return unsupported(std::string("no backend can run this ") + op + ": " + s.skipped);
 }
 
-Status attn_fwd_select(const fp_attn_params& p, fp_selection* sel) {
+Status attn_fwd_select_op(const fp_attn_params& p, fp_selection* sel) {
   return logged("attn_fwd_select", [&] {
     Problem prob;
     FP_RETURN_IF_ERROR(resolve_fwd(p, &prob));
@@ -215,7 +215,7 @@ Status attn_fwd_select(const fp_attn_params& p, fp_selection* sel) {
   });
 }
 
-Status attn_bwd_select(const fp_attn_bwd_params& p, fp_selection* sel) {
+Status attn_bwd_select_op(const fp_attn_bwd_params& p, fp_selection* sel) {
   return logged("attn_bwd_select", [&] {
     BwdProblem prob;
     FP_RETURN_IF_ERROR(resolve_bwd(p, &prob));
@@ -227,7 +227,7 @@ Status attn_bwd_select(const fp_attn_bwd_params& p, fp_selection* sel) {
   });
 }
 
-Status attn_fwd(const fp_attn_params& p) {
+Status attn_fwd_op(const fp_attn_params& p) {
   return logged("attn_fwd", [&] {
     Problem prob;
     FP_RETURN_IF_ERROR(resolve_fwd(p, &prob));
@@ -239,7 +239,7 @@ Status attn_fwd(const fp_attn_params& p) {
   });
 }
 
-Status attn_bwd(const fp_attn_bwd_params& p) {
+Status attn_bwd_op(const fp_attn_bwd_params& p) {
   return logged("attn_bwd", [&] {
     BwdProblem prob;
     FP_RETURN_IF_ERROR(resolve_bwd(p, &prob));
@@ -251,7 +251,7 @@ Status attn_bwd(const fp_attn_bwd_params& p) {
   });
 }
 
-Status merge_fwd(const fp_merge_params& p) {
+Status merge_fwd_op(const fp_merge_params& p) {
   return logged("merge_fwd", [&] {
     MergeProblem prob;
     FP_RETURN_IF_ERROR(resolve_merge(p, &prob));
@@ -262,7 +262,7 @@ Status merge_fwd(const fp_merge_params& p) {
   });
 }
 
-Status merge_bwd(const fp_merge_bwd_params& p) {
+Status merge_bwd_op(const fp_merge_bwd_params& p) {
   return logged("merge_bwd", [&] {
     MergeBwdProblem prob;
     FP_RETURN_IF_ERROR(resolve_merge_bwd(p, &prob));

@@ -36,11 +36,11 @@ Status check_workspace(const Selected& s, size_t given_bytes);
 const Backend* find_backend(fp_backend id);
 
 // The C API's operations on registered_backends() (validation included).
-Status attn_fwd_select(const fp_attn_params& p, fp_selection* sel);
-Status attn_bwd_select(const fp_attn_bwd_params& p, fp_selection* sel);
-Status attn_fwd(const fp_attn_params& p);
-Status attn_bwd(const fp_attn_bwd_params& p);
-Status merge_fwd(const fp_merge_params& p);
-Status merge_bwd(const fp_merge_bwd_params& p);
+Status attn_fwd_select_op(const fp_attn_params& p, fp_selection* sel);
+Status attn_bwd_select_op(const fp_attn_bwd_params& p, fp_selection* sel);
+Status attn_fwd_op(const fp_attn_params& p);
+Status attn_bwd_op(const fp_attn_bwd_params& p);
+Status merge_fwd_op(const fp_merge_params& p);
+Status merge_bwd_op(const fp_merge_bwd_params& p);
 
 }  // namespace flashport
