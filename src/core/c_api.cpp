@@ -45,6 +45,10 @@ fp_status null_arg(const char* name) {
 
 }  // namespace
 
+fp_status flashport::call_at_c_boundary(const char* fn, const std::function<Status()>& body) {
+  return guarded(fn, body);
+}
+
 extern "C" {
 
 void fp_attn_params_init(fp_attn_params* p) {

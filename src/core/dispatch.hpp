@@ -35,6 +35,10 @@ Status check_workspace(const Selected& s, size_t given_bytes);
 // The compiled backend with this id, or null.
 const Backend* find_backend(fp_backend id);
 
+// The C API boundary (c_api.cpp): runs `body`, sets the thread's last error, and maps every
+// exception to FP_ERR_RUNTIME naming `fn`. Exposed for tests.
+fp_status call_at_c_boundary(const char* fn, const std::function<Status()>& body);
+
 // The C API's operations on registered_backends() (validation included).
 Status attn_fwd_select_op(const fp_attn_params& p, fp_selection* sel);
 Status attn_bwd_select_op(const fp_attn_bwd_params& p, fp_selection* sel);

@@ -1,0 +1,295 @@
+// Backend selection: the one routine behind select, workspace and launch; forced backends, the
+// FLASHPORT_BACKEND override, unavailable backends, workspace errors and FLASHPORT_LOG.
+// Selection logic is exercised with local test backends; the C API with the registered ones.
+#include <cstdlib>
+#include <string>
+
+#include "core/dispatch.hpp"
+#include "validate_fixtures.hpp"
+
+namespace flashport::test {
+namespace {
+
+// Sets an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    if (value) setenv(name, value, 1); else unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_, old_.c_str(), 1); else unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+// A local test backend for the selection rule (not part of the library).
+class TestBackend final : public Backend {
+ public:
+  TestBackend(fp_backend id, fp_device_type dev, bool available, const char* reject,
+              size_t workspace = 0)
+      : id_(id), dev_(dev), available_(available), reject_(reject), workspace_(workspace) {}
+  fp_backend id() const override { return id_; }
+  bool available() const override { return available_; }
+  bool handles_device(fp_device_type d) const override { return d == dev_; }
+  Status plan_fwd(const Problem&, Plan* plan) const override { return plan_any(plan); }
+  Status run_fwd(const Problem&, const Plan&, void*) const override { return Status::ok(); }
+  Status plan_bwd(const BwdProblem&, Plan* plan) const override { return plan_any(plan); }
+  Status run_bwd(const BwdProblem&, const Plan&, void*) const override { return Status::ok(); }
+  Status plan_merge(const MergeProblem&, Plan* plan) const override { return plan_any(plan); }
+  Status run_merge(const MergeProblem&, const Plan&) const override { return Status::ok(); }
+  Status run_merge_bwd(const MergeBwdProblem&, const Plan&) const override { return Status::ok(); }
+  mutable int plans = 0;
+
+ private:
+  Status plan_any(Plan* plan) const {
+    ++plans;
+    if (reject_) return unsupported(reject_);
+    std::snprintf(plan->kernel, sizeof(plan->kernel), "test_kernel_%s", fp_backend_name(id_));
+    plan->workspace_bytes = workspace_;
+    plan->num_splits = 3;
+    return Status::ok();
+  }
+  fp_backend id_;
+  fp_device_type dev_;
+  bool available_;
+  const char* reject_;
+  size_t workspace_;
+};
+
+Status choose(const std::vector<const Backend*>& list, fp_backend forced, fp_device_type dev,
+              Selected* s) {
+  Problem prob;
+  return choose_backend(list, "attn_fwd", forced, dev,
+                        [&](const Backend& b, Plan* plan) { return b.plan_fwd(prob, plan); }, s);
+}
+
+TEST(Dispatch, FirstAcceptingBackendInPriorityOrderWins) {
+  TestBackend cuda(FP_BACKEND_CUDA, FP_DEVICE_CUDA, true, nullptr);
+  TestBackend cpu(FP_BACKEND_CPU, FP_DEVICE_CPU, true, "cpu: softcap with dropout not supported");
+  TestBackend ref(FP_BACKEND_REFERENCE, FP_DEVICE_CPU, true, nullptr);
+  Selected s;
+  ASSERT_TRUE(choose({&cuda, &cpu, &ref}, FP_BACKEND_AUTO, FP_DEVICE_CPU, &s).is_ok());
+  EXPECT_EQ(s.backend, &ref);
+  EXPECT_EQ(cuda.plans, 0);  // never asked about CPU tensors
+  EXPECT_EQ(cpu.plans, 1);
+  EXPECT_STREQ(s.plan.kernel, "test_kernel_reference");
+  EXPECT_NE(s.skipped.find("cpu: cpu: softcap with dropout not supported"), std::string::npos);
+}
+
+TEST(Dispatch, NoBackendAcceptsListsEveryReason) {
+  TestBackend cpu(FP_BACKEND_CPU, FP_DEVICE_CPU, true, "reason one");
+  TestBackend ref(FP_BACKEND_REFERENCE, FP_DEVICE_CPU, true, "reason two");
+  Selected s;
+  Status st = choose({&cpu, &ref}, FP_BACKEND_AUTO, FP_DEVICE_CPU, &s);
+  EXPECT_EQ(st.code(), FP_ERR_UNSUPPORTED);
+  EXPECT_NE(st.message().find("cpu: reason one"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("reference: reason two"), std::string::npos) << st.message();
+  EXPECT_EQ(s.backend, nullptr);
+}
+
+TEST(Dispatch, NoBackendForTheDeviceIsUnavailable) {
+  TestBackend ref(FP_BACKEND_REFERENCE, FP_DEVICE_CPU, true, nullptr);
+  TestBackend cuda(FP_BACKEND_CUDA, FP_DEVICE_CUDA, false, nullptr);  // compiled, no GPU
+  Selected s;
+  Status st = choose({&cuda, &ref}, FP_BACKEND_AUTO, FP_DEVICE_CUDA, &s);
+  EXPECT_EQ(st.code(), FP_ERR_BACKEND_UNAVAILABLE);
+  EXPECT_NE(st.message().find("no backend for cuda tensors"), std::string::npos) << st.message();
+  EXPECT_EQ(cuda.plans, 0);
+}
+
+TEST(Dispatch, ForcedBackendIsUsedEvenIfAnotherComesFirst) {
+  TestBackend cpu(FP_BACKEND_CPU, FP_DEVICE_CPU, true, nullptr);
+  TestBackend ref(FP_BACKEND_REFERENCE, FP_DEVICE_CPU, true, nullptr);
+  Selected s;
+  ASSERT_TRUE(choose({&cpu, &ref}, FP_BACKEND_REFERENCE, FP_DEVICE_CPU, &s).is_ok());
+  EXPECT_EQ(s.backend, &ref);
+  EXPECT_EQ(cpu.plans, 0);
+}
+
+TEST(Dispatch, ForcedBackendThatDeclinesIsUnsupportedWithItsReason) {
+  TestBackend cpu(FP_BACKEND_CPU, FP_DEVICE_CPU, true, "head dim 200 not compiled");
+  TestBackend ref(FP_BACKEND_REFERENCE, FP_DEVICE_CPU, true, nullptr);
+  Selected s;
+  Status st = choose({&cpu, &ref}, FP_BACKEND_CPU, FP_DEVICE_CPU, &s);
+  EXPECT_EQ(st.code(), FP_ERR_UNSUPPORTED);  // no silent fallback to the reference
+  EXPECT_NE(st.message().find("head dim 200 not compiled"), std::string::npos);
+  EXPECT_NE(st.message().find("cpu"), std::string::npos);
+}
+
+TEST(Dispatch, ForcedBackendMissingOrWithoutDeviceIsUnavailable) {
+  TestBackend ref(FP_BACKEND_REFERENCE, FP_DEVICE_CPU, true, nullptr);
+  TestBackend hip(FP_BACKEND_HIP, FP_DEVICE_HIP, false, nullptr);
+  Selected s;
+  Status st = choose({&hip, &ref}, FP_BACKEND_CUDA, FP_DEVICE_CUDA, &s);
+  EXPECT_EQ(st.code(), FP_ERR_BACKEND_UNAVAILABLE);
+  EXPECT_NE(st.message().find("cuda is not compiled"), std::string::npos) << st.message();
+  st = choose({&hip, &ref}, FP_BACKEND_HIP, FP_DEVICE_HIP, &s);
+  EXPECT_EQ(st.code(), FP_ERR_BACKEND_UNAVAILABLE);
+  EXPECT_NE(st.message().find("no device is available"), std::string::npos) << st.message();
+}
+
+TEST(Dispatch, ForcedBackendForAnotherDeviceIsUnsupported) {
+  TestBackend ref(FP_BACKEND_REFERENCE, FP_DEVICE_CPU, true, nullptr);
+  Selected s;
+  Status st = choose({&ref}, FP_BACKEND_REFERENCE, FP_DEVICE_CUDA, &s);
+  EXPECT_EQ(st.code(), FP_ERR_UNSUPPORTED);
+  EXPECT_NE(st.message().find("reference cannot run on cuda tensors"), std::string::npos);
+}
+
+TEST(Dispatch, WorkspaceTooSmallNamesTheRequiredSize) {
+  TestBackend gpu(FP_BACKEND_CUDA, FP_DEVICE_CUDA, true, nullptr, 4096);
+  Selected s;
+  ASSERT_TRUE(choose({&gpu}, FP_BACKEND_AUTO, FP_DEVICE_CUDA, &s).is_ok());
+  EXPECT_EQ(s.plan.workspace_bytes, 4096u);
+  Status st = check_workspace(s, 4095);
+  EXPECT_EQ(st.code(), FP_ERR_WORKSPACE);
+  EXPECT_NE(st.message().find("needs 4096 bytes (got 4095)"), std::string::npos) << st.message();
+  EXPECT_TRUE(check_workspace(s, 4096).is_ok());
+  EXPECT_TRUE(check_workspace(s, 1 << 20).is_ok());
+}
+
+TEST(Dispatch, EnvironmentOverride) {
+  fp_backend forced;
+  {
+    ScopedEnv e("FLASHPORT_BACKEND", "cpu");
+    ASSERT_TRUE(forced_backend(FP_BACKEND_AUTO, &forced).is_ok());
+    EXPECT_EQ(forced, FP_BACKEND_CPU);
+    // An explicit params.backend wins over the environment.
+    ASSERT_TRUE(forced_backend(FP_BACKEND_REFERENCE, &forced).is_ok());
+    EXPECT_EQ(forced, FP_BACKEND_REFERENCE);
+  }
+  for (const char* name : {"reference", "cuda", "hip"}) {
+    ScopedEnv e("FLASHPORT_BACKEND", name);
+    ASSERT_TRUE(forced_backend(FP_BACKEND_AUTO, &forced).is_ok());
+    EXPECT_STREQ(fp_backend_name(forced), name);
+  }
+  {
+    ScopedEnv e("FLASHPORT_BACKEND", "auto");
+    ASSERT_TRUE(forced_backend(FP_BACKEND_AUTO, &forced).is_ok());
+    EXPECT_EQ(forced, FP_BACKEND_AUTO);
+  }
+  {
+    ScopedEnv e("FLASHPORT_BACKEND", "tpu");
+    Status st = forced_backend(FP_BACKEND_AUTO, &forced);
+    EXPECT_EQ(st.code(), FP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(st.message().find("FLASHPORT_BACKEND"), std::string::npos);
+  }
+}
+
+// ---- Through the C API with the registered backends ----------------------------------------------
+
+TEST(DispatchCApi, RegisteredBackendsInPriorityOrder) {
+  const auto& list = registered_backends();
+  ASSERT_FALSE(list.empty());
+  EXPECT_EQ(list.back()->id(), FP_BACKEND_REFERENCE);  // the oracle is always there, last
+  auto rank = [](fp_backend b) {
+    switch (b) {
+      case FP_BACKEND_CUDA: return 0;
+      case FP_BACKEND_HIP: return 1;
+      case FP_BACKEND_CPU: return 2;
+      default: return 3;
+    }
+  };
+  for (size_t i = 1; i < list.size(); ++i) EXPECT_LT(rank(list[i - 1]->id()), rank(list[i]->id()));
+#ifdef FLASHPORT_WITH_CPU
+  EXPECT_NE(find_backend(FP_BACKEND_CPU), nullptr);
+#endif
+}
+
+TEST(DispatchCApi, ForcedReferenceSelectReportsKernel) {
+  FwdCall c;
+  c.p.backend = FP_BACKEND_REFERENCE;
+  fp_selection sel{};
+  ASSERT_EQ(fp_attn_fwd_select(&c.p, &sel), FP_OK) << fp_last_error();
+  EXPECT_EQ(sel.backend, FP_BACKEND_REFERENCE);
+  EXPECT_GT(std::strlen(sel.kernel), 0u);
+  EXPECT_GE(sel.num_splits, 1);
+  EXPECT_STREQ(fp_last_error(), "");
+  size_t bytes = 12345;
+  ASSERT_EQ(fp_attn_fwd_workspace(&c.p, &bytes), FP_OK);
+  EXPECT_EQ(bytes, sel.workspace_bytes);
+  EXPECT_TRUE(untouched({&c.out, &c.lse}));  // select runs nothing
+}
+
+TEST(DispatchCApi, EnvironmentSelectsTheReference) {
+  ScopedEnv e("FLASHPORT_BACKEND", "reference");
+  FwdCall c;
+  fp_selection sel{};
+  ASSERT_EQ(fp_attn_fwd_select(&c.p, &sel), FP_OK) << fp_last_error();
+  EXPECT_EQ(sel.backend, FP_BACKEND_REFERENCE);
+}
+
+TEST(DispatchCApi, LaunchRunsTheSelectedBackend) {
+  FwdCall c;
+  c.p.backend = FP_BACKEND_REFERENCE;
+  ASSERT_EQ(fp_attn_fwd(&c.p), FP_OK) << fp_last_error();
+  EXPECT_TRUE(c.out.all_written());
+  EXPECT_TRUE(c.lse.all_written());
+  EXPECT_TRUE(c.out.guards_intact());
+  EXPECT_TRUE(c.lse.guards_intact());
+  EXPECT_STREQ(fp_last_error(), "");
+}
+
+TEST(DispatchCApi, UncompiledBackendIsUnavailable) {
+  for (fp_backend b : {FP_BACKEND_CUDA, FP_BACKEND_HIP, FP_BACKEND_CPU}) {
+    if (find_backend(b) != nullptr && fp_backend_available(b)) continue;
+    FwdCall c;
+    c.p.backend = b;
+    fp_selection sel{};
+    EXPECT_TRUE(c_call_matches([&] { return fp_attn_fwd_select(&c.p, &sel); },
+                               FP_ERR_BACKEND_UNAVAILABLE, fp_backend_name(b)));
+    EXPECT_TRUE(c_call_matches([&] { return fp_attn_fwd(&c.p); }, FP_ERR_BACKEND_UNAVAILABLE,
+                               fp_backend_name(b)));
+    EXPECT_TRUE(untouched({&c.out, &c.lse}));
+    ScopedEnv e("FLASHPORT_BACKEND", fp_backend_name(b));
+    FwdCall d;
+    EXPECT_TRUE(c_call_matches([&] { return fp_attn_fwd(&d.p); }, FP_ERR_BACKEND_UNAVAILABLE,
+                               fp_backend_name(b)));
+  }
+}
+
+TEST(DispatchCApi, GpuTensorsWithoutAGpuBackendAreUnavailable) {
+  if (fp_backend_available(FP_BACKEND_CUDA)) GTEST_SKIP() << "a CUDA device is present";
+  FwdCall c;
+  for (fp_tensor* t : {&c.p.q, &c.p.k, &c.p.v, &c.p.out, &c.p.lse}) t->device_type = FP_DEVICE_CUDA;
+  fp_selection sel{};
+  EXPECT_TRUE(c_call_matches([&] { return fp_attn_fwd_select(&c.p, &sel); },
+                             FP_ERR_BACKEND_UNAVAILABLE, "cuda"));
+  c.p.backend = FP_BACKEND_REFERENCE;
+  EXPECT_TRUE(c_call_matches([&] { return fp_attn_fwd_select(&c.p, &sel); }, FP_ERR_UNSUPPORTED,
+                             "reference cannot run on cuda tensors"));
+}
+
+TEST(DispatchCApi, LogLinePerCall) {
+  ScopedEnv e("FLASHPORT_LOG", "1");
+  FwdCall c;
+  c.p.backend = FP_BACKEND_REFERENCE;
+  fp_selection sel{};
+  ::testing::internal::CaptureStderr();
+  const fp_status st = fp_attn_fwd_select(&c.p, &sel);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(st, FP_OK);
+  EXPECT_NE(err.find("flashport: attn_fwd_select backend=reference kernel=" + std::string(sel.kernel)),
+            std::string::npos) << err;
+  EXPECT_NE(err.find("splits="), std::string::npos);
+  EXPECT_NE(err.find("workspace="), std::string::npos);
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1);
+}
+
+TEST(DispatchCApi, NoLogByDefault) {
+  ScopedEnv e("FLASHPORT_LOG", nullptr);
+  FwdCall c;
+  c.p.backend = FP_BACKEND_REFERENCE;
+  fp_selection sel{};
+  ::testing::internal::CaptureStderr();
+  fp_attn_fwd_select(&c.p, &sel);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+}
+
+}  // namespace
+}  // namespace flashport::test
