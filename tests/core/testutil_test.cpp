@@ -98,3 +98,29 @@ TEST(TestUtil, TolerancesOrderedByPrecision) {
 
 }  // namespace
 }  // namespace flashport::test
+
+namespace flashport::test {
+namespace {
+
+TEST(TestUtil, SeedsAreReproduciblePerTest) {
+  const uint64_t s = test_seed();
+  EXPECT_EQ(s, test_seed());  // stable within a test: FLASHPORT_TEST_SEED reproduces it
+  std::mt19937_64 r1(s), r2(s);
+  HostTensor a(FP_BF16, {33}), b(FP_BF16, {33});
+  a.fill_normal(r1);
+  b.fill_normal(r2);
+  EXPECT_TRUE(a.bitwise_equal(b));
+}
+
+TEST(TestUtil, I32AndRoundTrip) {
+  HostTensor t = HostTensor::i32({2, 2}, {1, -2, 3, 4});
+  EXPECT_EQ(t.to_i32(), (std::vector<int32_t>{1, -2, 3, 4}));
+  HostTensor f = HostTensor::permuted(FP_F64, {2, 3}, {1, 0});
+  f.from_double({1, 2, 3, 4, 5, 6});
+  EXPECT_EQ(f.get({1, 0}), 4.0);
+  EXPECT_EQ(static_cast<const double*>(f.storage())[1], 4.0);  // column-major storage
+  EXPECT_EQ(f.to_double(), (std::vector<double>{1, 2, 3, 4, 5, 6}));
+}
+
+}  // namespace
+}  // namespace flashport::test
