@@ -29,8 +29,10 @@ class CausalAlign(IntEnum):
 
 
 def backend_available(backend) -> bool:
-    """True if the backend is compiled in and (for GPUs) a device is present."""
-    return _C.backend_available(int(Backend(backend)))
+    """True if the backend (Backend, int or name such as "cpu") is compiled in and, for GPUs,
+    a device is present."""
+    b = Backend[backend.upper()] if isinstance(backend, str) else Backend(backend)
+    return _C.backend_available(int(b))
 
 
 def available_backends():

@@ -141,20 +141,22 @@ def _scale(q: Tensor, softmax_scale) -> float:
 def _attn_fwd(
     q: Tensor, k: Tensor, v: Tensor,
     cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
-    max_seqlen_q: int, max_seqlen_k: int,
-    block_table: Optional[Tensor], alibi_slopes: Optional[Tensor], sinks: Optional[Tensor],
+    max_seqlen_q: int, max_seqlen_k: int, block_table: Optional[Tensor],
+    seqused_k: Optional[Tensor], alibi_slopes: Optional[Tensor], sinks: Optional[Tensor],
     dropout_p: float, softmax_scale: float, causal: bool, window_left: int, window_right: int,
     softcap: float, causal_align: int, num_splits: int, deterministic: bool, backend: int,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     out, lse, rng = _attn_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                   block_table, alibi_slopes, sinks, dropout_p, softmax_scale,
+                                   block_table, seqused_k, alibi_slopes, sinks, dropout_p, softmax_scale,
                                    causal, window_left, window_right, softcap, causal_align,
                                    num_splits, deterministic, backend)
     scalars = dict(softmax_scale=softmax_scale, causal=int(causal), causal_align=causal_align,
                    window_left=window_left, window_right=window_right, softcap=softcap,
                    dropout_p=dropout_p, num_splits=num_splits, backend=backend)
     if cu_seqlens_q is not None:
-        scalars.update(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+        scalars.update(max_seqlen_q=max_seqlen_q)
+    if cu_seqlens_k is not None:
+        scalars.update(max_seqlen_k=max_seqlen_k)
     if dropout_p > 0.0:
         batch = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.numel() - 1
         rng.copy_(_draw_dropout_rng(q.device, batch * q.shape[-2]))
@@ -163,7 +165,7 @@ def _attn_fwd(
         rng.zero_()
     alloc, _held = _allocator(q.device)
     _C.attn_fwd(_tensors(q=q, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q,
-                         cu_seqlens_k=cu_seqlens_k, block_table=block_table,
+                         cu_seqlens_k=cu_seqlens_k, block_table=block_table, seqused_k=seqused_k,
                          alibi_slopes=alibi_slopes, sinks=sinks),
                 scalars, _stream(q.device), alloc)
     return out, lse, rng
@@ -171,7 +173,7 @@ def _attn_fwd(
 
 @_attn_fwd.register_fake
 def _attn_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
-                   alibi_slopes, sinks, dropout_p, softmax_scale, causal, window_left,
+                   seqused_k, alibi_slopes, sinks, dropout_p, softmax_scale, causal, window_left,
                    window_right, softcap, causal_align, num_splits, deterministic, backend):
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     if cu_seqlens_q is None:  # q [B, Sq, Hq, D] -> lse [B, Hq, Sq]
@@ -186,35 +188,37 @@ def _attn_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 def _attn_bwd(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
-    max_seqlen_q: int, max_seqlen_k: int,
-    block_table: Optional[Tensor], alibi_slopes: Optional[Tensor], sinks: Optional[Tensor],
+    max_seqlen_q: int, max_seqlen_k: int, block_table: Optional[Tensor],
+    seqused_k: Optional[Tensor], alibi_slopes: Optional[Tensor], sinks: Optional[Tensor],
     rng_state: Tensor, dropout_p: float, softmax_scale: float, causal: bool, window_left: int,
     window_right: int, softcap: float, causal_align: int, deterministic: bool, backend: int,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     dq, dk, dv, d_sinks = _attn_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                                         max_seqlen_q, max_seqlen_k, block_table, alibi_slopes,
-                                         sinks, rng_state, dropout_p, softmax_scale, causal,
+                                         max_seqlen_q, max_seqlen_k, block_table, seqused_k,
+                                         alibi_slopes, sinks, rng_state, dropout_p, softmax_scale, causal,
                                          window_left, window_right, softcap, causal_align,
                                          deterministic, backend)
     scalars = dict(softmax_scale=softmax_scale, causal=int(causal), causal_align=causal_align,
                    window_left=window_left, window_right=window_right, softcap=softcap,
                    dropout_p=dropout_p, backend=backend, deterministic=int(deterministic))
     if cu_seqlens_q is not None:
-        scalars.update(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+        scalars.update(max_seqlen_q=max_seqlen_q)
+    if cu_seqlens_k is not None:
+        scalars.update(max_seqlen_k=max_seqlen_k)
     if dropout_p > 0.0:
         scalars.update(_rng_scalars(rng_state))
     alloc, _held = _allocator(q.device)
     _C.attn_bwd(_tensors(dout=_maybe_contiguous(dout), q=q, k=k, v=v, out=out, lse=lse,
                          cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                         block_table=block_table, alibi_slopes=alibi_slopes, sinks=sinks,
-                         dq=dq, dk=dk, dv=dv, d_sinks=d_sinks if sinks is not None else None),
+                         block_table=block_table, seqused_k=seqused_k,
+                         alibi_slopes=alibi_slopes, sinks=sinks, dq=dq, dk=dk, dv=dv, d_sinks=d_sinks if sinks is not None else None),
                 scalars, _stream(q.device), alloc)
     return dq, dk, dv, d_sinks
 
 
 @_attn_bwd.register_fake
 def _attn_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                   max_seqlen_k, block_table, alibi_slopes, sinks, rng_state, dropout_p,
+                   max_seqlen_k, block_table, seqused_k, alibi_slopes, sinks, rng_state, dropout_p,
                    softmax_scale, causal, window_left, window_right, softcap, causal_align,
                    deterministic, backend):
     d_sinks = (torch.empty_like(sinks, dtype=torch.float32) if sinks is not None
@@ -223,10 +227,11 @@ def _attn_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seql
 
 
 def _attn_setup_context(ctx, inputs, output):
-    (q, k, v, cu_q, cu_k, max_q, max_k, block_table, alibi, sinks, dropout_p, scale, causal,
-     wl, wr, softcap, align, _num_splits, deterministic, backend) = inputs
+    (q, k, v, cu_q, cu_k, max_q, max_k, block_table, seqused_k, alibi, sinks, dropout_p, scale,
+     causal, wl, wr, softcap, align, _num_splits, deterministic, backend) = inputs
     out, lse, rng = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, block_table, alibi, sinks, rng)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, block_table, seqused_k, alibi, sinks,
+                          rng)
     ctx.args = (max_q, max_k, dropout_p, scale, causal, wl, wr, softcap, align, deterministic,
                 backend)
     ctx.has_sinks = sinks is not None
@@ -234,13 +239,13 @@ def _attn_setup_context(ctx, inputs, output):
 
 
 def _attn_backward(ctx, dout, _dlse, _drng):
-    q, k, v, out, lse, cu_q, cu_k, block_table, alibi, sinks, rng = ctx.saved_tensors
+    q, k, v, out, lse, cu_q, cu_k, block_table, seqused_k, alibi, sinks, rng = ctx.saved_tensors
     (max_q, max_k, dropout_p, scale, causal, wl, wr, softcap, align, deterministic,
      backend) = ctx.args
     dq, dk, dv, d_sinks = torch.ops.flashport.attn_bwd(
-        dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, block_table, alibi, sinks, rng,
+        dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, block_table, seqused_k, alibi, sinks, rng,
         dropout_p, scale, causal, wl, wr, softcap, align, deterministic, backend)
-    return (dq, dk, dv, None, None, None, None, None, None,
+    return (dq, dk, dv, None, None, None, None, None, None, None,
             d_sinks if ctx.has_sinks else None,
             None, None, None, None, None, None, None, None, None, None)
 
@@ -431,7 +436,7 @@ def flash_attn_func(
     wl, wr = _window(window_size)
     align = _align_id(causal_align)
     out, lse, rng = torch.ops.flashport.attn_fwd(
-        q, k, v, None, None, 0, 0, None, alibi_slopes, sinks, float(dropout_p), scale,
+        q, k, v, None, None, 0, 0, None, None, alibi_slopes, sinks, float(dropout_p), scale,
         bool(causal), wl, wr, float(softcap), align, int(num_splits), bool(deterministic),
         _backend_id(backend))
     if not return_attn_probs:
@@ -471,9 +476,14 @@ def flash_attn_varlen_func(
     scale = _scale(q, softmax_scale)
     wl, wr = _window(window_size)
     align = _align_id(causal_align)
+    seqused_k, cu_k = None, cu_seqlens_k
+    if block_table is not None:
+        # Paged keys: the C API takes their per-sequence lengths as seqused_k.
+        seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
+        cu_k = None
     out, lse, rng = torch.ops.flashport.attn_fwd(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), block_table,
-        alibi_slopes, sinks, float(dropout_p), scale, bool(causal), wl, wr, float(softcap), align,
+        q, k, v, cu_seqlens_q, cu_k, int(max_seqlen_q), int(max_seqlen_k), block_table,
+        seqused_k, alibi_slopes, sinks, float(dropout_p), scale, bool(causal), wl, wr, float(softcap), align,
         int(num_splits), bool(deterministic), _backend_id(backend))
     if not return_attn_probs:
         return out

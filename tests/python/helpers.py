@@ -1,0 +1,30 @@
+"""Shared test helpers: random inputs, running the oracle (fp64) and the naive same-precision
+computation, and the CUDA-backward guard."""
+import pytest
+import torch
+
+import reference as ref
+
+
+def randn(*shape, dtype=torch.float32, device="cpu", requires_grad=False):
+    t = torch.randn(*shape, dtype=torch.float32).to(device=device, dtype=dtype)
+    return t.requires_grad_(requires_grad)
+
+
+def leaf64(t):
+    return t.detach().double().cpu().requires_grad_(t.requires_grad)
+
+
+def leaf_lowp(t):
+    return t.detach().cpu().requires_grad_(t.requires_grad)
+
+
+def backward_or_xfail(device, fn):
+    """Runs a backward; on CUDA, a backend without backward (this release) is an expected
+    failure, reported as such rather than hidden."""
+    try:
+        return fn()
+    except RuntimeError as e:
+        if device == "cuda" and "nsupported" in str(e):
+            pytest.xfail(f"CUDA backward not available in this build: {e}")
+        raise
