@@ -1,0 +1,192 @@
+"""flashport.jax: values, LSE and gradients against the fp64 oracle, under jax.jit and jax.grad;
+GQA, masks, varlen, sinks, dropout (CPU), errors returned through XLA FFI."""
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+torch = pytest.importorskip("torch")  # the oracle is written with torch fp64 autograd
+
+import flashport  # noqa: E402
+
+if not flashport.has_jax_support():
+    pytest.skip("flashport built without JAX support", allow_module_level=True)
+fj = pytest.importorskip("flashport.jax")
+
+import reference as ref  # noqa: E402
+
+
+def jax_devices():
+    devs = [("cpu", jax.devices("cpu")[0])]
+    try:
+        devs.append(("cuda", jax.devices("cuda")[0]))
+    except RuntimeError:
+        pass
+    return devs
+
+
+DEVICES = jax_devices()
+
+
+@pytest.fixture(params=[d for d, _ in DEVICES])
+def jdev(request):
+    return dict(DEVICES)[request.param]
+
+
+def rand(rng, shape, dtype, dev):
+    return jax.device_put(jnp.asarray(rng.standard_normal(shape), dtype=dtype), dev)
+
+
+def t64(x):
+    return torch.from_numpy(np.asarray(x, dtype=np.float64)).requires_grad_(True)
+
+
+def close(got, want, dtype, name, factor_ulps=8):
+    got = np.asarray(got, dtype=np.float64)
+    want = want.detach().numpy() if torch.is_tensor(want) else np.asarray(want)
+    assert got.shape == want.shape, f"{name}: shape {got.shape} != {want.shape}"
+    assert np.isfinite(got).all(), f"{name}: non-finite"
+    eps = {jnp.float32: 2.0**-23, jnp.float16: 2.0**-10, jnp.bfloat16: 2.0**-7}[dtype]
+    tol = factor_ulps * eps * max(1.0, np.abs(want).max()) + (1e-5 if dtype == jnp.float32 else 0)
+    err = np.abs(got - want).max()
+    assert err <= tol, f"{name}: error {err:.3e} > {tol:.3e}"
+
+
+MASKS = {
+    "none": ({}, {}),
+    "causal": (dict(causal=True), dict(causal=True)),
+    "window": (dict(window_size=(7, 3)), dict(window=(7, 3))),
+    "softcap_causal": (dict(softcap=4.0, causal=True), dict(softcap=4.0, causal=True)),
+    "top_left": (dict(causal=True, causal_align="top_left"),
+                 dict(causal=True, align="top_left")),
+}
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16], ids=str)
+@pytest.mark.parametrize("mask", list(MASKS))
+def test_values_and_grads_under_jit(jdev, dtype, mask):
+    rng = np.random.default_rng(0)
+    b, sq, sk, hq, hkv, d = 2, 19, 33, 4, 2, 32
+    q, k, v = (rand(rng, s, dtype, jdev) for s in ((b, sq, hq, d), (b, sk, hkv, d),
+                                                   (b, sk, hkv, d)))
+    lib_kw, ora_kw = MASKS[mask]
+
+    @jax.jit
+    def fwd(q, k, v):
+        return fj.flash_attn_func(q, k, v, return_softmax_lse=True, **lib_kw)
+
+    out, lse = fwd(q, k, v)
+    q64, k64, v64 = (t64(np.asarray(x, np.float32)) for x in (q, k, v))
+    out64, lse64 = ref.attention_batched(q64, k64, v64, **ora_kw)
+    close(out.astype(jnp.float32), out64, dtype, "out")
+    ref.assert_lse_close(torch.from_numpy(np.asarray(lse, np.float64)), lse64)
+
+    dout = rand(rng, out.shape, dtype, jdev)
+
+    @jax.jit
+    def grads(q, k, v):
+        _, vjp = jax.vjp(lambda q, k, v: fj.flash_attn_func(q, k, v, **lib_kw), q, k, v)
+        return vjp(dout)
+
+    try:
+        dq, dk, dv = grads(q, k, v)
+    except Exception as e:  # noqa: BLE001
+        if jdev.platform == "gpu" and "nsupported" in str(e):
+            pytest.xfail(f"CUDA backward not available in this build: {e}")
+        raise
+    out64.backward(torch.from_numpy(np.asarray(dout, np.float64)))
+    for name, got, want in (("dq", dq, q64.grad), ("dk", dk, k64.grad), ("dv", dv, v64.grad)):
+        close(got.astype(jnp.float32), want, dtype, name, factor_ulps=32)
+
+
+def test_grad_of_scalar_loss_with_sinks_and_alibi(jdev):
+    rng = np.random.default_rng(1)
+    b, s, hq, hkv, d = 1, 23, 4, 1, 16
+    q, k, v = (rand(rng, (b, s, h, d), jnp.float32, jdev) for h in (hq, hkv, hkv))
+    sinks = rand(rng, (hq,), jnp.float32, jdev)
+    slopes = jax.device_put(jnp.asarray(rng.uniform(0.05, 0.5, hq), jnp.float32), jdev)
+
+    def loss(q, k, v, sinks):
+        o = fj.flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes, sinks=sinks)
+        return jnp.sum(o * o)
+
+    try:
+        g = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, sinks)
+    except Exception as e:  # noqa: BLE001
+        if jdev.platform == "gpu" and "nsupported" in str(e):
+            pytest.xfail(f"CUDA backward not available in this build: {e}")
+        raise
+    t = [t64(np.asarray(x)) for x in (q, k, v, sinks)]
+    o64, _ = ref.attention_batched(*t[:3], causal=True, alibi=torch.from_numpy(
+        np.asarray(slopes, np.float64)), sinks=t[3])
+    (o64 * o64).sum().backward()
+    for name, got, want in zip(("dq", "dk", "dv", "dsinks"), g, t):
+        close(got, want.grad, jnp.float32, name, factor_ulps=64)
+
+
+def test_varlen(jdev):
+    rng = np.random.default_rng(2)
+    lq, lk = [3, 17, 1], [9, 17, 30]
+    hq, hkv, d = 4, 2, 32
+    cu_q = jax.device_put(jnp.asarray(np.cumsum([0] + lq), jnp.int32), jdev)
+    cu_k = jax.device_put(jnp.asarray(np.cumsum([0] + lk), jnp.int32), jdev)
+    q = rand(rng, (sum(lq), hq, d), jnp.float32, jdev)
+    k = rand(rng, (sum(lk), hkv, d), jnp.float32, jdev)
+    v = rand(rng, (sum(lk), hkv, d), jnp.float32, jdev)
+    f = jax.jit(lambda q, k, v, cq, ck: fj.flash_attn_varlen_func(
+        q, k, v, cq, ck, max(lq), max(lk), causal=True, return_softmax_lse=True))
+    out, lse = f(q, k, v, cu_q, cu_k)
+    t = [t64(np.asarray(x)) for x in (q, k, v)]
+    out64, lse64 = ref.attention_varlen(*t, np.asarray(cu_q), np.asarray(cu_k), causal=True)
+    close(out, out64, jnp.float32, "out")
+    ref.assert_lse_close(torch.from_numpy(np.asarray(lse, np.float64)), lse64)
+    try:
+        g = jax.jit(jax.grad(lambda q, k, v: jnp.sum(fj.flash_attn_varlen_func(
+            q, k, v, cu_q, cu_k, max(lq), max(lk), causal=True) ** 2), argnums=(0, 1, 2)))(q, k, v)
+    except Exception as e:  # noqa: BLE001
+        if jdev.platform == "gpu" and "nsupported" in str(e):
+            pytest.xfail(f"CUDA backward not available in this build: {e}")
+        raise
+    (out64 ** 2).sum().backward()
+    for name, got, want in zip(("dq", "dk", "dv"), g, t):
+        close(got, want.grad, jnp.float32, name, factor_ulps=64)
+
+
+def test_dropout_key_reproducible_and_follows_philox():
+    cpu = jax.devices("cpu")[0]
+    rng = np.random.default_rng(3)
+    b, s, h, d, p = 1, 21, 2, 16, 0.3
+    q, k, v = (rand(rng, (b, s, h, d), jnp.float32, cpu) for _ in range(3))
+    f = jax.jit(lambda q, k, v, key: fj.flash_attn_func(q, k, v, dropout_p=p, dropout_key=key))
+    a = f(q, k, v, jax.random.key(0))
+    a2 = f(q, k, v, jax.random.key(0))
+    c = f(q, k, v, jax.random.key(1))
+    assert np.array_equal(np.asarray(a), np.asarray(a2))
+    assert not np.array_equal(np.asarray(a), np.asarray(c))
+    # The seed/offset words are jax.random.bits(key, (4,), uint32) (documented).
+    w = np.asarray(jax.random.bits(jax.random.key(0), (4,), jnp.uint32)).astype(np.uint64)
+    seed, offset = int(w[0] | (w[1] << 32)), int(w[2] | (w[3] << 32))
+    keep = ref.dropout_keep(seed, offset, b, h, s, s, p)
+    t = [t64(np.asarray(x)) for x in (q, k, v)]
+    out64, _ = ref.attention_batched(*t, keep=keep, dropout_p=p)
+    close(a, out64, jnp.float32, "out")
+    # and the gradient replays the same pattern
+    g = jax.grad(lambda q: jnp.sum(fj.flash_attn_func(q, k, v, dropout_p=p,
+                                                      dropout_key=jax.random.key(0)) ** 2))(q)
+    (out64 ** 2).sum().backward()
+    close(g, t[0].grad, jnp.float32, "dq", factor_ulps=64)
+
+
+def test_errors_come_back_as_exceptions():
+    cpu = jax.devices("cpu")[0]
+    rng = np.random.default_rng(4)
+    q = rand(rng, (1, 8, 5, 32), jnp.float32, cpu)
+    k = rand(rng, (1, 8, 2, 32), jnp.float32, cpu)
+    with pytest.raises(Exception, match="(?i)head"):  # FFI error carrying the C++ message
+        jax.block_until_ready(fj.flash_attn_func(q, k, k))
+    with pytest.raises(ValueError, match="dropout_key"):
+        fj.flash_attn_func(q, k, k, dropout_p=0.1)
+    with pytest.raises(NotImplementedError, match="return_softmax_lse"):
+        fj.flash_attn_func(q, k, k, return_attn_probs=True)
+    with pytest.raises(NotImplementedError, match="block_table"):
+        fj.flash_attn_varlen_func(q[0], k[0], k[0], None, None, 8, 8, block_table=q)
