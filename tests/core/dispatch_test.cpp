@@ -235,6 +235,35 @@ TEST(DispatchCApi, LaunchRunsTheSelectedBackend) {
   EXPECT_STREQ(fp_last_error(), "");
 }
 
+TEST(DispatchCApi, EveryOpLaunchesThroughTheSameSelection) {
+  BwdCall b;
+  b.p.fwd.backend = FP_BACKEND_REFERENCE;
+  fp_selection sel{};
+  ASSERT_EQ(fp_attn_bwd_select(&b.p, &sel), FP_OK) << fp_last_error();
+  EXPECT_EQ(sel.backend, FP_BACKEND_REFERENCE);
+  size_t bytes = 1;
+  ASSERT_EQ(fp_attn_bwd_workspace(&b.p, &bytes), FP_OK);
+  EXPECT_EQ(bytes, sel.workspace_bytes);
+  ASSERT_EQ(fp_attn_bwd(&b.p), FP_OK) << fp_last_error();
+  for (const HostTensor* t : {&b.dq, &b.dk, &b.dv}) {
+    EXPECT_TRUE(t->all_written());
+    EXPECT_TRUE(t->guards_intact());
+  }
+  MergeBwdCall m;
+  m.m.p.backend = FP_BACKEND_REFERENCE;
+  m.m.out.fill_poison();
+  m.m.lse.fill_poison();
+  ASSERT_EQ(fp_merge_fwd(&m.m.p), FP_OK) << fp_last_error();
+  EXPECT_TRUE(m.m.out.all_written());
+  EXPECT_TRUE(m.m.lse.all_written());
+  m.p.fwd = m.m.p;
+  m.p.fwd.backend = FP_BACKEND_REFERENCE;
+  ASSERT_EQ(fp_merge_bwd(&m.p), FP_OK) << fp_last_error();
+  EXPECT_TRUE(m.d_parts.all_written());
+  EXPECT_TRUE(m.d_lse_parts.all_written());
+  EXPECT_TRUE(m.d_parts.guards_intact());
+}
+
 TEST(DispatchCApi, UncompiledBackendIsUnavailable) {
   for (fp_backend b : {FP_BACKEND_CUDA, FP_BACKEND_HIP, FP_BACKEND_CPU}) {
     if (find_backend(b) != nullptr && fp_backend_available(b)) continue;
