@@ -1,6 +1,7 @@
 // Thin C++ conveniences over the C API (flashport.h): tensor makers, an exception type and
 // param structs that initialise themselves. The C structs remain the one description of a call.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <stdexcept>
@@ -100,6 +101,17 @@ inline fp_selection select(const fp_attn_bwd_params& p) {
   check(fp_attn_bwd_select(&p, &s));
   return s;
 }
+inline size_t workspace_bytes(const fp_attn_params& p) {
+  size_t n = 0;
+  check(fp_attn_fwd_workspace(&p, &n));
+  return n;
+}
+inline size_t workspace_bytes(const fp_attn_bwd_params& p) {
+  size_t n = 0;
+  check(fp_attn_bwd_workspace(&p, &n));
+  return n;
+}
+inline bool backend_available(fp_backend b) { return fp_backend_available(b) != 0; }
 inline void attn_fwd(const fp_attn_params& p) { check(fp_attn_fwd(&p)); }
 inline void attn_bwd(const fp_attn_bwd_params& p) { check(fp_attn_bwd(&p)); }
 inline void merge_fwd(const fp_merge_params& p) { check(fp_merge_fwd(&p)); }

@@ -173,6 +173,10 @@ TEST(CppApi, CheckThrowsWithStatusAndMessage) {
   c.p.backend = FP_BACKEND_REFERENCE;
   fp_selection s = select(c.p);
   EXPECT_EQ(s.backend, FP_BACKEND_REFERENCE);
+  EXPECT_EQ(workspace_bytes(c.p), s.workspace_bytes);
+  EXPECT_TRUE(backend_available(FP_BACKEND_REFERENCE));
+  c.p.backend = static_cast<fp_backend>(77);
+  EXPECT_THROW(workspace_bytes(c.p), Error);
 }
 
 }  // namespace
