@@ -129,6 +129,42 @@ Status check_ranges(const Problem& p) {
 }
 
 // ------------------------------------------------------------------------------------------
+void load_row(const void* base, fp_dtype t, int64_t off, int64_t n, double* dst) {
+  for (int64_t d = 0; d < n; ++d) dst[d] = load_as_double(base, t, off + d);
+}
+
+// Four accumulators: any summation order is exact to ~1e-16 here, and this one does not
+// serialise on one add chain (the oracle also runs inside other backends' test suites).
+double dot(const double* a, const double* b, int64_t n) {
+  double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+  int64_t t = 0;
+  for (; t + 4 <= n; t += 4) {
+    s0 += a[t] * b[t];
+    s1 += a[t + 1] * b[t + 1];
+    s2 += a[t + 2] * b[t + 2];
+    s3 += a[t + 3] * b[t + 3];
+  }
+  for (; t < n; ++t) s0 += a[t] * b[t];
+  return (s0 + s1) + (s2 + s3);
+}
+
+// Keys and values of one (sequence, kv head), upcast once into contiguous rows.
+struct KvRows {
+  int64_t lk = 0;
+  std::vector<double> k, v;  // [lk, D], [lk, Dv]
+  const double* key(int64_t j, int64_t d) const { return &k[j * d]; }
+};
+
+void gather_kv(const Problem& p, int64_t b, int64_t hk, int64_t lk, KvRows* kv) {
+  kv->lk = lk;
+  kv->k.resize(lk * p.d);
+  kv->v.resize(lk * p.dv);
+  for (int64_t j = 0; j < lk; ++j) {
+    load_row(p.k_ptr, p.dtype, p.k.at(p.seq, b, j, hk), p.d, &kv->k[j * p.d]);
+    load_row(p.v_ptr, p.dtype, p.v.at(p.seq, b, j, hk), p.dv, &kv->v[j * p.dv]);
+  }
+}
+
 // Scores of one (b, h, i) row over its visible keys [lo, hi).
 struct RowScores {
   int64_t lo = 0, hi = 0;
@@ -136,13 +172,10 @@ struct RowScores {
   std::vector<double> tanh_val;  // tanh(raw / softcap) when softcap is on (for the backward)
 };
 
-void load_row(const void* base, fp_dtype t, int64_t off, int64_t n, double* dst) {
-  for (int64_t d = 0; d < n; ++d) dst[d] = load_as_double(base, t, off + d);
-}
-
-void compute_scores(const Problem& p, const double* qv, int64_t b, int64_t h, int64_t i,
-                    int64_t lq, int64_t lk, RowScores* rs) {
+void compute_scores(const Problem& p, const KvRows& kv, const double* qv, int64_t b, int64_t h,
+                    int64_t i, int64_t lq, RowScores* rs) {
   const ScoreRules& r = p.rules;
+  const int64_t lk = kv.lk;
   const int64_t shift = r.shift(lq, lk);
   rs->lo = r.key_lo(i, shift);
   rs->hi = r.key_hi(i, shift, lk);
@@ -150,14 +183,10 @@ void compute_scores(const Problem& p, const double* qv, int64_t b, int64_t h, in
   const int64_t n = rs->hi - rs->lo;
   rs->s.assign(n, 0.0);
   rs->tanh_val.assign(n, 0.0);
-  const int64_t hk = h / p.group;
   const double scale = r.scale, softcap = r.softcap;
   const double slope = r.alibi ? double(r.alibi_slope(b, h)) : 0.0;
   for (int64_t j = rs->lo; j < rs->hi; ++j) {
-    const int64_t koff = p.k.at(p.seq, b, j, hk);
-    double dot = 0.0;
-    for (int64_t d = 0; d < p.d; ++d) dot += qv[d] * load_as_double(p.k_ptr, p.dtype, koff + d);
-    double s = scale * dot;
+    double s = scale * dot(qv, kv.key(j, p.d), p.d);
     if (softcap > 0.0) {
       const double t = std::tanh(s / softcap);
       rs->tanh_val[j - rs->lo] = t;
@@ -168,20 +197,33 @@ void compute_scores(const Problem& p, const double* qv, int64_t b, int64_t h, in
   }
 }
 
-double dropout_scale(const ScoreRules& r) { return 1.0 / (1.0 - double(r.dropout_p)); }
+// Dropout multipliers of row (b, h, i): 0 or 1/(1-p), 1 without dropout. Element (b, h, i, j)
+// follows dropout_keep; the four Philox words of a block of keys are drawn once.
+class DropoutRow {
+ public:
+  DropoutRow(const Problem& p, int64_t b, int64_t h, int64_t i)
+      : r_(p.rules), hq_(p.hq), b_(b), h_(h), i_(i),
+        scale_(1.0 / (1.0 - double(p.rules.dropout_p))) {}
+  double factor(int64_t j) {
+    if (!r_.has_dropout()) return 1.0;
+    if ((j >> 2) != block_) {
+      words_ = dropout_words(r_.dropout_seed, r_.dropout_offset, b_, hq_, h_, i_, j);
+      block_ = j >> 2;
+    }
+    return words_.x[j & 3] >= r_.dropout_threshold ? scale_ : 0.0;
+  }
 
-// Dropout multiplier of element (b, h, i, j): 0 or 1/(1-p); 1 without dropout.
-double dropout_factor(const Problem& p, int64_t b, int64_t h, int64_t i, int64_t j) {
-  const ScoreRules& r = p.rules;
-  if (!r.has_dropout()) return 1.0;
-  return dropout_keep(r.dropout_seed, r.dropout_offset, r.dropout_threshold, b, p.hq, h, i, j)
-             ? dropout_scale(r)
-             : 0.0;
-}
+ private:
+  const ScoreRules& r_;
+  int64_t hq_, b_, h_, i_;
+  double scale_;
+  int64_t block_ = -1;
+  Philox4 words_{};
+};
 
 // Softmax partial of keys [a, c) (clipped to the visible range), with the sink in the
 // denominator if with_sink. out (dv) = sum_j dropout(exp(s_j - lse)) v_j.
-void row_partial(const Problem& p, const RowScores& rs, int64_t b, int64_t h, int64_t i,
+void row_partial(const Problem& p, const KvRows& kv, const RowScores& rs, DropoutRow& drop,
                  int64_t a, int64_t c, bool with_sink, double sink, double* out, double* lse) {
   a = std::max(a, rs.lo);
   c = std::min(c, rs.hi);
@@ -195,12 +237,11 @@ void row_partial(const Problem& p, const RowScores& rs, int64_t b, int64_t h, in
   double sum = with_sink ? std::exp(sink - m) : 0.0;
   for (int64_t j = a; j < c; ++j) sum += std::exp(rs.s[j - rs.lo] - m);
   const double l = m + std::log(sum);
-  const int64_t hk = h / p.group;
   for (int64_t j = a; j < c; ++j) {
-    const double pj = std::exp(rs.s[j - rs.lo] - l) * dropout_factor(p, b, h, i, j);
+    const double pj = std::exp(rs.s[j - rs.lo] - l) * drop.factor(j);
     if (pj == 0.0) continue;
-    const int64_t voff = p.v.at(p.seq, b, j, hk);
-    for (int64_t d = 0; d < p.dv; ++d) out[d] += pj * load_as_double(p.v_ptr, p.dtype, voff + d);
+    const double* vj = &kv.v[j * p.dv];
+    for (int64_t d = 0; d < p.dv; ++d) out[d] += pj * vj[d];
   }
   *lse = l;
 }
@@ -258,40 +299,45 @@ class ReferenceBackend final : public Backend {
   Status run_fwd(const Problem& p, const Plan& plan, void* /*workspace*/) const override {
     if (p.device != FP_DEVICE_CPU) return unsupported(kCpuOnly);
     FP_RETURN_IF_ERROR(check_ranges(p));
-    if (p.seq.snew > 0) append_new_keys(p);
+    if (p.seq.snew > 0) append_new_keys(p);  // before any key is read
 
     const int64_t splits = std::max<int32_t>(plan.num_splits, 1);
     std::vector<double> qv(p.d), out(p.dv);
     std::vector<double> part_out((splits + 1) * p.dv), part_lse(splits + 1);
     RowScores rs;
+    KvRows kv;
     for (int64_t b = 0; b < p.seq.batch; ++b) {
       const int64_t lq = p.seq.q_len(b), lk = p.seq.k_len(b), q0 = p.seq.q_start(b);
-      for (int64_t h = 0; h < p.hq; ++h) {
-        const bool has_sink = p.rules.sinks != nullptr;
-        const double sink = has_sink ? double(p.rules.sinks[h]) : kNegInf;
-        for (int64_t i = 0; i < lq; ++i) {
-          load_query(p, b, i, h, qv.data());
-          compute_scores(p, qv.data(), b, h, i, lq, lk, &rs);
-          double lse = kNegInf;
-          if (splits == 1) {
-            row_partial(p, rs, b, h, i, 0, lk, has_sink, sink, out.data(), &lse);
-          } else {
-            // Contiguous chunks of [0, lk); the sink joins once, as its own partial (out 0).
-            const int64_t chunk = (lk + splits - 1) / splits;
-            for (int64_t s = 0; s < splits; ++s) {
-              const int64_t a = std::min(lk, s * chunk), c = std::min(lk, (s + 1) * chunk);
-              row_partial(p, rs, b, h, i, a, c, false, 0.0, &part_out[s * p.dv], &part_lse[s]);
+      for (int64_t hk = 0; hk < p.hkv; ++hk) {
+        gather_kv(p, b, hk, lk, &kv);
+        for (int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h) {
+          const bool has_sink = p.rules.sinks != nullptr;
+          const double sink = has_sink ? double(p.rules.sinks[h]) : kNegInf;
+          for (int64_t i = 0; i < lq; ++i) {
+            load_query(p, b, i, h, qv.data());
+            compute_scores(p, kv, qv.data(), b, h, i, lq, &rs);
+            DropoutRow drop(p, b, h, i);
+            double lse = kNegInf;
+            if (splits == 1) {
+              row_partial(p, kv, rs, drop, 0, lk, has_sink, sink, out.data(), &lse);
+            } else {
+              // Contiguous chunks of [0, lk); the sink joins once, as its own partial (out 0).
+              const int64_t chunk = (lk + splits - 1) / splits;
+              for (int64_t s = 0; s < splits; ++s) {
+                const int64_t a = std::min(lk, s * chunk), c = std::min(lk, (s + 1) * chunk);
+                row_partial(p, kv, rs, drop, a, c, false, 0.0, &part_out[s * p.dv], &part_lse[s]);
+              }
+              int64_t n = splits;
+              if (has_sink) {
+                std::fill(&part_out[n * p.dv], &part_out[n * p.dv] + p.dv, 0.0);
+                part_lse[n++] = sink;
+              }
+              merge_partials(n, part_lse.data(), part_out.data(), p.dv, out.data(), &lse);
             }
-            int64_t n = splits;
-            if (has_sink) {
-              std::fill(&part_out[n * p.dv], &part_out[n * p.dv] + p.dv, 0.0);
-              part_lse[n++] = sink;
-            }
-            merge_partials(n, part_lse.data(), part_out.data(), p.dv, out.data(), &lse);
+            const int64_t ooff = p.out.at(b, q0, i, h);
+            for (int64_t d = 0; d < p.dv; ++d) store_from_double(p.out_ptr, p.dtype, ooff + d, out[d]);
+            if (p.has_lse) store_from_double(p.lse_ptr, p.lse_dtype, p.lse.at(b, q0, h, i), lse);
           }
-          const int64_t ooff = p.out.at(b, q0, i, h);
-          for (int64_t d = 0; d < p.dv; ++d) store_from_double(p.out_ptr, p.dtype, ooff + d, out[d]);
-          if (p.has_lse) store_from_double(p.lse_ptr, p.lse_dtype, p.lse.at(b, q0, h, i), lse);
         }
       }
     }
@@ -310,86 +356,92 @@ class ReferenceBackend final : public Backend {
     return Status::ok();
   }
 
-  Status run_bwd(const BwdProblem& bp, const Plan& plan, void* workspace) const override {
+  // dS = P * (dP - D) with D_i = dout_i . out_i (FlashAttention's form, which also holds with
+  // dropout), P = exp(s - lse) from the GIVEN lse; softcap multiplies dS by 1 - tanh^2.
+  Status run_bwd(const BwdProblem& bp, const Plan& /*plan*/, void* /*workspace*/) const override {
     Plan check;
     FP_RETURN_IF_ERROR(plan_bwd(bp, &check));
-    (void)plan;
-    (void)workspace;
     const Problem& p = bp.fwd;
     FP_RETURN_IF_ERROR(check_ranges(p));
     const ScoreRules& r = p.rules;
     const double scale = r.scale;
 
-    // dk/dv accumulators keyed by the element offset of their row, so rows that two sequences
-    // share (paged blocks, repeated cache_batch_idx) get the sum of both contributions.
-    std::unordered_map<int64_t, std::vector<double>> dk_acc, dv_acc;
+    // dk/dv sums keyed by the element offset of their row, so a row reached from two sequences
+    // (shared pages, repeated cache rows) would get the sum of both contributions.
+    std::unordered_map<int64_t, std::vector<double>> dk_rows, dv_rows;
+    auto add_row = [](std::unordered_map<int64_t, std::vector<double>>& m, int64_t off,
+                      const double* g, int64_t n) {
+      auto& row = m[off];
+      if (row.empty()) row.assign(n, 0.0);
+      for (int64_t d = 0; d < n; ++d) row[d] += g[d];
+    };
     std::vector<double> dsink(p.hq, 0.0);
-    std::vector<double> qv(p.d), dq(p.d), dout(p.dv), outv(p.dv), vj(p.dv), kj(p.d);
+    std::vector<double> qv(p.d), dq(p.d), dout(p.dv), outv(p.dv), dK, dV;
     RowScores rs;
+    KvRows kv;
     for (int64_t b = 0; b < p.seq.batch; ++b) {
       const int64_t lq = p.seq.q_len(b), lk = p.seq.k_len(b), q0 = p.seq.q_start(b);
-      for (int64_t h = 0; h < p.hq; ++h) {
-        const int64_t hk = h / p.group;
-        for (int64_t i = 0; i < lq; ++i) {
-          load_query(p, b, i, h, qv.data());
-          load_row(bp.dout_ptr, p.dtype, bp.dout.at(b, q0, i, h), p.dv, dout.data());
-          load_row(p.out_ptr, p.dtype, p.out.at(b, q0, i, h), p.dv, outv.data());
-          const double lse = load_as_double(p.lse_ptr, p.lse_dtype, p.lse.at(b, q0, h, i));
-          double D = 0.0;  // rowsum(dout * out), as FlashAttention
-          for (int64_t d = 0; d < p.dv; ++d) D += dout[d] * outv[d];
-          std::fill(dq.begin(), dq.end(), 0.0);
-          if (lse != kNegInf) {
-            if (r.sinks) dsink[h] -= std::exp(double(r.sinks[h]) - lse) * D;
-            compute_scores(p, qv.data(), b, h, i, lq, lk, &rs);
-            for (int64_t j = rs.lo; j < rs.hi; ++j) {
-              const double P = std::exp(rs.s[j - rs.lo] - lse);
-              const double keep = dropout_factor(p, b, h, i, j);
-              const int64_t koff = p.k.at(p.seq, b, j, hk), voff = p.v.at(p.seq, b, j, hk);
-              load_row(p.k_ptr, p.dtype, koff, p.d, kj.data());
-              load_row(p.v_ptr, p.dtype, voff, p.dv, vj.data());
-              double dP = 0.0;
-              for (int64_t d = 0; d < p.dv; ++d) dP += dout[d] * vj[d];
-              dP *= keep;
-              double dS = P * (dP - D);
-              if (r.softcap > 0.0f) {
-                const double t = rs.tanh_val[j - rs.lo];
-                dS *= 1.0 - t * t;
+      for (int64_t hk = 0; hk < p.hkv; ++hk) {
+        gather_kv(p, b, hk, lk, &kv);
+        dK.assign(lk * p.d, 0.0);  // summed over the query heads of the group
+        dV.assign(lk * p.dv, 0.0);
+        for (int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h) {
+          for (int64_t i = 0; i < lq; ++i) {
+            load_query(p, b, i, h, qv.data());
+            load_row(bp.dout_ptr, p.dtype, bp.dout.at(b, q0, i, h), p.dv, dout.data());
+            load_row(p.out_ptr, p.dtype, p.out.at(b, q0, i, h), p.dv, outv.data());
+            const double lse = load_as_double(p.lse_ptr, p.lse_dtype, p.lse.at(b, q0, h, i));
+            const double D = dot(dout.data(), outv.data(), p.dv);
+            std::fill(dq.begin(), dq.end(), 0.0);
+            if (lse != kNegInf) {  // a row that saw nothing has no gradient
+              if (r.sinks) dsink[h] -= std::exp(double(r.sinks[h]) - lse) * D;
+              compute_scores(p, kv, qv.data(), b, h, i, lq, &rs);
+              DropoutRow drop(p, b, h, i);
+              for (int64_t j = rs.lo; j < rs.hi; ++j) {
+                const double P = std::exp(rs.s[j - rs.lo] - lse);
+                const double keep = drop.factor(j);
+                const double dP = keep * dot(dout.data(), &kv.v[j * p.dv], p.dv);
+                double dS = P * (dP - D);
+                if (r.softcap > 0.0f) {
+                  const double t = rs.tanh_val[j - rs.lo];
+                  dS *= 1.0 - t * t;
+                }
+                const double* kj = kv.key(j, p.d);
+                double* dkj = &dK[j * p.d];
+                for (int64_t d = 0; d < p.d; ++d) {
+                  dq[d] += scale * dS * kj[d];
+                  dkj[d] += scale * dS * qv[d];
+                }
+                const double pk = P * keep;
+                double* dvj = &dV[j * p.dv];
+                for (int64_t d = 0; d < p.dv; ++d) dvj[d] += pk * dout[d];
               }
-              auto& dkr = dk_acc[bp.dk.at(p.seq, b, j, hk)];
-              auto& dvr = dv_acc[bp.dv.at(p.seq, b, j, hk)];
-              if (dkr.empty()) dkr.assign(p.d, 0.0);
-              if (dvr.empty()) dvr.assign(p.dv, 0.0);
-              for (int64_t d = 0; d < p.d; ++d) {
-                dq[d] += scale * dS * kj[d];
-                dkr[d] += scale * dS * qv[d];
-              }
-              const double pk = P * keep;
-              for (int64_t d = 0; d < p.dv; ++d) dvr[d] += pk * dout[d];
             }
+            const int64_t dqoff = bp.dq.at(b, q0, i, h);
+            for (int64_t d = 0; d < p.d; ++d) store_from_double(bp.dq_ptr, p.dtype, dqoff + d, dq[d]);
           }
-          const int64_t dqoff = bp.dq.at(b, q0, i, h);
-          for (int64_t d = 0; d < p.d; ++d) store_from_double(bp.dq_ptr, p.dtype, dqoff + d, dq[d]);
+        }
+        for (int64_t j = 0; j < lk; ++j) {
+          add_row(dk_rows, bp.dk.at(p.seq, b, j, hk), &dK[j * p.d], p.d);
+          add_row(dv_rows, bp.dv.at(p.seq, b, j, hk), &dV[j * p.dv], p.dv);
         }
       }
     }
-    // Every key row of every sequence gets a gradient (zero if no row saw it); in a batched
-    // cache, rows past Lk[b] are not keys of the call and also get zero.
-    for (int64_t b = 0; b < p.seq.batch; ++b) {
-      const int64_t lk = p.seq.k_len(b);
-      const int64_t rows = p.seq.kv_layout == KvLayout::Batched ? std::max(lk, p.seq.sk) : lk;
-      for (int64_t j = 0; j < rows; ++j) {
-        for (int64_t hk = 0; hk < p.hkv; ++hk) {
-          const int64_t dkoff = bp.dk.at(p.seq, b, j, hk), dvoff = bp.dv.at(p.seq, b, j, hk);
-          if (!dk_acc.count(dkoff))
-            for (int64_t d = 0; d < p.d; ++d) store_from_double(bp.dk_ptr, p.dtype, dkoff + d, 0.0);
-          if (!dv_acc.count(dvoff))
-            for (int64_t d = 0; d < p.dv; ++d) store_from_double(bp.dv_ptr, p.dtype, dvoff + d, 0.0);
-        }
-      }
+    // In a batched cache, rows past Lk[b] are not keys of the call: their gradient is 0.
+    if (p.seq.kv_layout == KvLayout::Batched) {
+      for (int64_t b = 0; b < p.seq.batch; ++b)
+        for (int64_t j = p.seq.k_len(b); j < p.seq.sk; ++j)
+          for (int64_t hk = 0; hk < p.hkv; ++hk) {
+            const int64_t dkoff = bp.dk.at(p.seq, b, j, hk), dvoff = bp.dv.at(p.seq, b, j, hk);
+            if (!dk_rows.count(dkoff))
+              for (int64_t d = 0; d < p.d; ++d) store_from_double(bp.dk_ptr, p.dtype, dkoff + d, 0.0);
+            if (!dv_rows.count(dvoff))
+              for (int64_t d = 0; d < p.dv; ++d) store_from_double(bp.dv_ptr, p.dtype, dvoff + d, 0.0);
+          }
     }
-    for (const auto& [off, g] : dk_acc)
+    for (const auto& [off, g] : dk_rows)
       for (int64_t d = 0; d < p.d; ++d) store_from_double(bp.dk_ptr, p.dtype, off + d, g[d]);
-    for (const auto& [off, g] : dv_acc)
+    for (const auto& [off, g] : dv_rows)
       for (int64_t d = 0; d < p.dv; ++d) store_from_double(bp.dv_ptr, p.dtype, off + d, g[d]);
     if (bp.d_sinks)
       for (int64_t h = 0; h < p.hq; ++h) bp.d_sinks[h] = static_cast<float>(dsink[h]);

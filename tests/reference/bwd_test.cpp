@@ -193,6 +193,75 @@ TEST(ReferenceBwd, EmptyRowsGiveZeroGradients) {
   for (double x : dv.to_double()) EXPECT_TRUE(std::isfinite(x));
 }
 
+// seqused_k in the backward: cache rows past Lk[b] get zero gradients; the rest equals a call
+// over exactly the used rows.
+TEST(ReferenceBwd, SequsedKEqualsTrimmedCall) {
+  const int64_t B = 2, Sq = 3, cap = 7, H = 2, D = 4;
+  const std::vector<int32_t> used = {4, 7};
+  HostTensor q(FP_F64, {B, Sq, H, D}), k(FP_F64, {B, cap, H, D}), v(FP_F64, {B, cap, H, D});
+  HostTensor out(FP_F64, {B, Sq, H, D}), lse(FP_F64, {B, H, Sq}), dout(FP_F64, {B, Sq, H, D});
+  HostTensor dq(FP_F64, q.shape()), dk(FP_F64, k.shape()), dv(FP_F64, v.shape());
+  for (HostTensor* t : {&q, &k, &v, &dout}) t->fill_normal();
+  for (HostTensor* t : {&dq, &dk, &dv}) t->fill_poison();
+  HostTensor su = HostTensor::i32({B}, used);
+  fp_attn_params p = ref_params();
+  p.q = q.view();
+  p.k = k.view();
+  p.v = v.view();
+  p.out = out.view();
+  p.lse = lse.view();
+  p.seqused_k = su.view();
+  p.causal = 1;
+  ASSERT_TRUE(FWD_OK(p));
+  fp_attn_bwd_params bp;
+  fp_attn_bwd_params_init(&bp);
+  bp.fwd = p;
+  bp.dout = dout.view();
+  bp.dq = dq.view();
+  bp.dk = dk.view();
+  bp.dv = dv.view();
+  ASSERT_TRUE(BWD_OK(bp));
+  EXPECT_TRUE(dk.all_written());
+  EXPECT_TRUE(dv.all_written());
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t lk = used[b];
+    auto take = [&](const HostTensor& src, int64_t rows, int64_t heads) {
+      HostTensor t(FP_F64, {1, rows, heads, D});
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t d = 0; d < D; ++d) t.set({0, r, h, d}, src.get({b, r, h, d}));
+      return t;
+    };
+    HostTensor qb = take(q, Sq, H), kb = take(k, lk, H), vb = take(v, lk, H), ob = take(out, Sq, H),
+               gb = take(dout, Sq, H);
+    HostTensor lb(FP_F64, {1, H, Sq});
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < Sq; ++i) lb.set({0, h, i}, lse.get({b, h, i}));
+    HostTensor dqb(FP_F64, qb.shape()), dkb(FP_F64, kb.shape()), dvb(FP_F64, vb.shape());
+    fp_attn_bwd_params bb = bp;
+    bb.fwd.seqused_k = fp_tensor{};
+    bb.fwd.q = qb.view();
+    bb.fwd.k = kb.view();
+    bb.fwd.v = vb.view();
+    bb.fwd.out = ob.view();
+    bb.fwd.lse = lb.view();
+    bb.dout = gb.view();
+    bb.dq = dqb.view();
+    bb.dk = dkb.view();
+    bb.dv = dvb.view();
+    ASSERT_TRUE(BWD_OK(bb));
+    EXPECT_TRUE(take(dq, Sq, H).bitwise_equal(dqb));
+    EXPECT_TRUE(take(dk, lk, H).bitwise_equal(dkb));
+    EXPECT_TRUE(take(dv, lk, H).bitwise_equal(dvb));
+    for (int64_t j = lk; j < cap; ++j)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t d = 0; d < D; ++d) {
+          EXPECT_EQ(dk.get({b, j, h, d}), 0.0);
+          EXPECT_EQ(dv.get({b, j, h, d}), 0.0);
+        }
+  }
+}
+
 // The backward uses the given LSE (as FlashAttention does): P = exp(s - lse).
 TEST(ReferenceBwd, UsesTheGivenLse) {
   BatchedCall call;

@@ -246,6 +246,9 @@ TEST(ReferenceDtypes, HalfRotaryTables) {
   p.v_new = vn.view();
   p.rotary_cos = cos16.view();
   p.rotary_sin = sin16.view();
+  HostTensor lse(FP_F32, {B, H, 1}), lse64(FP_F32, {B, H, 1});
+  lse.fill_poison();
+  p.lse = lse.view();
   ASSERT_TRUE(FWD_OK(p));
   EXPECT_TRUE(out.all_written());
   // Appended row 3 = k_new rotated at position 3 with the f16 table values, rounded to f16.
@@ -257,6 +260,31 @@ TEST(ReferenceDtypes, HalfRotaryTables) {
     EXPECT_EQ(kc.get({0, 3, 0, t}), r.get({0}));
     EXPECT_EQ(kc.get({0, 3, 0, t + 2}), r.get({1}));
   }
+  // q is rotated (non-causal: at position seqused_k = 3) and rounded to f16, like the appended
+  // keys; then attention is fp64 on those stored values, rounded once.
+  HostTensor q64(FP_F64, {B, 1, H, D}), k64(FP_F64, {B, cap, H, D}), v64(FP_F64, {B, cap, H, D});
+  k64.from_double(kc.to_double());
+  v64.from_double(vc.to_double());
+  for (int64_t t = 0; t < 2; ++t) {
+    const double c = cos16.get({3, t}), s = sin16.get({3, t});
+    const double x0 = q.get({0, 0, 0, t}), x1 = q.get({0, 0, 0, t + 2});
+    HostTensor r(FP_F16, {2});
+    r.from_double({x0 * c - x1 * s, x0 * s + x1 * c});
+    q64.set({0, 0, 0, t}, r.get({0}));
+    q64.set({0, 0, 0, t + 2}, r.get({1}));
+  }
+  HostTensor out64(FP_F64, {B, 1, H, D});
+  HostTensor used4 = HostTensor::i32({1}, {4});
+  fp_attn_params ph = ref_params();
+  ph.q = q64.view();
+  ph.k = k64.view();
+  ph.v = v64.view();
+  ph.out = out64.view();
+  ph.seqused_k = used4.view();
+  ph.lse = lse64.view();
+  ASSERT_TRUE(FWD_OK(ph));
+  EXPECT_TRUE(out.bitwise_equal(convert(out64, FP_F16)));
+  EXPECT_TRUE(lse.bitwise_equal(lse64));  // f32 LSE: sensitive to the rounding of q
 }
 
 }  // namespace

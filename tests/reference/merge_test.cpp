@@ -35,6 +35,10 @@ struct MergeCase {
   fp_dtype dtype = FP_F64;
   HostTensor parts, lse_parts, out, lse;
 
+  MergeCase(int64_t n_, int64_t b_, int64_t s_, int64_t h_, int64_t dv_, bool packed_ = false,
+            fp_dtype dtype_ = FP_F64)
+      : n(n_), b(b_), s(s_), h(h_), dv(dv_), packed(packed_), dtype(dtype_) {}
+
   std::vector<int64_t> part_shape() const {
     return packed ? std::vector<int64_t>{n, s, h, dv} : std::vector<int64_t>{n, b, s, h, dv};
   }
