@@ -243,7 +243,9 @@ class CpuBackend final : public Backend {
     // Row chunks per (batch, kv head): enough tasks to balance the machine, chosen from the shape
     // and the machine only (never from num_threads), so results are bit-identical at any thread
     // count; chunk partials are summed in a fixed order.
-    const int64_t target = std::max<int64_t>(16, 2 * cpu::hardware_threads());
+    // Each chunk costs an lk x (D + Dv) partial (zeroed, written, reduced), so aim for only
+    // about two tasks per hardware thread.
+    const int64_t target = 2 * cpu::hardware_threads();
     const int chunks = static_cast<int>(std::min(rb_max, std::max<int64_t>(1, ceil_div(target, heads))));
 
     cpu::BwdCall call;
