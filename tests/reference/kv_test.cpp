@@ -575,3 +575,41 @@ TEST(ReferenceRotary, EqualsExplicitRotation) {
 
 }  // namespace
 }  // namespace reftest
+
+namespace reftest {
+namespace {
+
+// Causal q rows are rotated at seqused_k + i; with Sq > Snew that can pass the table's last row.
+// The oracle refuses (naming rotary_cos) before writing anything, cache included.
+TEST(ReferenceRotary, QueryPositionPastTableIsAnErrorAndWritesNothing) {
+  const int64_t B = 1, cap = 6, H = 1, D = 4;
+  HostTensor kc(FP_F64, {B, cap, H, D}), vc(FP_F64, {B, cap, H, D}), q(FP_F64, {B, 4, H, D});
+  HostTensor kn(FP_F64, {B, 1, H, D}), vn(FP_F64, {B, 1, H, D}), out(FP_F64, {B, 4, H, D});
+  HostTensor cos_t(FP_F32, {cap, 2}), sin_t(FP_F32, {cap, 2});
+  for (HostTensor* t : {&kc, &vc, &q, &kn, &vn, &cos_t, &sin_t}) t->fill_normal();
+  out.fill_poison();
+  const HostTensor kc0 = kc;
+  HostTensor used = HostTensor::i32({1}, {5});  // rows 5 + i for i < 4 reach position 8 >= 6
+  fp_attn_params p = ref_params();
+  p.q = q.view();
+  p.k = kc.view();
+  p.v = vc.view();
+  p.out = out.view();
+  p.seqused_k = used.view();
+  p.k_new = kn.view();
+  p.v_new = vn.view();
+  p.rotary_cos = cos_t.view();
+  p.rotary_sin = sin_t.view();
+  p.causal = 1;
+  const fp_status st = fp_attn_fwd(&p);
+  EXPECT_EQ(st, FP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fp_last_error()).find("rotary_cos"), std::string::npos) << fp_last_error();
+  EXPECT_TRUE(kc.bitwise_equal(kc0));
+  EXPECT_EQ(out.poisoned_count(), out.numel());
+  // Non-causal: every q row is rotated at seqused_k = 5, inside the table.
+  p.causal = 0;
+  EXPECT_TRUE(FWD_OK(p));
+}
+
+}  // namespace
+}  // namespace reftest
