@@ -20,7 +20,8 @@ namespace {
 using cpu::kBlockK;
 using cpu::kBlockQ;
 
-// The kernel set for this machine; FLASHPORT_CPU_ISA=avx512|avx2|portable forces a lower one.
+// The kernel set for this machine; FLASHPORT_CPU_ISA=avx512bf16|avx512|avx2|portable forces a
+// lower one (a higher one than the CPU has falls back to what it has).
 const cpu::KernelTable& select_kernels() {
   const char* env = std::getenv("FLASHPORT_CPU_ISA");
   const std::string want = env ? env : "";
@@ -31,9 +32,11 @@ const cpu::KernelTable& select_kernels() {
                                  __builtin_cpu_supports("avx512vl");
   static const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                                __builtin_cpu_supports("f16c");
+  static const bool has_bf16_dot = has_avx512 && __builtin_cpu_supports("avx512bf16");
   if (want == "portable" || want == "scalar") return cpu::kernels_portable();
-  if (has_avx512 && (want.empty() || want == "avx512")) return cpu::kernels_avx512();
-  if (has_avx2 && (want.empty() || want == "avx512" || want == "avx2")) return cpu::kernels_avx2();
+  if (has_bf16_dot && (want.empty() || want == "avx512bf16")) return cpu::kernels_avx512bf16();
+  if (has_avx512 && (want.empty() || want == "avx512" || want == "avx512bf16")) return cpu::kernels_avx512();
+  if (has_avx2 && want != "portable") return cpu::kernels_avx2();
 #endif
   return cpu::kernels_portable();
 }

@@ -61,6 +61,7 @@ const KernelTable& kernels_portable();
 #define FLASHPORT_CPU_X86 1
 const KernelTable& kernels_avx2();
 const KernelTable& kernels_avx512();
+const KernelTable& kernels_avx512bf16();
 #endif
 
 // ---- Helpers for the kernels (cpu_rows.cpp, baseline ISA, never inline) ------------------------
