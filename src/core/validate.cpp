@@ -384,6 +384,13 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, bool lse_required
                  shape_str(p.rotary_sin) + " vs " + shape_str(p.rotary_cos));
     if (rows < s.sk)
       return bad("rotary_cos", "S_ro (rows) must cover the cache capacity " + std::to_string(s.sk), shape_str(p.rotary_cos));
+    // Causal/windowed q rows rotate at seqused_k + i, up to (capacity - Snew) + Sq - 1.
+    const bool q_per_row = p.causal || p.window_left >= 0 || p.window_right >= 0;
+    if (q_per_row && s.sq > s.snew && rows < s.sk - s.snew + s.sq)
+      return bad("rotary_cos",
+                 "S_ro (rows) must cover the query positions seqused_k + i: capacity - Snew + Sq = " +
+                     std::to_string(s.sk - s.snew + s.sq),
+                 shape_str(p.rotary_cos));
   }
 
   // Scalars.
