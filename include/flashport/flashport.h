@@ -43,6 +43,7 @@
  *   1/(1-p). The LSE is that of the undropped softmax. Every backend keeps the same elements.
  *
  *   out_i = sum_j dropout(P_ij) * v_j.
+ *   Packed rows past cu_seqlens[B] (padding) are neither read nor written.
  *
  *   KV cache append-then-attend: if k_new/v_new [B, Snew, Hkv, D|Dv] are given (they need
  *   seqused_k), they are written into the cache in place at rows seqused_k[b] .. +Snew-1 (after
@@ -157,7 +158,8 @@ typedef struct fp_attn_params {
   void* stream;           /* cudaStream_t / hipStream_t for GPU tensors; must be NULL on CPU */
   void* workspace;        /* caller-owned scratch, device memory of the tensors' device */
   size_t workspace_bytes; /* its size */
-  int32_t num_threads;    /* CPU backends: 0 = FLASHPORT_NUM_THREADS or all cores */
+  int32_t num_threads;    /* fast CPU backend: 0 = FLASHPORT_NUM_THREADS or all cores;
+                             the fp64 reference is single-threaded */
 } fp_attn_params;
 
 /* Backward of one forward call: the forward params (with out and lse as inputs) plus grads. */
