@@ -148,7 +148,7 @@ struct ScratchSlot {
   std::unique_ptr<float[], AlignedFree> data;
   size_t size = 0;
 };
-constexpr int kScratchSlots = 16;
+constexpr int kScratchSlots = 32;
 thread_local ScratchSlot t_scratch[kScratchSlots];
 }  // namespace
 

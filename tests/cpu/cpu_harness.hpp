@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <numeric>
 #include <random>
@@ -64,6 +65,15 @@ inline ::testing::AssertionResult ok(fp_status st, const char* what) {
 
 // Relative tolerance of the LSE (fp32 on both sides of the comparison's precision).
 inline double lse_tolerance(fp_dtype) { return 2e-5; }
+
+// FLASHPORT_CPU_TEST_REPORT=1 prints every compared tensor's error (to see the margins).
+inline ::testing::AssertionResult close_reported(const HostTensor& a, const HostTensor& e, double tol,
+                                                 const std::string& what) {
+  if (std::getenv("FLASHPORT_CPU_TEST_REPORT"))
+    std::printf("  %-8s rel_err %.3g (tolerance %.3g)\n", what.c_str(),
+                flashport::test::compare(a, e).rel_err, tol);
+  return close(a, e, tol, what);
+}
 
 // Inputs and outputs of one call; outputs are per backend.
 struct Built {
@@ -268,15 +278,15 @@ inline void run_case(const Case& c) {
   const double tol = flashport::test::tolerance(c.dt);
   EXPECT_TRUE(cpu.out.guards_intact());
   EXPECT_TRUE(cpu.out.all_written());
-  EXPECT_TRUE(close(cpu.out, ref.out, tol, "out"));
+  EXPECT_TRUE(close_reported(cpu.out, ref.out, tol, "out"));
   if (c.lse) {
     EXPECT_TRUE(cpu.lse.guards_intact());
-    EXPECT_TRUE(close(cpu.lse, ref.lse, lse_tolerance(c.dt), "lse"));
+    EXPECT_TRUE(close_reported(cpu.lse, ref.lse, lse_tolerance(c.dt), "lse"));
   }
   if (c.snew > 0) {
     EXPECT_TRUE(cpu.k.guards_intact());
-    EXPECT_TRUE(close(cpu.k, ref.k, tol, "k cache"));
-    EXPECT_TRUE(close(cpu.v, ref.v, tol, "v cache"));
+    EXPECT_TRUE(close_reported(cpu.k, ref.k, tol, "k cache"));
+    EXPECT_TRUE(close_reported(cpu.v, ref.v, tol, "v cache"));
   }
   if (!c.bwd) return;
 
@@ -296,9 +306,9 @@ inline void run_case(const Case& c) {
                             std::tuple{&gcpu.dv, &gref.dv, "dv"}}) {
     EXPECT_TRUE(a->guards_intact()) << what;
     EXPECT_TRUE(a->all_written()) << what;
-    EXPECT_TRUE(close(*a, *e, gtol, what));
+    EXPECT_TRUE(close_reported(*a, *e, gtol, what));
   }
-  if (c.d_sinks) EXPECT_TRUE(close(gcpu.dsinks, gref.dsinks, gtol, "d_sinks"));
+  if (c.d_sinks) EXPECT_TRUE(close_reported(gcpu.dsinks, gref.dsinks, gtol, "d_sinks"));
 }
 
 // Sets FLASHPORT_CPU_ISA for the scope of a test.
