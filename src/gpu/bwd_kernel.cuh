@@ -1,0 +1,407 @@
+// The backward main loop (FlashAttention-2 style: key blocks outer, query blocks inner), written
+// once; the tile and the storage type are the only template arguments, every feature is a
+// runtime hook behind a block-uniform branch, as in the forward.
+//
+// One block owns BN keys of one kv head. Per step (one query block of BM rows of one query head
+// of the group) the warps work in three stages:
+//   1. warp (kg, qg) computes S^T = K Q^T and dP^T = V dO^T for its 16 keys x BM/QW queries,
+//      turns them into P (from the saved LSE, masks, softcap, ALiBi, dropout replay) and
+//      dS = P (dP - D) (x softcap derivative), and writes dropout(P)^T and dS^T to shared memory;
+//   2. the same warp adds dV += P^T dO and dK += dS^T Q for its 16 keys x D/QW columns
+//      (registers, over every step of the block);
+//   3. warp (mg, cg) computes dQ = dS K for 16 queries x D/CW columns and adds it to the fp32
+//      accumulator (deterministic mode: after the previous key block has added its part).
+// Q and dO are double-buffered with cp.async: the next step's copy overlaps this step's math.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <type_traits>
+
+#include "bwd_launch.hpp"
+#include "core/philox.hpp"
+#include "fwd_kernel.cuh"  // KvRows, load_chunk, tanh_accurate, kLog2e
+#include "tile_mma.hpp"
+
+namespace flashport::gpu {
+
+// A fragment of rows [row0, row0+16) x k columns [k0, k0+16) of the TRANSPOSE of a row-major
+// shared tile stored [k][m] (dQ = dS K reads dS from the dS^T tile). Same register layout as
+// load_a; ldmatrix .trans transposes each 8x8 matrix.
+template <int kCols>
+__device__ __forceinline__ void load_a_trans(FragA& a, const uint16_t* tile, int row0, int k0,
+                                             int lane) {
+  const int mat = lane >> 3;
+  const int row = k0 + (lane & 7) + ((mat >> 1) << 3);
+  const int chunk = (row0 >> 3) + (mat & 1);
+  ldmatrix_x4_trans(a.r, smem_u32(tile + SmemTile<kCols>::offset(row, chunk)));
+}
+
+// First key block that visits query block m (deterministic-mode ordering): key blocks n visit m
+// iff their query range [i_first(n), i_end(n)) meets [m*BM, m*BM+BM); both ends grow with n.
+__device__ __forceinline__ int first_key_block(int m, int bm, int bn, int shift, int wl) {
+  if (wl < 0) return 0;
+  const int x = m * bm - wl + shift;
+  return x < 0 ? 0 : x / bn;
+}
+
+template <int kTile, typename Elem>
+__global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].min_blocks)
+    bwd_kernel(const __grid_constant__ BwdArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  FP_REQUIRE_ARCH(kMinNvidiaArch);
+#else
+  constexpr BwdTile C = kBwdTiles[kTile];
+  constexpr int D = C.head_dim, BM = C.block_m, BN = C.block_n, NT = C.threads(), W = C.warps;
+  constexpr int KW = C.key_groups(), QW = C.col_groups();
+  static_assert(KW * QW == W && BN == 16 * KW, "warps = key groups x column groups");
+  constexpr int SC = BM / QW, ST = SC / 8;  // stage 1: query columns per warp, 8-col tiles
+  constexpr int DC = D / QW, DT = DC / 8;   // stage 2: dK/dV columns per warp
+  constexpr int MR = BM / 16, CW = W / MR;  // stage 3: dQ row groups x column groups
+  constexpr int QC = D / CW, QT = QC / 8;
+  static_assert(ST % 2 == 0 && DT % 2 == 0 && QT % 2 == 0 && MR * CW == W, "tile shape");
+  constexpr int kChunks = D / 8;
+
+  extern __shared__ __align__(128) uint16_t smem[];
+  uint16_t* sK = smem;
+  uint16_t* sV = sK + BN * D;
+  uint16_t* sQ = sV + BN * D;   // [2][BM * D]
+  uint16_t* sdO = sQ + 2 * BM * D;  // [2][BM * D]
+  uint16_t* sP = sdO + 2 * BM * D;  // [BN][BM] (P^T after dropout)
+  uint16_t* sdS = sP + BN * BM;     // [BN][BM] (dS^T)
+  float* sL = reinterpret_cast<float*>(sdS + BN * BM);  // [2][BM] lse (log2 units)
+  float* sDs = sL + 2 * BM;                              // [2][BM] D
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int n_blk = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int n0 = n_blk * BN;
+  const ScoreRules& R = a.rules;
+
+  int lq = static_cast<int>(a.seq.q_len(b));
+  if (lq > a.seq.sq) lq = static_cast<int>(a.seq.sq);
+  if (lq < 0) lq = 0;
+  int64_t lk64 = a.seq.k_len(b);
+  if (a.k_rows_cap > 0 && lk64 > a.k_rows_cap) lk64 = a.k_rows_cap;
+  const int lk = lk64 < 0 ? 0 : static_cast<int>(lk64);
+  const int64_t q_start = a.seq.q_start(b);
+  const int64_t ws_row0 = a.seq.cu_q ? q_start : int64_t(b) * a.seq.sq;  // workspace row of i = 0
+  const int shift = R.top_left ? 0 : lk - lq;
+  const int wl = static_cast<int>(R.window_left), wr = static_cast<int>(R.window_right);
+  auto vis_lo = [&](int i) -> int { const int lo = wl >= 0 ? i + shift - wl : 0; return lo < 0 ? 0 : lo; };
+  auto vis_hi = [&](int i) -> int {
+    const int hi = wr >= 0 ? i + shift + wr + 1 : lk;
+    return hi > lk ? lk : (hi < 0 ? 0 : hi);
+  };
+
+  const int kg = warp % KW, qg = warp / KW;  // stages 1-2
+  const int mg = warp % MR, cg = warp / MR;  // stage 3
+
+  FragC acc_dk[DT], acc_dv[DT];
+#pragma unroll
+  for (int t = 0; t < DT; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_dk[t].r[e] = 0.0f, acc_dv[t].r[e] = 0.0f;
+
+  if (n0 < lk && lq > 0) {
+    const int n1 = n0 + BN < lk ? n0 + BN : lk;
+    int i_first = wr >= 0 ? n0 - shift - wr : 0;
+    if (i_first < 0) i_first = 0;
+    int i_end = wl >= 0 ? n1 + wl - shift : lq;
+    if (i_end > lq) i_end = lq;
+    const int m_lo = i_first / BM;
+    const int m_hi = i_end > i_first ? (i_end + BM - 1) / BM : m_lo;
+    const int nm = m_hi - m_lo;
+    const int steps = nm * a.group;
+
+    if (steps > 0) {
+      const KvRows krows(a.seq, a.k_addr, b, kvh, 0);
+      const KvRows vrows(a.seq, a.v_addr, b, kvh, 0);
+      for (int idx = tid; idx < BN * kChunks; idx += NT) {
+        const int r = idx / kChunks, c = idx % kChunks;
+        const int j = n0 + r;
+        load_chunk(sK + SmemTile<D>::offset(r, c), j < lk ? a.k + krows.at(j) : nullptr, c, a.d, a.vec_ok);
+        load_chunk(sV + SmemTile<D>::offset(r, c), j < lk ? a.v + vrows.at(j) : nullptr, c, a.dv, a.vec_ok);
+      }
+      // Q, dO, LSE, D of step s into buffer `buf`.
+      auto load_step = [&](int s, int buf) {
+        const int h = kvh * a.group + s / nm;
+        const int m = m_lo + s % nm;
+        uint16_t* q_dst = sQ + buf * BM * D;
+        uint16_t* o_dst = sdO + buf * BM * D;
+        for (int idx = tid; idx < BM * kChunks; idx += NT) {
+          const int r = idx / kChunks, c = idx % kChunks;
+          const int i = m * BM + r;
+          const uint16_t* qs = i < lq ? a.q + a.q_addr.at(b, q_start, i, h) : nullptr;
+          const uint16_t* os = i < lq ? a.dout + a.dout_addr.at(b, q_start, i, h) : nullptr;
+          load_chunk(q_dst + SmemTile<D>::offset(r, c), qs, c, a.d, a.vec_ok);
+          load_chunk(o_dst + SmemTile<D>::offset(r, c), os, c, a.dv, a.vec_ok);
+        }
+        if (tid < BM) {
+          const int i = m * BM + tid;
+          const int64_t wrow = int64_t(h) * a.total_rows + ws_row0 + i;
+          sL[buf * BM + tid] = i < lq ? a.ws_lse2[wrow] : INFINITY;
+          sDs[buf * BM + tid] = i < lq ? a.ws_dsum[wrow] : 0.0f;
+        }
+      };
+      load_step(0, 0);
+      cp_async_commit();
+
+      const int q_ksteps = (a.d + 15) / 16;
+      const int v_ksteps = (a.dv + 15) / 16;
+      const float keep_scale = R.dropout_p > 0.0f ? 1.0f / (1.0f - R.dropout_p) : 1.0f;
+
+      for (int s = 0; s < steps; ++s) {
+        const int buf = s & 1;
+        if (s + 1 < steps) {
+          load_step(s + 1, buf ^ 1);
+          cp_async_commit();
+          cp_async_wait<1>();
+        } else {
+          cp_async_wait<0>();
+        }
+        __syncthreads();  // this step's tiles landed (and K, V on the first step)
+
+        const int h = kvh * a.group + s / nm;
+        const int m = m_lo + s % nm;
+        const int i0 = m * BM;
+        const uint16_t* tQ = sQ + buf * BM * D;
+        const uint16_t* tdO = sdO + buf * BM * D;
+        const float* tL = sL + buf * BM;
+        const float* tDs = sDs + buf * BM;
+
+        // ---- stage 1: S^T = K Q^T, dP^T = V dO^T --------------------------------------------
+        FragC acc_s[ST], acc_dp[ST];
+#pragma unroll
+        for (int t = 0; t < ST; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_s[t].r[e] = 0.0f, acc_dp[t].r[e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+          if (ks < q_ksteps) {
+            FragA ka;
+            load_a<D>(ka, sK, kg * 16, ks * 16, lane);
+#pragma unroll
+            for (int np = 0; np < ST / 2; ++np) {
+              FragBPair qb;
+              load_b_rows<D>(qb, tQ, qg * SC + np * 16, ks * 16, lane);
+              mma<Elem>(acc_s[2 * np], ka, qb.r[0], qb.r[1]);
+              mma<Elem>(acc_s[2 * np + 1], ka, qb.r[2], qb.r[3]);
+            }
+          }
+          if (ks < v_ksteps) {
+            FragA va;
+            load_a<D>(va, sV, kg * 16, ks * 16, lane);
+#pragma unroll
+            for (int np = 0; np < ST / 2; ++np) {
+              FragBPair ob;
+              load_b_rows<D>(ob, tdO, qg * SC + np * 16, ks * 16, lane);
+              mma<Elem>(acc_dp[2 * np], va, ob.r[0], ob.r[1]);
+              mma<Elem>(acc_dp[2 * np + 1], va, ob.r[2], ob.r[3]);
+            }
+          }
+        }
+
+        // ---- P and dS (element (key j, query i)) ----------------------------------------------
+        const bool need_mask = n0 + BN > lk || (wr >= 0 && n0 + BN - 1 > i0 + shift + wr) ||
+                               (wl >= 0 && n0 < i0 + BM - 1 + shift - wl);
+        const bool softcap = a.softcap_in > 0.0f;
+        const float slope_log2 = R.alibi ? -R.alibi_slope(b, h) * kLog2e : 0.0f;
+#pragma unroll
+        for (int t = 0; t < ST; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int jl = kg * 16 + c_row(lane, e);
+            const int il = qg * SC + t * 8 + c_col(lane, e);
+            const int j = n0 + jl, i = i0 + il;
+            float sc = acc_s[t].r[e];
+            float dtanh = 1.0f;
+            if (softcap) {
+              const float th = tanh_accurate(sc * a.softcap_in);
+              sc = a.softcap_out * th;
+              dtanh = 1.0f - th * th;
+            } else {
+              sc *= a.scale_log2;
+            }
+            if (R.alibi) {
+              const int dist = i + shift - j;
+              sc += slope_log2 * float(dist < 0 ? -dist : dist);
+            }
+            float p = fast_exp2(sc - tL[il]);
+            if (need_mask && (j < vis_lo(i) || j >= vis_hi(i))) p = 0.0f;
+            float keep = 1.0f;
+            if (R.dropout_p > 0.0f)
+              keep = dropout_keep(R.dropout_seed, R.dropout_offset, R.dropout_threshold, b, a.hq, h, i, j)
+                         ? keep_scale : 0.0f;
+            acc_dp[t].r[e] = p * (acc_dp[t].r[e] * keep - tDs[il]) * dtanh;
+            acc_s[t].r[e] = p * keep;
+          }
+        {
+          const int r0 = kg * 16 + (lane >> 2);
+#pragma unroll
+          for (int t = 0; t < ST; ++t) {
+            const int col = qg * SC + t * 8 + (lane & 3) * 2;
+            const int o0 = SmemTile<BM>::offset(r0, col >> 3) + (col & 7);
+            const int o1 = SmemTile<BM>::offset(r0 + 8, col >> 3) + (col & 7);
+            *reinterpret_cast<uint32_t*>(sP + o0) = Elem::pack(acc_s[t].r[0], acc_s[t].r[1]);
+            *reinterpret_cast<uint32_t*>(sP + o1) = Elem::pack(acc_s[t].r[2], acc_s[t].r[3]);
+            *reinterpret_cast<uint32_t*>(sdS + o0) = Elem::pack(acc_dp[t].r[0], acc_dp[t].r[1]);
+            *reinterpret_cast<uint32_t*>(sdS + o1) = Elem::pack(acc_dp[t].r[2], acc_dp[t].r[3]);
+          }
+        }
+        __syncthreads();  // P^T, dS^T complete
+
+        // ---- stage 2: dV += P^T dO, dK += dS^T Q -------------------------------------------------
+#pragma unroll
+        for (int ks = 0; ks < BM / 16; ++ks) {
+          FragA pa, da;
+          load_a<BM>(pa, sP, kg * 16, ks * 16, lane);
+          load_a<BM>(da, sdS, kg * 16, ks * 16, lane);
+#pragma unroll
+          for (int dp = 0; dp < DT / 2; ++dp) {
+            const int col = qg * DC + dp * 16;
+            if (col < a.dv) {
+              FragBPair ob;
+              load_b_trans<D>(ob, tdO, ks * 16, col, lane);
+              mma<Elem>(acc_dv[2 * dp], pa, ob.r[0], ob.r[1]);
+              mma<Elem>(acc_dv[2 * dp + 1], pa, ob.r[2], ob.r[3]);
+            }
+            if (col < a.d) {
+              FragBPair qb;
+              load_b_trans<D>(qb, tQ, ks * 16, col, lane);
+              mma<Elem>(acc_dk[2 * dp], da, qb.r[0], qb.r[1]);
+              mma<Elem>(acc_dk[2 * dp + 1], da, qb.r[2], qb.r[3]);
+            }
+          }
+        }
+
+        // ---- stage 3: dQ += dS K -------------------------------------------------------------
+        FragC acc_dq[QT];
+#pragma unroll
+        for (int t = 0; t < QT; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_dq[t].r[e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ++ks) {
+          FragA sa;
+          load_a_trans<BM>(sa, sdS, mg * 16, ks * 16, lane);
+#pragma unroll
+          for (int np = 0; np < QT / 2; ++np) {
+            const int col = cg * QC + np * 16;
+            if (col < a.d) {
+              FragBPair kb;
+              load_b_trans<D>(kb, sK, ks * 16, col, lane);
+              mma<Elem>(acc_dq[2 * np], sa, kb.r[0], kb.r[1]);
+              mma<Elem>(acc_dq[2 * np + 1], sa, kb.r[2], kb.r[3]);
+            }
+          }
+        }
+        int32_t* sema = nullptr;
+        if (a.deterministic) {
+          // Wait until the key blocks before this one (in key order) added their dQ part.
+          sema = a.ws_sema + (int64_t(b) * a.hq + h) * a.m_blocks + m;
+          if (tid == 0) {
+            const int target = n_blk - first_key_block(m, BM, BN, shift, wl);
+            while (atomicAdd(sema, 0) != target) __nanosleep(64);
+            __threadfence();
+          }
+          __syncthreads();
+        }
+        {
+          float* dq_base = a.ws_dq + (int64_t(h) * a.total_rows + ws_row0) * a.dacc;
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int i = i0 + mg * 16 + (lane >> 2) + hf * 8;
+            if (i < lq) {
+              float* row = dq_base + int64_t(i) * a.dacc;
+#pragma unroll
+              for (int t = 0; t < QT; ++t) {
+                const int col = cg * QC + t * 8 + (lane & 3) * 2;
+                if (col < a.d) {
+                  atomicAdd(row + col, acc_dq[t].r[hf * 2]);
+                  atomicAdd(row + col + 1, acc_dq[t].r[hf * 2 + 1]);
+                }
+              }
+            }
+          }
+        }
+        if (a.deterministic) __threadfence();
+        __syncthreads();  // every warp is done with this step's buffers (and its dQ is visible)
+        if (a.deterministic && tid == 0) atomicAdd(sema, 1);
+      }
+    }
+  }
+
+  // ---- epilogue: dK = scale * acc, dV; rows past Lk of a batched tensor get 0 -----------------
+  const int row_limit = a.k_rows_cap > 0 ? static_cast<int>(a.k_rows_cap) : lk;
+  const KvRows dkrows(a.seq, a.dk_addr, b, kvh, 0);
+  const KvRows dvrows(a.seq, a.dv_addr, b, kvh, 0);
+  using T = typename Elem::T;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int j = n0 + kg * 16 + (lane >> 2) + hf * 8;
+    if (j >= row_limit) continue;
+    T* dk_row = reinterpret_cast<T*>(a.dk_ptr) + dkrows.at(j);
+    T* dv_row = reinterpret_cast<T*>(a.dv_ptr) + dvrows.at(j);
+#pragma unroll
+    for (int t = 0; t < DT; ++t) {
+      const int col = qg * DC + t * 8 + (lane & 3) * 2;
+      const float k0 = acc_dk[t].r[hf * 2] * a.scale, k1 = acc_dk[t].r[hf * 2 + 1] * a.scale;
+      const float v0 = acc_dv[t].r[hf * 2], v1 = acc_dv[t].r[hf * 2 + 1];
+      if (a.kv_out_vec_ok && col + 1 < a.d) {
+        *reinterpret_cast<uint32_t*>(dk_row + col) = Elem::pack(k0, k1);
+      } else {
+        if (col < a.d) dk_row[col] = Elem::from_float(k0);
+        if (col + 1 < a.d) dk_row[col + 1] = Elem::from_float(k1);
+      }
+      if (a.kv_out_vec_ok && col + 1 < a.dv) {
+        *reinterpret_cast<uint32_t*>(dv_row + col) = Elem::pack(v0, v1);
+      } else {
+        if (col < a.dv) dv_row[col] = Elem::from_float(v0);
+        if (col + 1 < a.dv) dv_row[col + 1] = Elem::from_float(v1);
+      }
+    }
+  }
+#endif
+}
+
+// ---- host side -----------------------------------------------------------------------------
+template <int kTile, bool kBf16>
+BwdKernelInfo bwd_kernel_info(int device) {
+  using Elem = std::conditional_t<kBf16, BFloat16, Half>;
+  constexpr BwdTile C = kBwdTiles[kTile];
+  static BwdKernelInfo cache[kMaxDevices];
+  static std::atomic<bool> ready[kMaxDevices];
+  if (device < 0 || device >= kMaxDevices) return BwdKernelInfo{gpuErrorInvalidDevice};
+  if (ready[device].load(std::memory_order_acquire)) return cache[device];
+  BwdKernelInfo info;
+  gpuFuncAttributes attr;
+  info.status = gpuFuncGetAttributes(&attr, bwd_kernel<kTile, Elem>);
+  if (info.status == gpuSuccess) {
+    info.num_regs = attr.numRegs;
+    info.local_bytes = static_cast<int>(attr.localSizeBytes);
+    info.status = gpuFuncSetAttribute(bwd_kernel<kTile, Elem>,
+                                      gpuFuncAttributeMaxDynamicSharedMemorySize, C.smem_bytes());
+  }
+  if (info.status == gpuSuccess)
+    info.status = gpuOccupancyMaxActiveBlocksPerMultiprocessor(
+        &info.blocks_per_sm, bwd_kernel<kTile, Elem>, C.threads(), C.smem_bytes());
+  gpuGetLastError();
+  cache[device] = info;
+  ready[device].store(true, std::memory_order_release);
+  return info;
+}
+
+template <int kTile, bool kBf16>
+gpuError_t launch_bwd(const BwdArgs& a, dim3 grid, gpuStream_t stream) {
+  using Elem = std::conditional_t<kBf16, BFloat16, Half>;
+  constexpr BwdTile C = kBwdTiles[kTile];
+  bwd_kernel<kTile, Elem><<<grid, C.threads(), C.smem_bytes(), stream>>>(a);
+  return gpuGetLastError();
+}
+
+#define FP_INSTANTIATE_BWD(tile)                                                  \
+  template BwdKernelInfo bwd_kernel_info<tile, false>(int);                       \
+  template BwdKernelInfo bwd_kernel_info<tile, true>(int);                        \
+  template gpuError_t launch_bwd<tile, false>(const BwdArgs&, dim3, gpuStream_t); \
+  template gpuError_t launch_bwd<tile, true>(const BwdArgs&, dim3, gpuStream_t);
+
+}  // namespace flashport::gpu
