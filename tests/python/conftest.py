@@ -33,3 +33,21 @@ def _seed(request):
         base = int(os.environ.get("FLASHPORT_TEST_SEED", "1234"))
         torch.manual_seed(base + (hash(request.node.nodeid) & 0xFFFF))
     yield
+
+
+def _on_gpu(item) -> bool:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return params.get("device") == "cuda" or params.get("jdev") == "cuda"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """On the GPU, a feature the CUDA backend reports as unsupported (FP_ERR_UNSUPPORTED, e.g.
+    backward in this release) is an expected failure with the library's reason, listed by
+    `pytest -rx`; any other error, and any unsupported error on the CPU, fails the test."""
+    try:
+        return (yield)
+    except RuntimeError as e:
+        if _on_gpu(pyfuncitem) and "FP_ERR_UNSUPPORTED" in str(e):
+            pytest.xfail(f"CUDA backend: {str(e).splitlines()[0][:300]}")
+        raise
