@@ -147,9 +147,9 @@ def _attn_fwd(
     softcap: float, causal_align: int, num_splits: int, deterministic: bool, backend: int,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     out, lse, rng = _attn_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                   block_table, seqused_k, alibi_slopes, sinks, dropout_p, softmax_scale,
-                                   causal, window_left, window_right, softcap, causal_align,
-                                   num_splits, deterministic, backend)
+                                   block_table, seqused_k, alibi_slopes, sinks, dropout_p,
+                                   softmax_scale, causal, window_left, window_right, softcap,
+                                   causal_align, num_splits, deterministic, backend)
     scalars = dict(softmax_scale=softmax_scale, causal=int(causal), causal_align=causal_align,
                    window_left=window_left, window_right=window_right, softcap=softcap,
                    dropout_p=dropout_p, num_splits=num_splits, backend=backend)
@@ -195,9 +195,9 @@ def _attn_bwd(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     dq, dk, dv, d_sinks = _attn_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                          max_seqlen_q, max_seqlen_k, block_table, seqused_k,
-                                         alibi_slopes, sinks, rng_state, dropout_p, softmax_scale, causal,
-                                         window_left, window_right, softcap, causal_align,
-                                         deterministic, backend)
+                                         alibi_slopes, sinks, rng_state, dropout_p,
+                                         softmax_scale, causal, window_left, window_right,
+                                         softcap, causal_align, deterministic, backend)
     scalars = dict(softmax_scale=softmax_scale, causal=int(causal), causal_align=causal_align,
                    window_left=window_left, window_right=window_right, softcap=softcap,
                    dropout_p=dropout_p, backend=backend, deterministic=int(deterministic))
@@ -211,7 +211,8 @@ def _attn_bwd(
     _C.attn_bwd(_tensors(dout=_maybe_contiguous(dout), q=q, k=k, v=v, out=out, lse=lse,
                          cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                          block_table=block_table, seqused_k=seqused_k,
-                         alibi_slopes=alibi_slopes, sinks=sinks, dq=dq, dk=dk, dv=dv, d_sinks=d_sinks if sinks is not None else None),
+                         alibi_slopes=alibi_slopes, sinks=sinks, dq=dq, dk=dk, dv=dv,
+                         d_sinks=d_sinks if sinks is not None else None),
                 scalars, _stream(q.device), alloc)
     return dq, dk, dv, d_sinks
 
@@ -243,8 +244,8 @@ def _attn_backward(ctx, dout, _dlse, _drng):
     (max_q, max_k, dropout_p, scale, causal, wl, wr, softcap, align, deterministic,
      backend) = ctx.args
     dq, dk, dv, d_sinks = torch.ops.flashport.attn_bwd(
-        dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, block_table, seqused_k, alibi, sinks, rng,
-        dropout_p, scale, causal, wl, wr, softcap, align, deterministic, backend)
+        dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, block_table, seqused_k, alibi, sinks,
+        rng, dropout_p, scale, causal, wl, wr, softcap, align, deterministic, backend)
     return (dq, dk, dv, None, None, None, None, None, None, None,
             d_sinks if ctx.has_sinks else None,
             None, None, None, None, None, None, None, None, None, None)
@@ -483,8 +484,8 @@ def flash_attn_varlen_func(
         cu_k = None
     out, lse, rng = torch.ops.flashport.attn_fwd(
         q, k, v, cu_seqlens_q, cu_k, int(max_seqlen_q), int(max_seqlen_k), block_table,
-        seqused_k, alibi_slopes, sinks, float(dropout_p), scale, bool(causal), wl, wr, float(softcap), align,
-        int(num_splits), bool(deterministic), _backend_id(backend))
+        seqused_k, alibi_slopes, sinks, float(dropout_p), scale, bool(causal), wl, wr,
+        float(softcap), align, int(num_splits), bool(deterministic), _backend_id(backend))
     if not return_attn_probs:
         return out
     s_dmask = _attn_probs(q, k, lse, rng, dropout_p, scale, causal, (wl, wr), softcap,

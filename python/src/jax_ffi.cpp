@@ -43,7 +43,8 @@ ffi::Error view(const char* name, const ffi::AnyBuffer& b, fp_device_type dev, i
                 fp_tensor* t) {
   std::memset(t, 0, sizeof(*t));
   if (!to_fp_dtype(b.element_type(), &t->dtype))
-    return ffi::Error::InvalidArgument(std::string("flashport: '") + name + "' has an unsupported dtype");
+    return ffi::Error::InvalidArgument(std::string("flashport: '") + name +
+                                       "' has an unsupported dtype");
   const auto dims = b.dimensions();
   if (dims.size() == 0 || dims.size() > FP_MAX_DIMS)
     return ffi::Error::InvalidArgument(std::string("flashport: '") + name + "' has a bad rank");
@@ -106,7 +107,6 @@ ffi::Error fill_common(fp_attn_params& p, const ScalarAttrs& a, ffi::RemainingAr
   if (a.flags & kHasAlibi) FP_TRY(take("alibi_slopes", &p.alibi_slopes));
   if (a.flags & kHasSinks) FP_TRY(take("sinks", &p.sinks));
   if (a.flags & kHasRng) {
-    fp_tensor rng;
     auto buf = extra.get<ffi::AnyBuffer>(next++);
     if (buf.has_error()) return buf.error();
     if (buf->element_type() != ffi::DataType::U32 || buf->element_count() != 4)
@@ -116,7 +116,6 @@ ffi::Error fill_common(fp_attn_params& p, const ScalarAttrs& a, ffi::RemainingAr
                         "flashport.jax: dropout on GPU needs the seed on the host; the C API "
                         "takes it as a host scalar and flashport never reads device memory "
                         "from the host. Use dropout_p=0 on GPU, or the torch bindings.");
-    (void)rng;
     const uint32_t* w = static_cast<const uint32_t*>(buf->untyped_data());
     p.dropout_seed = uint64_t(w[0]) | (uint64_t(w[1]) << 32);
     p.dropout_offset = uint64_t(w[2]) | (uint64_t(w[3]) << 32);

@@ -307,8 +307,10 @@ NB_MODULE(_C, m) {
   }, nb::arg("tensors"), nb::arg("backend") = 0, nb::arg("stream") = 0);
   m.def("dropout_keep_mask", &dropout_keep_mask);
   m.def("version", [] { return std::string(fp_version()); });
-  m.def("backend_available", [](int32_t b) { return fp_backend_available(static_cast<fp_backend>(b)) != 0; });
-  m.def("backend_name", [](int32_t b) { return std::string(fp_backend_name(static_cast<fp_backend>(b))); });
+  m.def("backend_available",
+        [](int32_t b) { return fp_backend_available(static_cast<fp_backend>(b)) != 0; });
+  m.def("backend_name",
+        [](int32_t b) { return std::string(fp_backend_name(static_cast<fp_backend>(b))); });
 #ifdef FLASHPORT_WITH_JAX_FFI
   m.def("jax_ffi_targets", &jax_ffi_targets);
   m.attr("has_jax_ffi") = true;

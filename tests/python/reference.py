@@ -187,9 +187,9 @@ EPS = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7, torch.float32: 2.0**-23
 
 def assert_close_to_ref(got, ref64, naive, name, factor=2.0, fp32_floor=1e-5):
     """|got - ref| <= factor * |naive - ref| + a few ulps of the dtype, elementwise max.
-    `naive` is the same computation done in got's precision (None: ulps and floor only). fp32_floor (relative
-    to the largest reference value) allows for fp32 accumulation over long reductions (gradients),
-    where a short naive fp32 computation is more accurate than any blocked algorithm."""
+    `naive` is the same computation done in got's precision (None: ulps and floor only).
+    fp32_floor (relative to the largest reference value) allows for fp32 accumulation over long
+    reductions, where a short naive fp32 computation beats any blocked algorithm."""
     got64 = got.detach().double().cpu()
     ref64 = ref64.detach().double().cpu()
     assert torch.isfinite(got64).all(), f"{name}: non-finite values"
