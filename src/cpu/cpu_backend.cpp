@@ -207,13 +207,16 @@ class CpuBackend final : public Backend {
       call.part_out = part_out.data();
       call.part_lse = part_lse.data();
     }
+    // Tasks: (batch, kv head, run of row blocks, split). A task packs its K/V once, so runs are
+    // long; only split heads into several runs when there are too few heads to balance threads.
+    const int64_t heads = p.seq.batch * p.hkv * plan.num_splits;
+    const int64_t rb_max = std::max<int64_t>(1, ceil_div(p.seq.sq * p.group, kBlockQ));
+    call.num_chunks = static_cast<int>(std::min(rb_max, std::max<int64_t>(1, ceil_div(4 * threads, heads))));
     std::vector<cpu::FwdTask> tasks;
-    for (int64_t b = 0; b < p.seq.batch; ++b) {
-      const int64_t blocks = ceil_div(p.seq.q_len(b) * p.group, kBlockQ);
+    for (int64_t b = 0; b < p.seq.batch; ++b)
       for (int64_t hk = 0; hk < p.hkv; ++hk)
-        for (int64_t rb = 0; rb < blocks; ++rb)
-          for (int64_t s = 0; s < plan.num_splits; ++s) tasks.push_back({b, hk, rb, s});
-    }
+        for (int64_t c = 0; c < call.num_chunks; ++c)
+          for (int64_t s = 0; s < plan.num_splits; ++s) tasks.push_back({b, hk, c, s});
     // Largest tasks first (causal: later row blocks see more keys) for a better dynamic balance.
     cpu::parallel_for(static_cast<int64_t>(tasks.size()), threads,
                       [&](int64_t t) { k.fwd(call, tasks[tasks.size() - 1 - t]); });

@@ -26,11 +26,12 @@ struct SeqGeom {
 };
 
 struct FwdTask {
-  int64_t b, hk, row_block, split;
+  int64_t b, hk, chunk, split;  // chunk: a run of row blocks of one (batch, kv head)
 };
 struct FwdCall {
   const Problem* p = nullptr;
   int num_splits = 1;
+  int num_chunks = 1;        // row chunks per (batch, kv head)
   float qscale = 1.0f;       // folded into Q: softmax_scale (/ softcap when softcap is on)
   float* part_out = nullptr; // splits > 1: [split][total_q_rows][hq][dv], normalised partial out
   float* part_lse = nullptr; // splits > 1: [split][total_q_rows][hq], without the sink
