@@ -190,3 +190,13 @@ def test_errors_come_back_as_exceptions():
         fj.flash_attn_func(q, k, k, return_attn_probs=True)
     with pytest.raises(NotImplementedError, match="block_table"):
         fj.flash_attn_varlen_func(q[0], k[0], k[0], None, None, 8, 8, block_table=q)
+
+
+def test_vmap_over_heads_batch():
+    """vmap of the FFI call (sequential) matches the batched call."""
+    cpu = jax.devices("cpu")[0]
+    rng = np.random.default_rng(5)
+    q, k, v = (rand(rng, (3, 1, 11, 2, 16), jnp.float32, cpu) for _ in range(3))
+    batched = fj.flash_attn_func(q[:, 0], k[:, 0], v[:, 0], causal=True)
+    mapped = jax.vmap(lambda q, k, v: fj.flash_attn_func(q, k, v, causal=True))(q, k, v)
+    assert np.allclose(np.asarray(mapped[:, 0]), np.asarray(batched), atol=1e-6)

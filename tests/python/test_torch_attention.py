@@ -272,3 +272,19 @@ def test_forced_backend_agrees(backend):
     out = fa.flash_attn_func(q, k, v, causal=True, backend=backend)
     out64, _ = ref.attention_batched(q.double(), k.double(), v.double(), causal=True)
     ref.assert_close_to_ref(out, out64, None, "out")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_runs_on_current_cuda_stream():
+    """Inputs produced late on a side stream: a kernel launched on any other stream would read
+    them before they are written."""
+    q, k, v = (randn(2, 128, 4, 64, dtype=torch.float16, device="cuda") for _ in range(3))
+    expect = fa.flash_attn_func(q, k, v, causal=True)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)
+        q2 = q * 1.0
+        out = fa.flash_attn_func(q2, k, v, causal=True)
+    side.synchronize()
+    assert torch.equal(out, expect)
