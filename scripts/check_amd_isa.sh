@@ -15,7 +15,7 @@ bitcode=$(bash scripts/hip_toolchain.sh | tail -n 1)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHPORT_HIP=ON -DFLASHPORT_CPU=OFF \
   -DFLASHPORT_TESTS=OFF -DFLASHPORT_CLI=OFF -DFLASHPORT_PYTHON=OFF \
   "-DFLASHPORT_HIP_ARCHS=${archs}" "-DFLASHPORT_HIP_DEVICE_LIBS=${bitcode}" >/dev/null
-ninja -C "$build" -j"$(nproc)" flashport_hip_isa >/dev/null
+ninja -C "$build" -j"$(nproc)" flashport_hip_objects >/dev/null
 
 python3 - "$build/hip_isa" "$archs" <<'EOF'
 import glob, os, re, subprocess, sys

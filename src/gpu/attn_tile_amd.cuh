@@ -21,6 +21,12 @@ constexpr int kAttnBlockN = 64;  // keys per main-loop step
 
 template <int kD>
 constexpr int attn_tile_lds_bytes() { return LdsTile<kD>::bytes(16 * kAttnWaves + 2 * kAttnBlockN); }
+constexpr int attn_tile_rows() { return 16 * kAttnWaves; }  // query rows per workgroup
+
+// Launches the tile for head_dim 64 or 128 (the bucket of max(d, dv)) with kAttnWaves waves of
+// the device's wave size; grid = (row blocks, query heads, batch). Defined in attn_tile_amd.hip.
+gpuError_t launch_attn_tile_amd(int head_dim, bool bf16, const FwdArgs& a, dim3 grid, int wave_size,
+                                gpuStream_t stream);
 
 namespace attn_detail {
 
@@ -171,7 +177,7 @@ __global__ void __launch_bounds__(kAttnWaves * kWarpSize) attn_tile_kernel(const
             mx = fmaxf(mx, x);
           }
         // Online softmax (base 2) over the lanes sharing this query.
-        mx = col_max(mx);
+        mx = query_max(mx);
         const float m_use = mx == -INFINITY ? 0.0f : mx;
         const float corr = fast_exp2(row_max - m_use);
         row_max = mx;
@@ -205,7 +211,7 @@ __global__ void __launch_bounds__(kAttnWaves * kWarpSize) attn_tile_kernel(const
     }
 
     // Epilogue: finish the row sum, add the sink, normalise, store O and the LSE.
-    float l = col_sum(row_sum);
+    float l = query_sum(row_sum);
     float mx = row_max;
     if (q_row >= lq) return;
     float o_scale = 1.0f;
@@ -225,7 +231,7 @@ __global__ void __launch_bounds__(kAttnWaves * kWarpSize) attn_tile_kernel(const
         const int col = dt * 16 + acc_row(lane, e);
         if (col < a.dv) dst[col] = Elem::from_float(acc_o[dt].r[e] * inv);
       }
-    if (a.lse != nullptr && col_leader(lane))
+    if (a.lse != nullptr && query_leader(lane))
       a.lse[a.lse_addr.at(b, q_start, h, q_row)] = l > 0.0f ? (mx + __log2f(l)) * kLn2 : -INFINITY;
   }
 }

@@ -2,24 +2,24 @@
 # reachable). Included by src/gpu/CMakeLists.txt when FLASHPORT_HIP=ON.
 #
 # clang (>= 19, Debian's clang-19) compiles the HIP sources with Debian's HIP 5.2 headers and
-# device libraries; scripts/hip_toolchain.sh installs them and makes the device-library folder
+# runtime; scripts/hip_toolchain.sh installs them and makes the device-library folder
 # (FLASHPORT_HIP_DEVICE_LIBS) that also holds the targets Debian lacks (gfx942, gfx1100, gfx1201).
-# For every target in FLASHPORT_HIP_ARCHS this writes the device assembly of each source to
-# <build>/hip_isa/<source>-<gfx>.s (what scripts/check_amd_isa.sh reads), and compiles the host
-# pass once, so both halves of every kernel build.
-#
-# Not built yet: the HIP backend object (hip_backend(), host dispatch) and the CUDA main loop's
-# HIP instance; FLASHPORT_WITH_HIP stays undefined, so dispatch has no HIP backend to offer.
+#   - kernel sources compile once for all FLASHPORT_HIP_ARCHS into a fat object (host code +
+#     one code object per target); -save-temps keeps the device assembly of each target as
+#     <build>/hip_isa/<source>-hip-amdgcn-amd-amdhsa-<gfx>.s, the very ISA that is in the object
+#     (scripts/check_amd_isa.sh reads it);
+#   - host-only sources (the backend) compile as plain host objects;
+# and the objects join the flashport library with the HIP runtime (libamdhip64), so dispatch
+# offers hip_backend() (FLASHPORT_WITH_HIP).
 set(FLASHPORT_HIP_ARCHS "gfx90a;gfx942;gfx1100;gfx1201" CACHE STRING "AMD targets (gfx names)")
 set(FLASHPORT_HIP_DEVICE_LIBS "${PROJECT_SOURCE_DIR}/build-hip-toolchain/bitcode" CACHE PATH
     "Device-library folder with oclc_isa_version_<gfx>.bc for every target (scripts/hip_toolchain.sh)")
 find_program(FLASHPORT_HIP_CLANG NAMES clang++ PATHS /usr/lib/llvm-19/bin NO_DEFAULT_PATH)
 find_program(FLASHPORT_HIP_CLANG NAMES clang++-19)
-if(NOT FLASHPORT_HIP_CLANG)
-  message(FATAL_ERROR "flashport HIP: clang++-19 not found (run scripts/hip_toolchain.sh)")
-endif()
-if(NOT EXISTS /usr/include/hip/hip_runtime.h)
-  message(FATAL_ERROR "flashport HIP: HIP headers not found (run scripts/hip_toolchain.sh)")
+find_library(FLASHPORT_HIP_RUNTIME NAMES amdhip64)
+if(NOT FLASHPORT_HIP_CLANG OR NOT FLASHPORT_HIP_RUNTIME OR NOT EXISTS /usr/include/hip/hip_runtime.h)
+  message(FATAL_ERROR "flashport HIP: clang++-19, libamdhip64 or the HIP headers not found "
+                      "(run scripts/hip_toolchain.sh)")
 endif()
 foreach(arch IN LISTS FLASHPORT_HIP_ARCHS)
   string(REGEX REPLACE "^gfx" "" _fp_isa "${arch}")
@@ -29,16 +29,17 @@ foreach(arch IN LISTS FLASHPORT_HIP_ARCHS)
   endif()
 endforeach()
 
-# Kernel instances: the AMD attention tile, head dims 64/128 x fp16/bf16.
-set(FLASHPORT_HIP_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/attn_tile_amd.hip)
+# Kernel instances: the AMD forward attention tile, head dims 64/128 x fp16/bf16.
+set(FLASHPORT_HIP_KERNEL_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/attn_tile_amd.hip)
+set(FLASHPORT_HIP_HOST_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/hip_backend.hip)
 set(FLASHPORT_HIP_INSTANCES 4)
 list(LENGTH FLASHPORT_HIP_ARCHS _fp_hip_narch)
 message(STATUS "flashport HIP: ${FLASHPORT_HIP_INSTANCES} kernel instances x ${_fp_hip_narch} targets "
-               "(${FLASHPORT_HIP_ARCHS}) with ${FLASHPORT_HIP_CLANG}; device code only, no HIP backend yet")
+               "(${FLASHPORT_HIP_ARCHS}) with ${FLASHPORT_HIP_CLANG}; compile-verified, not run")
 
 string(REPLACE ";" "," _fp_hip_archs "${FLASHPORT_HIP_ARCHS}")
 set(_fp_hip_flags
-  -x hip -std=c++20 -O3 -Wall -Wextra
+  -x hip -std=c++20 -O3 -fPIC -Wall -Wextra
   --rocm-path=/usr "--rocm-device-lib-path=${FLASHPORT_HIP_DEVICE_LIBS}"
   -I/usr/include -D__HIP_PLATFORM_AMD__ -include hip/hip_runtime.h
   -I${PROJECT_SOURCE_DIR}/include -I${PROJECT_SOURCE_DIR}/src -I${CMAKE_CURRENT_SOURCE_DIR}
@@ -48,28 +49,40 @@ foreach(arch IN LISTS FLASHPORT_HIP_ARCHS)
   list(APPEND _fp_hip_offload --offload-arch=${arch})
 endforeach()
 
-set(_fp_hip_outputs)
 set(_fp_hip_dir ${CMAKE_BINARY_DIR}/hip_isa)
 file(MAKE_DIRECTORY ${_fp_hip_dir})
 file(GLOB _fp_hip_headers ${CMAKE_CURRENT_SOURCE_DIR}/*.hpp ${CMAKE_CURRENT_SOURCE_DIR}/*.cuh
-                          ${PROJECT_SOURCE_DIR}/src/core/*.hpp)
-foreach(src IN LISTS FLASHPORT_HIP_SOURCES)
+                          ${PROJECT_SOURCE_DIR}/src/core/*.hpp ${PROJECT_SOURCE_DIR}/include/flashport/*.h)
+set(_fp_hip_objects)
+set(_fp_hip_isa)
+foreach(src IN LISTS FLASHPORT_HIP_KERNEL_SOURCES)
   get_filename_component(_fp_stem ${src} NAME_WE)
+  set(_fp_obj ${_fp_hip_dir}/${_fp_stem}.o)
+  set(_fp_asm)
   foreach(arch IN LISTS FLASHPORT_HIP_ARCHS)
-    set(_fp_out ${_fp_hip_dir}/${_fp_stem}-${arch}.s)
-    add_custom_command(OUTPUT ${_fp_out}
-      COMMAND ${FLASHPORT_HIP_CLANG} ${_fp_hip_flags} --offload-arch=${arch} --cuda-device-only -S
-              ${src} -o ${_fp_out}
-      DEPENDS ${src} ${_fp_hip_headers}
-      COMMENT "HIP device ISA: ${_fp_stem} for ${arch}" VERBATIM)
-    list(APPEND _fp_hip_outputs ${_fp_out})
+    list(APPEND _fp_asm ${_fp_hip_dir}/${_fp_stem}-hip-amdgcn-amd-amdhsa-${arch}.s)
   endforeach()
-  set(_fp_host ${_fp_hip_dir}/${_fp_stem}-host.o)
-  add_custom_command(OUTPUT ${_fp_host}
-    COMMAND ${FLASHPORT_HIP_CLANG} ${_fp_hip_flags} ${_fp_hip_offload} --cuda-host-only -c
-            ${src} -o ${_fp_host}
+  add_custom_command(OUTPUT ${_fp_obj} BYPRODUCTS ${_fp_asm}
+    COMMAND ${FLASHPORT_HIP_CLANG} ${_fp_hip_flags} ${_fp_hip_offload} -save-temps=obj -c ${src} -o ${_fp_obj}
     DEPENDS ${src} ${_fp_hip_headers}
-    COMMENT "HIP host pass: ${_fp_stem}" VERBATIM)
-  list(APPEND _fp_hip_outputs ${_fp_host})
+    COMMENT "HIP kernels: ${_fp_stem} for ${_fp_hip_archs}" VERBATIM)
+  list(APPEND _fp_hip_objects ${_fp_obj})
+  list(APPEND _fp_hip_isa ${_fp_asm})
 endforeach()
-add_custom_target(flashport_hip_isa ALL DEPENDS ${_fp_hip_outputs})
+foreach(src IN LISTS FLASHPORT_HIP_HOST_SOURCES)
+  get_filename_component(_fp_stem ${src} NAME_WE)
+  set(_fp_obj ${_fp_hip_dir}/${_fp_stem}.o)
+  add_custom_command(OUTPUT ${_fp_obj}
+    COMMAND ${FLASHPORT_HIP_CLANG} ${_fp_hip_flags} ${_fp_hip_offload} --cuda-host-only -c ${src} -o ${_fp_obj}
+    DEPENDS ${src} ${_fp_hip_headers}
+    COMMENT "HIP host code: ${_fp_stem}" VERBATIM)
+  list(APPEND _fp_hip_objects ${_fp_obj})
+endforeach()
+
+# The objects (and only they) are what scripts/check_amd_isa.sh needs: one target builds them.
+add_custom_target(flashport_hip_objects DEPENDS ${_fp_hip_objects})
+set_source_files_properties(${_fp_hip_objects} PROPERTIES EXTERNAL_OBJECT TRUE GENERATED TRUE)
+target_sources(flashport PRIVATE ${_fp_hip_objects})
+add_dependencies(flashport flashport_hip_objects)
+target_compile_definitions(flashport PRIVATE FLASHPORT_WITH_HIP=1)
+target_link_libraries(flashport PUBLIC ${FLASHPORT_HIP_RUNTIME})

@@ -9,7 +9,7 @@
 //   Frag16 (a 16x16 fp16/bf16 operand), Acc16 (a 16x16 fp32 accumulator),
 //   load_rows / load_cols from shared-memory tiles, mma(), acc_to_operand() (an accumulator as
 //   the B operand of the next product), acc_col / acc_row (which element a lane holds) and
-//   col_max / col_sum (reduce over the lanes that share an accumulator column).
+//   query_max / query_sum (reduce over the lanes that share an accumulator column).
 // Products are taken transposed on AMD (S^T = K Q^T, O^T = V^T P^T): a lane then owns one query
 // (accumulator column) and S^T's accumulator is P^T's operand register for register (see
 // amd_layouts.hpp). Nothing here is NVIDIA's mma.sync layout; tile_mma.hpp remains that one.
@@ -115,19 +115,19 @@ __device__ __forceinline__ constexpr int acc_row(int lane, int e) { return AmdLa
 __device__ __forceinline__ constexpr int acc_col(int lane) { return AmdLayout::c_col(lane, 0); }
 
 // Reductions over the lanes that share an accumulator column (one query): XOR 16 (and 32).
-__device__ __forceinline__ float col_max(float x) {
+__device__ __forceinline__ float query_max(float x) {
 #pragma unroll
   for (int i = 0; i < amd::column_group_masks<kWarpSize>(); ++i)
     x = fmaxf(x, shfl_xor(x, amd::column_group_mask(i)));
   return x;
 }
-__device__ __forceinline__ float col_sum(float x) {
+__device__ __forceinline__ float query_sum(float x) {
 #pragma unroll
   for (int i = 0; i < amd::column_group_masks<kWarpSize>(); ++i) x += shfl_xor(x, amd::column_group_mask(i));
   return x;
 }
 // One lane per column group writes per-query results.
-__device__ __forceinline__ bool col_leader(int lane) { return lane < 16; }
+__device__ __forceinline__ bool query_leader(int lane) { return lane < 16; }
 
 // ---- shared-memory tiles -----------------------------------------------------------------------
 // Row-major tile of kCols 16-bit elements, rows padded by 16 bytes so the 16 rows one operand

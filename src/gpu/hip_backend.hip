@@ -1,0 +1,203 @@
+// The HIP backend (AMD GPUs). Compile-verified and ISA-checked; it has never run on an AMD GPU.
+// ONE planning function per op decides support (or the reason not) and the kernel; run_* launches
+// exactly that plan on the caller's stream (no allocation, no device reads, no synchronisation).
+//
+// Host dispatch gates on the device's gcnArchName: a device whose gfx target is not among the
+// built targets (FLASHPORT_GPU_ARCHS) is refused with that reason before any launch. What runs is
+// the AMD forward attention tile (attn_tile_amd.cuh); the rest is refused by name until the CUDA
+// main loop, its split-KV combine and the KV-cache append are ported to the AMD tile-MMA layer.
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "attn_tile_amd.cuh"
+#include "core/backend.hpp"
+
+namespace flashport {
+namespace gpu {
+namespace {
+
+constexpr int kMaxAmdDevices = 64;
+
+// Device facts read once per device (attribute queries only).
+struct AmdDevice {
+  bool ok = false;
+  int gfx = 0;        // gfx number of gcnArchName, hex digits as written (gfx942 -> 0x942)
+  int wave_size = 0;  // the device's wavefront size
+  int lds_per_block = 0;
+  char arch_name[64] = {0};
+};
+
+const AmdDevice& amd_device(int dev) {
+  static AmdDevice cache[kMaxAmdDevices];
+  static std::atomic<bool> ready[kMaxAmdDevices];
+  static AmdDevice none;
+  if (dev < 0 || dev >= kMaxAmdDevices) return none;
+  if (!ready[dev].load(std::memory_order_acquire)) {
+    AmdDevice d;
+    hipDeviceProp_t prop;
+    if (hipGetDeviceProperties(&prop, dev) == hipSuccess) {
+      d.ok = true;
+      std::snprintf(d.arch_name, sizeof(d.arch_name), "%s", prop.gcnArchName);
+      d.gfx = amd::gfx_number(prop.gcnArchName);
+      d.wave_size = prop.warpSize;
+      d.lds_per_block = static_cast<int>(prop.sharedMemPerBlock);
+    }
+    (void)gpuGetLastError();
+    cache[dev] = d;
+    ready[dev].store(true, std::memory_order_release);
+  }
+  return cache[dev];
+}
+
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int dev) {
+    if (hipGetDevice(&prev_) == hipSuccess && prev_ != dev && hipSetDevice(dev) == hipSuccess) restore_ = true;
+  }
+  ~DeviceGuard() {
+    if (restore_) (void)hipSetDevice(prev_);
+  }
+
+ private:
+  int prev_ = 0;
+  bool restore_ = false;
+};
+
+const char* unit_name(int gfx) {
+  switch (amd::matrix_unit(gfx)) {
+    case amd::MatrixUnit::kMfma: return "mfma";
+    case amd::MatrixUnit::kWmmaGfx11:
+    case amd::MatrixUnit::kWmmaGfx12: return "wmma";
+    default: return "plain";
+  }
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+bool mult8(int64_t x) { return (x & 7) == 0; }
+
+class HipBackend final : public Backend {
+ public:
+  fp_backend id() const override { return FP_BACKEND_HIP; }
+  bool available() const override {
+    int n = 0;
+    const bool ok = hipGetDeviceCount(&n) == hipSuccess && n > 0;
+    (void)gpuGetLastError();
+    return ok;
+  }
+  bool handles_device(fp_device_type dev) const override { return dev == FP_DEVICE_HIP; }
+
+  // The gate: the device's gfx target must be one this library was built for, with the wave
+  // size its code objects were compiled for.
+  Status check_device(int index, AmdDevice* out) const {
+    const AmdDevice& d = amd_device(index);
+    if (!d.ok) return unsupported("hip backend: device " + std::to_string(index) + " is not usable");
+    if (!amd::gfx_in_list(d.gfx, FLASHPORT_GPU_ARCHS))
+      return unsupported(std::string("hip backend: device ") + std::to_string(index) + " is " + d.arch_name +
+                         ", not among the built targets (" FLASHPORT_GPU_ARCHS
+                         "); rebuild with -DFLASHPORT_HIP_ARCHS including it");
+    if (d.wave_size != amd::wave_size(d.gfx))
+      return unsupported(std::string("hip backend: ") + d.arch_name + " runs wave" +
+                         std::to_string(d.wave_size) + ", the kernels were built for wave" +
+                         std::to_string(amd::wave_size(d.gfx)));
+    *out = d;
+    return Status::ok();
+  }
+
+  Status plan_fwd(const Problem& p, Plan* plan) const override {
+    if (p.device != FP_DEVICE_HIP) return unsupported("hip backend: tensors are not on a HIP device");
+    if (p.dtype != FP_F16 && p.dtype != FP_BF16)
+      return unsupported("hip backend: dtype must be float16 or bfloat16");
+    if (p.has_lse && p.lse_dtype != FP_F32) return unsupported("hip backend: lse must be float32");
+    if (std::max(p.d, p.dv) > 128) return unsupported("hip backend: head dim > 128 (the AMD tile covers 64 and 128)");
+    if (p.rules.dropout_p > 0.0f) return unsupported("hip backend: dropout is not ported to AMD yet");
+    if (p.num_splits >= 2) return unsupported("hip backend: split-KV is not ported to AMD yet (num_splits must be 0 or 1)");
+    if (p.seq.snew > 0 || p.rotary_dim > 0)
+      return unsupported("hip backend: KV-cache append / rotary is not ported to AMD yet");
+    AmdDevice dev;
+    FP_RETURN_IF_ERROR(check_device(p.device_index, &dev));
+    const int head_dim = std::max(p.d, p.dv) <= 64 ? 64 : 128;
+    const int lds = head_dim == 64 ? attn_tile_lds_bytes<64>() : attn_tile_lds_bytes<128>();
+    if (lds > std::min(dev.lds_per_block, amd::lds_bytes_per_workgroup(dev.gfx)))
+      return unsupported("hip backend: the d" + std::to_string(head_dim) + " tile needs " + std::to_string(lds) +
+                         " bytes of LDS, " + dev.arch_name + " allows " + std::to_string(dev.lds_per_block));
+    std::snprintf(plan->kernel, sizeof(plan->kernel), "hip:attn_tile_d%d:%s:%s:%s", head_dim,
+                  p.dtype == FP_BF16 ? "bf16" : "fp16", unit_name(dev.gfx), dev.arch_name);
+    plan->workspace_bytes = 0;
+    plan->num_splits = 1;
+    plan->kernel_id = head_dim;
+    return Status::ok();
+  }
+
+  Status run_fwd(const Problem& p, const Plan& plan, void*) const override {
+    AmdDevice dev;
+    FP_RETURN_IF_ERROR(check_device(p.device_index, &dev));
+    if (plan.num_splits != 1 || plan.workspace_bytes != 0)
+      return {FP_ERR_RUNTIME, "hip backend: plan does not match the call (re-select after changing it)"};
+    DeviceGuard guard(p.device_index);
+    FwdArgs a;
+    a.q = static_cast<const uint16_t*>(p.q_ptr);
+    a.k = static_cast<const uint16_t*>(p.k_ptr);
+    a.v = static_cast<const uint16_t*>(p.v_ptr);
+    a.out = p.out_ptr;
+    a.lse = p.has_lse ? static_cast<float*>(p.lse_ptr) : nullptr;
+    a.seq = p.seq;
+    a.q_addr = p.q;
+    a.out_addr = p.out;
+    a.k_addr = p.k;
+    a.v_addr = p.v;
+    a.lse_addr = p.lse;
+    a.rules = p.rules;
+    a.k_rows_cap = p.seq.kv_layout == KvLayout::Batched ? p.seq.sk
+                   : p.seq.kv_layout == KvLayout::Paged ? p.seq.max_blocks * p.seq.page_size : 0;
+    a.num_pages = p.seq.kv_layout == KvLayout::Paged ? p.raw->k.shape[0] : 0;
+    a.hq = int32_t(p.hq), a.hkv = int32_t(p.hkv), a.d = int32_t(p.d), a.dv = int32_t(p.dv);
+    a.group = int32_t(p.group);
+    a.scale_log2 = p.rules.scale * 1.4426950408889634f;
+    if (p.rules.softcap > 0.0f) {
+      a.softcap_in = p.rules.scale / p.rules.softcap;
+      a.softcap_out = p.rules.softcap * 1.4426950408889634f;
+    }
+    a.vec_ok = aligned16(a.q) && aligned16(a.k) && aligned16(a.v) && mult8(p.q.row_stride) &&
+               mult8(p.q.head_stride) && mult8(p.q.batch_stride) && mult8(p.k.s0) && mult8(p.k.s1) &&
+               mult8(p.k.s2) && mult8(p.v.s0) && mult8(p.v.s1) && mult8(p.v.s2);
+    const int64_t row_blocks = (p.seq.sq + attn_tile_rows() - 1) / attn_tile_rows();
+    if (row_blocks > 0x7fffffff || p.hq > 65535 || p.seq.batch > 65535)
+      return unsupported("hip backend: grid too large (heads and batch <= 65535)");
+    if (row_blocks == 0 || p.seq.batch == 0) return Status::ok();
+    const dim3 grid(unsigned(row_blocks), unsigned(p.hq), unsigned(p.seq.batch));
+    if (gpuError_t e = launch_attn_tile_amd(plan.kernel_id, p.dtype == FP_BF16, a, grid, dev.wave_size,
+                                            static_cast<gpuStream_t>(p.raw->stream));
+        e != gpuSuccess)
+      return {FP_ERR_RUNTIME, std::string("hip backend: ") + plan.kernel + " launch: " + gpuGetErrorString(e)};
+    return Status::ok();
+  }
+
+  Status plan_bwd(const BwdProblem&, Plan*) const override {
+    return unsupported("hip backend: backward not implemented");
+  }
+  Status run_bwd(const BwdProblem&, const Plan&, void*) const override {
+    return unsupported("hip backend: backward not implemented");
+  }
+  Status plan_merge(const MergeProblem&, Plan*) const override {
+    return unsupported("hip backend: merge is not ported to AMD yet");
+  }
+  Status run_merge(const MergeProblem&, const Plan&) const override {
+    return unsupported("hip backend: merge is not ported to AMD yet");
+  }
+  Status run_merge_bwd(const MergeBwdProblem&, const Plan&) const override {
+    return unsupported("hip backend: merge backward not implemented");
+  }
+};
+
+}  // namespace
+}  // namespace gpu
+
+const Backend* hip_backend() {
+  static const gpu::HipBackend backend;
+  return &backend;
+}
+
+}  // namespace flashport
