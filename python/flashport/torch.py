@@ -109,13 +109,16 @@ def _backend_id(backend) -> int:
     return int(Backend(backend))
 
 
+_ALIGN_IDS = {"bottom_right": int(CausalAlign.BOTTOM_RIGHT), "top_left": int(CausalAlign.TOP_LEFT)}
+
+
 def _align_id(causal_align) -> int:
     if isinstance(causal_align, str):
-        try:
-            return int(CausalAlign[causal_align.upper()])
-        except KeyError:
+        align = _ALIGN_IDS.get(causal_align.lower())
+        if align is None:
             raise ValueError(f"flashport: causal_align must be 'bottom_right' or 'top_left', "
-                             f"got {causal_align!r}") from None
+                             f"got {causal_align!r}")
+        return align
     return int(CausalAlign(causal_align))
 
 
