@@ -15,7 +15,7 @@ if [ "$phase" = build ] || [ "$phase" = all ]; then
   echo "== built in $(( $(date +%s) - start )) s"
 fi
 if [ "$phase" = test ] || [ "$phase" = all ]; then
-  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr ' ' '-')
+  gpu=$({ nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || true; } | head -1 | tr ' ' '-')
   log="${OUT:-build-py}/python-tests-${gpu:-nogpu}.txt"
   {
     echo "# tests/python on ${gpu:-no GPU}, $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo ?)"
