@@ -35,6 +35,10 @@ __all__ = [
     "flash_attn_func",
     "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func",
     "merge_attn_states",
 ]
 
@@ -544,6 +548,111 @@ def flash_attn_with_kvcache(
         _scale(q, softmax_scale), bool(causal), wl, wr, float(softcap), bool(rotary_interleaved),
         int(num_splits), _align_id(causal_align), _backend_id(backend))
     return (out, lse) if return_softmax_lse else out
+
+
+# Packed variants (flash_attn 2.8 signatures): views into the packed tensor; autograd of the
+# slicing assembles the packed gradient.
+
+def flash_attn_qkvpacked_func(
+    qkv,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    sinks=None,
+    causal_align="bottom_right",
+    num_splits=0,
+    backend=None,
+):
+    """qkv [B, S, 3, H, D]; as flash_attn_func."""
+    extras = dict(sinks=sinks, causal_align=causal_align, num_splits=num_splits, backend=backend)
+    return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale,
+                           causal, window_size, softcap, alibi_slopes, deterministic,
+                           return_attn_probs, **extras)
+
+
+def flash_attn_kvpacked_func(
+    q,
+    kv,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    sinks=None,
+    causal_align="bottom_right",
+    num_splits=0,
+    backend=None,
+):
+    """q [B, Sq, Hq, D], kv [B, Sk, 2, Hkv, D]; as flash_attn_func."""
+    extras = dict(sinks=sinks, causal_align=causal_align, num_splits=num_splits, backend=backend)
+    return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal,
+                           window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+                           **extras)
+
+
+def flash_attn_varlen_qkvpacked_func(
+    qkv,
+    cu_seqlens,
+    max_seqlen,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    sinks=None,
+    causal_align="bottom_right",
+    num_splits=0,
+    backend=None,
+):
+    """qkv [T, 3, H, D]; as flash_attn_varlen_func."""
+    extras = dict(sinks=sinks, causal_align=causal_align, num_splits=num_splits, backend=backend)
+    return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens,
+                                  max_seqlen, max_seqlen, dropout_p, softmax_scale, causal,
+                                  window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs, **extras)
+
+
+def flash_attn_varlen_kvpacked_func(
+    q,
+    kv,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    sinks=None,
+    causal_align="bottom_right",
+    num_splits=0,
+    backend=None,
+):
+    """q [Tq, Hq, D], kv [Tk, 2, Hkv, D]; as flash_attn_varlen_func."""
+    extras = dict(sinks=sinks, causal_align=causal_align, num_splits=num_splits, backend=backend)
+    return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
+                                  softcap, alibi_slopes, deterministic, return_attn_probs,
+                                  **extras)
 
 
 def merge_attn_states(out_partials, lse_partials, *, backend=None):

@@ -29,6 +29,19 @@ FLASH_ATTN_2_8 = {
         ("rotary_interleaved", True), ("alibi_slopes", _NONE), ("num_splits", 0),
         ("return_softmax_lse", False)],
 }
+_COMMON = [("dropout_p", 0.0), ("softmax_scale", _NONE), ("causal", False),
+           ("window_size", (-1, -1)), ("softcap", 0.0), ("alibi_slopes", _NONE),
+           ("deterministic", False), ("return_attn_probs", False)]
+_E = inspect.Parameter.empty
+FLASH_ATTN_2_8.update({
+    "flash_attn_qkvpacked_func": [("qkv", _E)] + _COMMON,
+    "flash_attn_kvpacked_func": [("q", _E), ("kv", _E)] + _COMMON,
+    "flash_attn_varlen_qkvpacked_func": [("qkv", _E), ("cu_seqlens", _E),
+                                         ("max_seqlen", _E)] + _COMMON,
+    "flash_attn_varlen_kvpacked_func": [("q", _E), ("kv", _E), ("cu_seqlens_q", _E),
+                                        ("cu_seqlens_k", _E), ("max_seqlen_q", _E),
+                                        ("max_seqlen_k", _E)] + _COMMON,
+})
 
 
 @pytest.mark.parametrize("name", list(FLASH_ATTN_2_8))

@@ -288,3 +288,30 @@ def test_runs_on_current_cuda_stream():
         out = fa.flash_attn_func(q2, k, v, causal=True)
     side.synchronize()
     assert torch.equal(out, expect)
+
+
+def test_packed_variants_match_unpacked(device):
+    """flash_attn's qkv/kv-packed entry points: same values, gradients land in the packed tensor."""
+    b, s, h, d = 2, 17, 2, 32
+    qkv = randn(b, s, 3, h, d, device=device, requires_grad=True)
+    out = fa.flash_attn_qkvpacked_func(qkv, causal=True)
+    q, k, v = (qkv[:, :, i].detach().clone().requires_grad_(True) for i in range(3))
+    ref_out = fa.flash_attn_func(q, k, v, causal=True)
+    assert torch.equal(out, ref_out)
+    dout = torch.randn_like(out)
+    backward_or_xfail(device, lambda: out.backward(dout))
+    ref_out.backward(dout)
+    assert torch.equal(qkv.grad, torch.stack([q.grad, k.grad, v.grad], dim=2))
+
+    kv = qkv[:, :, 1:].detach()
+    assert torch.equal(fa.flash_attn_kvpacked_func(q.detach(), kv, causal=True), ref_out)
+
+    cu_seq = torch.tensor([0, 5, 17], dtype=torch.int32, device=device)
+    flat = qkv.detach()[0]  # [T, 3, H, D] with two sequences
+    got = fa.flash_attn_varlen_qkvpacked_func(flat, cu_seq, 12, causal=True)
+    want = fa.flash_attn_varlen_func(flat[:, 0], flat[:, 1], flat[:, 2], cu_seq, cu_seq, 12, 12,
+                                     causal=True)
+    assert torch.equal(got, want)
+    got = fa.flash_attn_varlen_kvpacked_func(flat[:, 0], flat[:, 1:], cu_seq, cu_seq, 12, 12,
+                                             causal=True)
+    assert torch.equal(got, want)
