@@ -5,13 +5,15 @@
 // compiles to MFMA on gfx90a/gfx942, WMMA on gfx1100/gfx1201 and the plain path elsewhere.
 //
 // Covered: batched / varlen / paged K-V addressing, GQA, causal and sliding-window masks with both
-// alignments, softcap, ALiBi, sinks, LSE, key and query tails. Not covered here (the CUDA main loop
-// has them): dropout, split-KV partials, packed-GQA decode rows, the rotary/append pre-pass.
+// alignments, softcap, ALiBi, sinks, dropout (the shared Philox rule), LSE, key and query tails.
+// Not covered here (the CUDA main loop has them): split-KV partials, packed-GQA decode rows, the
+// rotary/append pre-pass.
 // Products are taken transposed: S^T = K Q^T and O^T = V^T P^T (see amd_layouts.hpp).
 #pragma once
 #include <cstdint>
 
 #include "tile_mma_amd.hpp"  // first: hip_runtime.h defines what hd.hpp's FP_HD expands to
+#include "core/philox.hpp"
 #include "kernel_args.hpp"
 
 namespace flashport::gpu {
@@ -193,6 +195,23 @@ __global__ void __launch_bounds__(kAttnWaves * kWarpSize) attn_tile_kernel(const
             s[t].r[e] = fast_exp2(s[t].r[e] - m_use);
             row_sum += s[t].r[e];
           }
+        // Dropout on P after the sum (the LSE is that of the undropped softmax). One Philox call
+        // covers 4 aligned keys; a lane's keys are runs of 4 (MFMA) or 8 (gfx12), or stride 2 (gfx11).
+        if (R.dropout_p > 0.0f) {
+#pragma unroll
+          for (int t = 0; t < kKeyTiles; ++t) {
+            Philox4 w{};
+#pragma unroll
+            for (int e = 0; e < kAccElems; ++e) {
+              const int j = n0 + t * 16 + acc_row(lane, e);
+              if (e == 0 || (acc_row(lane, e) >> 2) != (acc_row(lane, e - 1) >> 2))
+                w = dropout_words(R.dropout_seed, R.dropout_offset, b, a.hq, h, q_row, j);
+              const int c = j & 3;  // selects, not an indexed load: keeps w in registers
+              const uint32_t word = c == 0 ? w.x[0] : c == 1 ? w.x[1] : c == 2 ? w.x[2] : w.x[3];
+              if (word < R.dropout_threshold) s[t].r[e] = 0.0f;
+            }
+          }
+        }
 
         // O^T += V^T P^T, P^T straight from S^T's accumulators.
 #pragma unroll
@@ -222,7 +241,8 @@ __global__ void __launch_bounds__(kAttnWaves * kWarpSize) attn_tile_kernel(const
       l = l * o_scale + fast_exp2(sink - m_f);
       mx = m_f;
     }
-    const float inv = l > 0.0f ? o_scale / l : 0.0f;
+    const float keep_scale = R.dropout_p > 0.0f ? 1.0f / (1.0f - R.dropout_p) : 1.0f;
+    const float inv = l > 0.0f ? o_scale * keep_scale / l : 0.0f;
     typename Elem::T* dst = static_cast<typename Elem::T*>(a.out) + a.out_addr.at(b, q_start, q_row, h);
 #pragma unroll
     for (int dt = 0; dt < kDimTiles; ++dt)

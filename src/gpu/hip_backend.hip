@@ -112,7 +112,6 @@ class HipBackend final : public Backend {
       return unsupported("hip backend: dtype must be float16 or bfloat16");
     if (p.has_lse && p.lse_dtype != FP_F32) return unsupported("hip backend: lse must be float32");
     if (std::max(p.d, p.dv) > 128) return unsupported("hip backend: head dim > 128 (the AMD tile covers 64 and 128)");
-    if (p.rules.dropout_p > 0.0f) return unsupported("hip backend: dropout is not ported to AMD yet");
     if (p.num_splits >= 2) return unsupported("hip backend: split-KV is not ported to AMD yet (num_splits must be 0 or 1)");
     if (p.seq.snew > 0 || p.rotary_dim > 0)
       return unsupported("hip backend: KV-cache append / rotary is not ported to AMD yet");
