@@ -1,0 +1,65 @@
+// A C shim over the public C API for the benchmark script: torch allocates the tensors (BSHD
+// memory), Python passes their pointers and strides through ctypes, and flashport runs on the
+// same stream in the same process as torch's SDPA backends.
+#include <cstdint>
+#include <cstring>
+
+#include "flashport/flashport.h"
+
+namespace {
+
+fp_tensor make(void* data, fp_dtype t, int nd, const int64_t* shape, const int64_t* stride) {
+  fp_tensor x{};
+  x.data = data;
+  x.dtype = t;
+  x.ndim = nd;
+  for (int i = 0; i < nd; ++i) x.shape[i] = shape[i], x.stride[i] = stride[i];
+  x.device_type = FP_DEVICE_CUDA;
+  x.device_index = 0;
+  return x;
+}
+
+}  // namespace
+
+extern "C" {
+
+// dims: B, Sq, Sk, Hq, Hkv, D, Dv. strides: q, k, v, out (4 each, elements). dtype: 0 fp16, 1 bf16.
+// Returns fp_status; on FP_ERR_WORKSPACE (or ws == null) *ws_needed says how much to pass.
+int fpb_fwd(const int64_t* dims, const int64_t* strides, void* q, void* k, void* v, void* out,
+            void* lse, int dtype, int causal, int num_splits, void* ws, size_t ws_bytes,
+            void* stream, size_t* ws_needed, int* splits_used, char* kernel /* 96 bytes */) {
+  const int64_t B = dims[0], Sq = dims[1], Sk = dims[2], Hq = dims[3], Hkv = dims[4], D = dims[5],
+                Dv = dims[6];
+  const fp_dtype t = dtype == 1 ? FP_BF16 : FP_F16;
+  fp_attn_params p;
+  fp_attn_params_init(&p);
+  const int64_t qs[4] = {B, Sq, Hq, D}, ks[4] = {B, Sk, Hkv, D}, vs[4] = {B, Sk, Hkv, Dv},
+                os[4] = {B, Sq, Hq, Dv};
+  p.q = make(q, t, 4, qs, strides);
+  p.k = make(k, t, 4, ks, strides + 4);
+  p.v = make(v, t, 4, vs, strides + 8);
+  p.out = make(out, t, 4, os, strides + 12);
+  if (lse) {
+    const int64_t ls[3] = {B, Hq, Sq}, lst[3] = {Hq * Sq, Sq, 1};
+    p.lse = make(lse, FP_F32, 3, ls, lst);
+  }
+  p.causal = causal;
+  p.causal_align = FP_CAUSAL_TOP_LEFT;  // torch's is_causal
+  p.num_splits = num_splits;
+  p.backend = FP_BACKEND_CUDA;
+  p.stream = stream;
+  fp_selection sel;
+  fp_status st = fp_attn_fwd_select(&p, &sel);
+  if (st != FP_OK) return st;
+  if (ws_needed) *ws_needed = sel.workspace_bytes;
+  if (splits_used) *splits_used = sel.num_splits;
+  if (kernel) std::memcpy(kernel, sel.kernel, sizeof(sel.kernel));
+  if (sel.workspace_bytes > ws_bytes) return FP_ERR_WORKSPACE;
+  p.workspace = ws;
+  p.workspace_bytes = ws_bytes;
+  return fp_attn_fwd(&p);
+}
+
+const char* fpb_last_error(void) { return fp_last_error(); }
+
+}  // extern "C"

@@ -1,0 +1,20 @@
+"""One flashport call per shape, for ncu (scripts/device_gpu.sh ncu): prefill D128 S4k and decode."""
+import sys
+
+import torch
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from bench_fwd import Flashport, load_lib  # noqa: E402
+
+lib = load_lib(sys.argv[1])
+fp = Flashport(lib)
+dt = torch.bfloat16
+for (B, S, H, D, Hkv, Sk, causal) in ((4, 4096, 16, 128, 16, 4096, False), (64, 1, 32, 128, 8, 4096, False)):
+    q = torch.randn(B, S, H, D, device="cuda", dtype=dt)
+    k = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=dt)
+    v = torch.randn_like(k)
+    out = torch.empty_like(q)
+    f = fp.prepare(q, k, v, out, causal, 0)
+    f()
+    torch.cuda.synchronize()
+    print(f.kernel, flush=True)

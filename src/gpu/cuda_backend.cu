@@ -1,0 +1,382 @@
+// The CUDA backend: ONE planning function per op decides support (or the reason not), the
+// kernel, the workspace and the split count; run_* launches exactly that plan on the caller's
+// stream. No allocation, no device reads, no synchronisation inside a call.
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "core/backend.hpp"
+#include "core/heuristics.hpp"
+#include "bwd_launch.hpp"
+#include "fwd_launch.hpp"
+
+namespace flashport {
+namespace gpu {
+namespace {
+
+constexpr int kMaxDevicesHost = 64;
+
+// Device facts read once per device (attribute queries only: legal during graph capture).
+struct DeviceInfo {
+  bool ok = false;
+  int sm_count = 0;
+  int arch = 0;  // 10 * major + minor, times 10 (FP_ARCH spelling: 800, 860, 900)
+  int smem_optin = 0;
+};
+
+const DeviceInfo& device_info(int dev) {
+  static DeviceInfo cache[kMaxDevicesHost];
+  static std::atomic<bool> ready[kMaxDevicesHost];
+  static DeviceInfo none;
+  if (dev < 0 || dev >= kMaxDevicesHost) return none;
+  if (!ready[dev].load(std::memory_order_acquire)) {
+    DeviceInfo d;
+    int major = 0, minor = 0;
+    d.ok = gpuDeviceGetAttribute(&d.sm_count, gpuDevAttrMultiProcessorCount, dev) == gpuSuccess &&
+           gpuDeviceGetAttribute(&major, gpuDevAttrComputeCapabilityMajor, dev) == gpuSuccess &&
+           gpuDeviceGetAttribute(&minor, gpuDevAttrComputeCapabilityMinor, dev) == gpuSuccess &&
+           gpuDeviceGetAttribute(&d.smem_optin, gpuDevAttrMaxSharedMemoryPerBlockOptin, dev) ==
+               gpuSuccess;
+    d.arch = (major * 10 + minor) * 10;
+    gpuGetLastError();
+    cache[dev] = d;
+    ready[dev].store(true, std::memory_order_release);
+  }
+  return cache[dev];
+}
+
+// Makes `dev` current for the scope (kernels launch on the current device) and restores it.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int dev) {
+    if (cudaGetDevice(&prev_) == cudaSuccess && prev_ != dev) {
+      if (cudaSetDevice(dev) == cudaSuccess) restore_ = true;
+    }
+  }
+  ~DeviceGuard() {
+    if (restore_) cudaSetDevice(prev_);
+  }
+
+ private:
+  int prev_ = 0;
+  bool restore_ = false;
+};
+
+KernelInfo kernel_info(int tile, bool bf16, int dev) {
+#define FP_CASE(t)                                                           \
+  case t:                                                                    \
+    return bf16 ? fwd_kernel_info<t, true>(dev) : fwd_kernel_info<t, false>(dev);
+  switch (tile) {
+    FP_CASE(kPrefill64) FP_CASE(kPrefill128) FP_CASE(kPrefill256)
+    FP_CASE(kDecode64) FP_CASE(kDecode128) FP_CASE(kDecode256)
+  }
+#undef FP_CASE
+  return KernelInfo{gpuErrorInvalidDevice};
+}
+
+gpuError_t launch_tile(int tile, bool bf16, const FwdArgs& a, dim3 grid, gpuStream_t s) {
+#define FP_CASE(t)                                                           \
+  case t:                                                                    \
+    return bf16 ? launch_fwd<t, true>(a, grid, s) : launch_fwd<t, false>(a, grid, s);
+  switch (tile) {
+    FP_CASE(kPrefill64) FP_CASE(kPrefill128) FP_CASE(kPrefill256)
+    FP_CASE(kDecode64) FP_CASE(kDecode128) FP_CASE(kDecode256)
+  }
+#undef FP_CASE
+  return gpuErrorInvalidDevice;
+}
+
+size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+// Everything plan and run must agree on, derived from the problem alone.
+struct Decision {
+  int tile = 0;
+  int pack = 1;
+  int splits = 1;
+  int64_t m_blocks = 0, heads_grid = 0, work_tiles = 0, key_blocks = 0;
+  bool rotary_q = false;
+  size_t ws_q_bytes = 0, ws_o_offset = 0, ws_lse_offset = 0, ws_total = 0;
+  int64_t ws_rows = 0;
+  int64_t q_rot_row_stride = 0;  // dense rotated-q copy: [rows, Hq, round_up(D, 8)]
+};
+
+int64_t max_keys(const Problem& p) {
+  if (p.seq.kv_layout == KvLayout::Paged) return p.seq.max_blocks * p.seq.page_size;
+  return p.seq.sk;  // batched/cache capacity, or max_seqlen_k for varlen
+}
+
+Status decide(const Problem& p, const DeviceInfo& dev, Decision* out) {
+  Decision d;
+  const int64_t dmax = std::max(p.d, p.dv);
+  d.pack = (p.group > 1 && p.seq.sq * p.group <= 128) ? static_cast<int>(p.group) : 1;
+  const bool decode = p.seq.sq * d.pack <= 64;
+  d.tile = tile_id_for(dmax, decode);
+  const TileConfig& C = kTileConfigs[d.tile];
+  const KernelInfo ki = kernel_info(d.tile, p.dtype == FP_BF16, p.device_index);
+  if (ki.status != gpuSuccess)
+    return unsupported(std::string("cuda backend: kernel ") + C.name + " has no image for sm_" +
+                       std::to_string(dev.arch / 10) + " (built archs: " FLASHPORT_GPU_ARCHS "): " +
+                       gpuGetErrorString(ki.status));
+  d.m_blocks = (p.seq.sq * d.pack + C.block_m - 1) / C.block_m;
+  d.heads_grid = d.pack > 1 ? p.hkv : p.hq;
+  d.work_tiles = d.m_blocks * d.heads_grid * p.seq.batch;
+  d.key_blocks = std::max<int64_t>(1, (max_keys(p) + C.block_n - 1) / C.block_n);
+  // Concurrent block slots = SMs x resident blocks per SM: what one wave fills.
+  const int64_t slots = int64_t(dev.sm_count) * std::max(1, ki.blocks_per_sm);
+  d.splits = resolve_num_splits(p.num_splits, d.work_tiles, d.key_blocks, slots, kMaxSplits);
+  if (d.m_blocks > 0x7fffffff || d.heads_grid > 65535 || p.seq.batch * d.splits > 65535)
+    return unsupported("cuda backend: grid too large (batch * splits <= 65535, heads <= 65535)");
+
+  size_t off = 0;
+  d.rotary_q = p.rotary_dim > 0;
+  if (d.rotary_q) {
+    d.q_rot_row_stride = p.hq * ((p.d + 7) / 8 * 8);
+    d.ws_q_bytes = align_up(size_t(p.total_q_rows) * size_t(d.q_rot_row_stride) * 2, 256);
+    off += d.ws_q_bytes;
+  }
+  if (d.splits > 1) {
+    d.ws_rows = p.seq.batch * p.hq * p.seq.sq;
+    d.ws_o_offset = off;
+    off += align_up(size_t(d.splits) * size_t(d.ws_rows) * size_t(p.dv) * 4, 256);
+    d.ws_lse_offset = off;
+    off += align_up(size_t(d.splits) * size_t(d.ws_rows) * 4, 256);
+  }
+  d.ws_total = off;
+  *out = d;
+  return Status::ok();
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+bool mult8(int64_t x) { return (x & 7) == 0; }
+
+class CudaBackend final : public Backend {
+ public:
+  fp_backend id() const override { return FP_BACKEND_CUDA; }
+  bool available() const override {
+    int n = 0;
+    const bool ok = gpuGetDeviceCount(&n) == gpuSuccess && n > 0;
+    gpuGetLastError();
+    return ok;
+  }
+  bool handles_device(fp_device_type dev) const override { return dev == FP_DEVICE_CUDA; }
+
+  Status check_device(int device_index, DeviceInfo* out) const {
+    const DeviceInfo& dev = device_info(device_index);
+    if (!dev.ok)
+      return unsupported("cuda backend: device " + std::to_string(device_index) + " is not usable");
+    if (dev.arch < kMinNvidiaArch)
+      return unsupported("cuda backend: device sm_" + std::to_string(dev.arch / 10) +
+                         " is below sm_80 (mma.sync bf16, cp.async); built archs: " FLASHPORT_GPU_ARCHS);
+    *out = dev;
+    return Status::ok();
+  }
+
+  Status plan_fwd(const Problem& p, Plan* plan) const override {
+    if (p.device != FP_DEVICE_CUDA) return unsupported("cuda backend: tensors are not on a CUDA device");
+    if (p.dtype != FP_F16 && p.dtype != FP_BF16)
+      return unsupported(std::string("cuda backend: dtype ") +
+                         (p.dtype == FP_F32 ? "float32" : "float64") + " not supported (float16, bfloat16)");
+    if (p.has_lse && p.lse_dtype != FP_F32) return unsupported("cuda backend: lse must be float32");
+    if (p.d > 256 || p.dv > 256) return unsupported("cuda backend: head dim > 256");
+    if (p.rotary_dim > 0 && p.rotary_dtype != FP_F32 && p.rotary_dtype != p.dtype)
+      return unsupported("cuda backend: rotary_cos/sin must be float32 or q's dtype");
+    DeviceInfo dev;
+    FP_RETURN_IF_ERROR(check_device(p.device_index, &dev));
+    Decision d;
+    FP_RETURN_IF_ERROR(decide(p, dev, &d));
+    const TileConfig& C = kTileConfigs[d.tile];
+    if (C.smem_bytes() > dev.smem_optin)
+      return unsupported(std::string("cuda backend: ") + C.name + " needs " +
+                         std::to_string(C.smem_bytes()) + " bytes of shared memory per block, device has " +
+                         std::to_string(dev.smem_optin));
+    std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:%s%s%s%s",
+                  kTileConfigs[d.tile].name, p.dtype == FP_BF16 ? "bf16" : "fp16",
+                  d.pack > 1 ? ":packgqa" : "", d.splits > 1 ? ":splitkv+combine" : "",
+                  p.seq.snew > 0 ? (d.rotary_q ? ":append+rotary" : ":append") : "");
+    plan->workspace_bytes = d.ws_total;
+    plan->num_splits = d.splits;
+    plan->kernel_id = d.tile * 2 + (p.dtype == FP_BF16 ? 1 : 0);
+    return Status::ok();
+  }
+
+  Status run_fwd(const Problem& p, const Plan& plan, void* workspace) const override {
+    DeviceInfo dev;
+    FP_RETURN_IF_ERROR(check_device(p.device_index, &dev));
+    Decision d;
+    FP_RETURN_IF_ERROR(decide(p, dev, &d));
+    if (d.splits != plan.num_splits || d.ws_total != plan.workspace_bytes)
+      return {FP_ERR_RUNTIME, "cuda backend: plan does not match the call (re-select after changing it)"};
+    DeviceGuard guard(p.device_index);
+    auto stream = static_cast<gpuStream_t>(p.raw->stream);
+    const bool bf16 = p.dtype == FP_BF16;
+    char* ws = static_cast<char*>(workspace);
+
+    FwdArgs a;
+    a.q = static_cast<const uint16_t*>(p.q_ptr);
+    a.q_addr = p.q;
+    if (p.seq.snew > 0 || d.rotary_q) {
+      AppendArgs ap;
+      ap.seq = p.seq;
+      ap.k_new = static_cast<const uint16_t*>(p.k_new_ptr);
+      ap.v_new = static_cast<const uint16_t*>(p.v_new_ptr);
+      ap.k_new_addr = p.k_new;
+      ap.v_new_addr = p.v_new;
+      ap.k = static_cast<uint16_t*>(p.k_ptr);
+      ap.v = static_cast<uint16_t*>(p.v_ptr);
+      ap.k_addr = p.k;
+      ap.v_addr = p.v;
+      ap.num_pages = p.raw->k.shape[0];
+      ap.q = static_cast<const uint16_t*>(p.q_ptr);
+      ap.q_addr = p.q;
+      ap.cos = p.rotary_cos;
+      ap.sin = p.rotary_sin;
+      ap.rot_f32 = p.rotary_dtype == FP_F32;
+      ap.rot_stride = p.rotary_row_stride;
+      ap.rot_rows = p.rotary_rows;
+      ap.rot_dim = static_cast<int32_t>(p.rotary_dim);
+      ap.interleaved = p.rotary_interleaved;
+      ap.q_pos_per_row = p.rules.window_left >= 0 || p.rules.window_right >= 0;
+      ap.hq = int32_t(p.hq), ap.hkv = int32_t(p.hkv), ap.d = int32_t(p.d), ap.dv = int32_t(p.dv);
+      if (d.rotary_q) {
+        ap.q_rot = reinterpret_cast<uint16_t*>(ws);
+        RowAddr r;
+        r.packed = p.q.packed;
+        r.head_stride = (p.d + 7) / 8 * 8;
+        r.row_stride = d.q_rot_row_stride;
+        r.batch_stride = p.q.packed ? 0 : p.seq.sq * d.q_rot_row_stride;
+        ap.q_rot_addr = r;
+        a.q = ap.q_rot;
+        a.q_addr = r;
+      }
+      if (gpuError_t e = launch_append(ap, bf16, stream); e != gpuSuccess)
+        return {FP_ERR_RUNTIME, std::string("cuda backend: append/rotary launch: ") + gpuGetErrorString(e)};
+    }
+    a.k = static_cast<const uint16_t*>(p.k_ptr);
+    a.v = static_cast<const uint16_t*>(p.v_ptr);
+    a.out = p.out_ptr;
+    a.lse = p.has_lse ? static_cast<float*>(p.lse_ptr) : nullptr;
+    a.seq = p.seq;
+    a.out_addr = p.out;
+    a.k_addr = p.k;
+    a.v_addr = p.v;
+    a.lse_addr = p.lse;
+    a.rules = p.rules;
+    a.k_rows_cap = p.seq.kv_layout == KvLayout::Batched ? p.seq.sk
+                   : p.seq.kv_layout == KvLayout::Paged ? p.seq.max_blocks * p.seq.page_size : 0;
+    a.num_pages = p.seq.kv_layout == KvLayout::Paged ? p.raw->k.shape[0] : 0;
+    a.hq = int32_t(p.hq), a.hkv = int32_t(p.hkv), a.d = int32_t(p.d), a.dv = int32_t(p.dv);
+    a.group = int32_t(p.group);
+    a.pack = d.pack;
+    a.splits = d.splits;
+    a.scale_log2 = p.rules.scale * 1.4426950408889634f;
+    if (p.rules.softcap > 0.0f) {
+      a.softcap_in = p.rules.scale / p.rules.softcap;
+      a.softcap_out = p.rules.softcap * 1.4426950408889634f;
+    }
+    a.vec_ok = aligned16(a.q) && aligned16(a.k) && aligned16(a.v) && mult8(a.q_addr.row_stride) &&
+               mult8(a.q_addr.head_stride) && mult8(a.q_addr.batch_stride) && mult8(p.k.s0) &&
+               mult8(p.k.s1) && mult8(p.k.s2) && mult8(p.v.s0) && mult8(p.v.s1) && mult8(p.v.s2);
+    a.out_vec_ok = (reinterpret_cast<uintptr_t>(a.out) & 3) == 0 && (p.out.row_stride & 1) == 0 &&
+                   (p.out.head_stride & 1) == 0 && (p.out.batch_stride & 1) == 0;
+    if (d.splits > 1) {
+      a.ws_o = reinterpret_cast<float*>(ws + d.ws_o_offset);
+      a.ws_lse = reinterpret_cast<float*>(ws + d.ws_lse_offset);
+      a.ws_rows = d.ws_rows;
+    }
+    const dim3 grid(unsigned(d.m_blocks), unsigned(d.heads_grid), unsigned(p.seq.batch * d.splits));
+    if (d.m_blocks > 0 && p.seq.batch > 0) {
+      if (gpuError_t e = launch_tile(d.tile, bf16, a, grid, stream); e != gpuSuccess)
+        return {FP_ERR_RUNTIME, std::string("cuda backend: ") + kTileConfigs[d.tile].name +
+                                    " launch: " + gpuGetErrorString(e)};
+    }
+    if (d.splits > 1) {
+      MergeArgs m;
+      m.part = a.ws_o;
+      m.part_dtype = FP_F32;
+      m.lse_part = a.ws_lse;
+      m.out = p.out_ptr;
+      m.out_dtype = p.dtype;
+      m.lse = a.lse;
+      m.splits = d.splits, m.batch = p.seq.batch, m.seqlen = p.seq.sq, m.heads = p.hq, m.dv = p.dv;
+      const int64_t S = p.seq.sq, H = p.hq, DV = p.dv;
+      const int64_t ps[5] = {d.ws_rows * DV, H * S * DV, DV, S * DV, 1};
+      const int64_t ls[4] = {d.ws_rows, H * S, S, 1};  // (split, b, h, s)
+      std::memcpy(m.part_stride, ps, sizeof(ps));
+      std::memcpy(m.lse_part_stride, ls, sizeof(ls));
+      const int64_t os[4] = {p.out.batch_stride, p.out.row_stride, p.out.head_stride, 1};
+      std::memcpy(m.out_stride, os, sizeof(os));
+      const int64_t lss[3] = {p.lse.batch_stride, p.lse.head_stride, p.lse.row_stride};
+      std::memcpy(m.lse_stride, lss, sizeof(lss));
+      m.cu_q = p.seq.cu_q;
+      m.out_packed = p.out.packed;
+      m.lse_packed = p.lse.packed;
+      if (gpuError_t e = launch_merge(m, stream); e != gpuSuccess)
+        return {FP_ERR_RUNTIME, std::string("cuda backend: split-KV combine launch: ") + gpuGetErrorString(e)};
+    }
+    return Status::ok();
+  }
+
+  Status plan_bwd(const BwdProblem& p, Plan* plan) const override {
+    if (p.fwd.device != FP_DEVICE_CUDA) return unsupported("cuda backend: tensors are not on a CUDA device");
+    DeviceInfo dev;
+    FP_RETURN_IF_ERROR(check_device(p.fwd.device_index, &dev));
+    return plan_bwd_cuda(p, dev.smem_optin, plan);  // bwd_aux.cu
+  }
+  Status run_bwd(const BwdProblem& p, const Plan& plan, void* workspace) const override {
+    DeviceInfo dev;
+    FP_RETURN_IF_ERROR(check_device(p.fwd.device_index, &dev));
+    DeviceGuard guard(p.fwd.device_index);
+    return run_bwd_cuda(p, plan, workspace, static_cast<gpuStream_t>(p.fwd.raw->stream));
+  }
+
+  Status plan_merge(const MergeProblem& p, Plan* plan) const override {
+    if (p.device != FP_DEVICE_CUDA) return unsupported("cuda backend: tensors are not on a CUDA device");
+    auto ok_part = [](fp_dtype t) { return t == FP_F32 || t == FP_F16 || t == FP_BF16; };
+    if (!ok_part(p.part_dtype) || !ok_part(p.out_dtype))
+      return unsupported("cuda backend: merge supports float32/float16/bfloat16 partials and output");
+    if (p.lse_dtype != FP_F32) return unsupported("cuda backend: merge lse must be float32");
+    if (p.raw != nullptr) {
+      DeviceInfo dev;
+      FP_RETURN_IF_ERROR(check_device(p.raw->out.device_index, &dev));
+    }
+    std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:merge");
+    plan->workspace_bytes = 0;
+    plan->num_splits = static_cast<int32_t>(p.splits);
+    return Status::ok();
+  }
+
+  Status run_merge(const MergeProblem& p, const Plan&) const override {
+    const fp_merge_params& raw = *p.raw;
+    DeviceGuard guard(raw.out.device_index);
+    MergeArgs m;
+    m.part = raw.out_partials.data;
+    m.part_dtype = p.part_dtype;
+    m.lse_part = static_cast<const float*>(raw.lse_partials.data);
+    m.out = raw.out.data;
+    m.out_dtype = p.out_dtype;
+    m.lse = p.has_lse ? static_cast<float*>(raw.lse.data) : nullptr;
+    m.splits = p.splits, m.batch = p.batch, m.seqlen = p.seqlen, m.heads = p.heads, m.dv = p.dv;
+    std::memcpy(m.part_stride, p.part_stride, sizeof(m.part_stride));
+    std::memcpy(m.lse_part_stride, p.lse_part_stride, sizeof(m.lse_part_stride));
+    std::memcpy(m.out_stride, p.out_stride, sizeof(m.out_stride));
+    std::memcpy(m.lse_stride, p.lse_stride, sizeof(m.lse_stride));
+    if (gpuError_t e = launch_merge(m, static_cast<gpuStream_t>(raw.stream)); e != gpuSuccess)
+      return {FP_ERR_RUNTIME, std::string("cuda backend: merge launch: ") + gpuGetErrorString(e)};
+    return Status::ok();
+  }
+  Status run_merge_bwd(const MergeBwdProblem&, const Plan&) const override {
+    return unsupported("cuda backend: merge backward not implemented yet");
+  }
+};
+
+}  // namespace
+}  // namespace gpu
+
+const Backend* cuda_backend() {
+  static const gpu::CudaBackend backend;
+  return &backend;
+}
+
+}  // namespace flashport

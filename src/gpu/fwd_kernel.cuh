@@ -1,0 +1,561 @@
+// The forward main loop (FlashAttention-2 style), written once. Template arguments are only the
+// tile (head-dim bucket, block shape) and the storage type; every score feature is a runtime hook
+// taken by a block-uniform branch, so the plain path does no per-element feature work:
+//   - masking (key tail, causal/window edges) runs only on tiles that cut a row's visible range;
+//   - softcap / ALiBi run only when the call has them;
+//   - dropout (shared Philox rule) only when p > 0;
+//   - split-KV is the same loop over a key range, writing fp32 partials + LSE to the workspace.
+// Q sits in shared memory; K and V stream through their own shared buffers with cp.async: V's
+// copy overlaps S = Q K^T, the next K's copy overlaps the softmax and O += P V.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <type_traits>
+
+#include "core/philox.hpp"
+#include "fwd_launch.hpp"
+#include "kernel_args.hpp"
+#include "tile_config.hpp"
+#include "tile_mma.hpp"
+
+namespace flashport::gpu {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Element offset of key row j of sequence b, head kvh (batched/packed: one multiply-add; paged:
+// one page-table read, page ids clamped into the pool).
+// tanh through exp (relative error ~1e-6; the MUFU tanh of fast-math is ~1e-3, too coarse for
+// softcaps of 30-50 where it scales the score error).
+__device__ __forceinline__ float tanh_accurate(float x) {
+  const float e = __expf(-2.0f * fabsf(x));
+  return copysignf((1.0f - e) / (1.0f + e), x);
+}
+
+// One 16-byte chunk (8 elements from column c*8) of a row into a swizzled shared tile. Rows past
+// the end (src == nullptr) and columns past `limit` are zeros; unaligned tensors take the scalar
+// path.
+__device__ __forceinline__ void load_chunk(uint16_t* dst, const uint16_t* src_row, int c,
+                                           int limit, bool vec_ok) {
+  const int col = c * 8;
+  if (src_row != nullptr && vec_ok && col + 8 <= limit) {
+    cp_async_16(dst, src_row + col, 16);
+    return;
+  }
+  uint16_t e[8];
+#pragma unroll
+  for (int t = 0; t < 8; ++t) e[t] = (src_row != nullptr && col + t < limit) ? src_row[col + t] : 0;
+  uint4 w;
+  w.x = e[0] | (uint32_t(e[1]) << 16);
+  w.y = e[2] | (uint32_t(e[3]) << 16);
+  w.z = e[4] | (uint32_t(e[5]) << 16);
+  w.w = e[6] | (uint32_t(e[7]) << 16);
+  *reinterpret_cast<uint4*>(dst) = w;
+}
+
+// S += Q K^T for this warp's rows over the first `ksteps` 16-column steps of the head dim.
+// kGuard = false: all D/16 steps, one straight-line block the scheduler can pipeline (the common
+// case); true: head dims below the bucket, the tail steps skipped.
+// Loads key/value tiles of one (sequence, kv head) into a swizzled shared tile. Each thread owns
+// one 16-byte column chunk and every (threads / chunks)-th row, so the common case (batched or
+// packed layout, 16-byte aligned, whole chunk inside the head dim) is a straight line of cp.async
+// with a pointer bump per row; rows past the end are zero-filled by the copy itself. Paged
+// caches, unaligned tensors and a head-dim tail take the general per-row path.
+template <int D, int BN, int NT>
+struct KvTileLoader {
+  static constexpr int kChunks = D / 8;
+  static constexpr int kRowsPerPass = NT / kChunks;
+  static constexpr int kPasses = BN / kRowsPerPass;
+  static_assert(NT % kChunks == 0 && BN % kRowsPerPass == 0, "tile / thread mapping");
+
+  const uint16_t* base;                // tensor + sequence/head offset (row 0 of the sequence)
+  int64_t stride = 0;                  // elements between rows
+  const int32_t* table_row = nullptr;  // paged: this sequence's page table row
+
+  __device__ __forceinline__ KvTileLoader(const uint16_t* tensor, const SeqInfo& s, const KvAddr& ad,
+                                          int64_t b, int64_t kvh) {
+    const int64_t head_off = kvh * ad.s2;
+    if (ad.layout == KvLayout::Paged) {
+      table_row = s.block_table + b * s.block_table_stride;
+      base = tensor + head_off;
+      stride = ad.s1;
+    } else if (ad.layout == KvLayout::Packed) {
+      base = tensor + s.k_start(b) * ad.s0 + head_off;
+      stride = ad.s0;
+    } else {
+      const int64_t row = s.cache_batch_idx ? int64_t(s.cache_batch_idx[b]) : b;
+      base = tensor + row * ad.s0 + head_off;
+      stride = ad.s1;
+    }
+  }
+
+  // Rows [nb*BN, nb*BN + BN) into `tile`; `limit` columns are real, the rest zeros.
+  __device__ __forceinline__ void load(uint16_t* tile, int nb, int lk, int limit, const FwdArgs& a,
+                                       const KvAddr& ad, int tid) const {
+    const int r0 = tid / kChunks, c = tid % kChunks;
+    const int j0 = nb * BN + r0;
+    if (a.vec_ok && table_row == nullptr && c * 8 + 8 <= limit) {
+      const uint16_t* p = base + int64_t(j0) * stride + c * 8;
+      const int64_t step = int64_t(kRowsPerPass) * stride;
+#pragma unroll
+      for (int k = 0; k < kPasses; ++k) {
+        const bool in = j0 + k * kRowsPerPass < lk;
+        cp_async_16(tile + SmemTile<D>::offset(r0 + k * kRowsPerPass, c), in ? p : base, in ? 16 : 0);
+        p += step;
+      }
+    } else {
+#pragma unroll 1
+      for (int k = 0; k < kPasses; ++k) {
+        const int j = j0 + k * kRowsPerPass;
+        const uint16_t* src = nullptr;
+        if (j < lk) {
+          if (table_row != nullptr) {
+            const int ps = static_cast<int>(a.seq.page_size);
+            int64_t page = table_row[j / ps];
+            page = page < 0 ? 0 : (a.num_pages > 0 && page >= a.num_pages ? a.num_pages - 1 : page);
+            src = base + page * ad.s0 + int64_t(j % ps) * stride;
+          } else {
+            src = base + int64_t(j) * stride;
+          }
+        }
+        load_chunk(tile + SmemTile<D>::offset(r0 + k * kRowsPerPass, c), src, c, limit, a.vec_ok);
+      }
+    }
+  }
+};
+
+template <int D, int BN, int MT, typename Elem, bool kGuard>
+__device__ __forceinline__ void gemm_qk(FragC (&acc)[MT][BN / 8], const uint16_t* sQ,
+                                        const uint16_t* sK, int warp_row0, int lane, int ksteps) {
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    if (kGuard && ks >= ksteps) break;
+    FragA qa[MT];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) load_a<D>(qa[mt], sQ, warp_row0 + mt * 16, ks * 16, lane);
+#pragma unroll
+    for (int np = 0; np < BN / 16; ++np) {
+      FragBPair kb;
+      load_b_rows<D>(kb, sK, np * 16, ks * 16, lane);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma<Elem>(acc[mt][2 * np], qa[mt], kb.r[0], kb.r[1]);
+        mma<Elem>(acc[mt][2 * np + 1], qa[mt], kb.r[2], kb.r[3]);
+      }
+    }
+  }
+}
+
+// O += P V over the first `dpairs` 16-column pairs of the output (kGuard as above).
+template <int D, int BN, int MT, typename Elem, bool kGuard>
+__device__ __forceinline__ void gemm_pv(FragC (&acc_o)[MT][D / 8], const FragC (&acc_s)[MT][BN / 8],
+                                        const uint16_t* sV, int lane, int dpairs) {
+#pragma unroll
+  for (int ks = 0; ks < BN / 16; ++ks) {
+    FragA pa[MT];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) pa[mt] = acc_to_a<Elem>(acc_s[mt][2 * ks], acc_s[mt][2 * ks + 1]);
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      if (kGuard && dp >= dpairs) break;
+      FragBPair vb;
+      load_b_trans<D>(vb, sV, ks * 16, dp * 16, lane);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma<Elem>(acc_o[mt][2 * dp], pa[mt], vb.r[0], vb.r[1]);
+        mma<Elem>(acc_o[mt][2 * dp + 1], pa[mt], vb.r[2], vb.r[3]);
+      }
+    }
+  }
+}
+
+template <int kTile, typename Elem>
+__global__ void __launch_bounds__(kTileConfigs[kTile].threads(), kTileConfigs[kTile].min_blocks)
+    fwd_kernel(const __grid_constant__ FwdArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  FP_REQUIRE_ARCH(kMinNvidiaArch);
+#else
+  constexpr TileConfig C = kTileConfigs[kTile];
+  constexpr int D = C.head_dim, BM = C.block_m, BN = C.block_n, NT = C.threads();
+  constexpr int MT = C.m_tiles();
+  constexpr int kChunks = D / 8;
+  constexpr int kNTiles = BN / 8;  // 8-key accumulator tiles per step
+  constexpr int kDTiles = D / 8;   // 8-column output tiles
+  constexpr int kStages = C.stages;
+  using Tile = SmemTile<D>;
+
+  extern __shared__ __align__(128) uint16_t smem[];
+  uint16_t* sQ = smem;
+  uint16_t* sK = sQ + BM * D;
+  uint16_t* sV = sK + BN * D;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int m0 = blockIdx.x * BM;
+  const int head_idx = blockIdx.y;  // query head (pack == 1) or kv head (packed GQA)
+  const int b = blockIdx.z / a.splits;
+  const int split = blockIdx.z - b * a.splits;
+  const ScoreRules& R = a.rules;
+
+  // Sequence positions fit int32 (validated lengths); addresses stay int64.
+  int lq = static_cast<int>(a.seq.q_len(b));
+  if (lq > a.seq.sq) lq = static_cast<int>(a.seq.sq);  // clamp device-side lengths, don't fault
+  int64_t lk64 = a.seq.k_len(b);
+  if (a.k_rows_cap > 0 && lk64 > a.k_rows_cap) lk64 = a.k_rows_cap;
+  const int lk = lk64 < 0 ? 0 : static_cast<int>(lk64);
+  const int m_rows = lq * a.pack;
+  if (m0 >= m_rows) return;
+  const int64_t q_start = a.seq.q_start(b);
+  const int kvh = a.pack > 1 ? head_idx : head_idx / a.group;
+  const int shift = R.top_left ? 0 : lk - lq;
+  const int wl = static_cast<int>(R.window_left), wr = static_cast<int>(R.window_right);
+  // Sequence row i and query head h of packed row m.
+  auto row_i = [&](int m) -> int { return a.pack > 1 ? m / a.pack : m; };
+  auto row_h = [&](int m) -> int { return a.pack > 1 ? kvh * a.group + m % a.pack : head_idx; };
+  // Visible keys of row i: [lo, hi).
+  auto vis_lo = [&](int i) -> int { const int lo = wl >= 0 ? i + shift - wl : 0; return lo < 0 ? 0 : lo; };
+  auto vis_hi = [&](int i) -> int {
+    const int hi = wr >= 0 ? i + shift + wr + 1 : lk;
+    return hi > lk ? lk : (hi < 0 ? 0 : hi);
+  };
+
+  // Key blocks this block visits: the union of its rows' visible ranges, cut to this split.
+  const int i_min = row_i(m0);
+  const int i_max = row_i((m0 + BM < m_rows ? m0 + BM : m_rows) - 1);
+  const int key_lo = vis_lo(i_min);
+  const int key_hi = vis_hi(i_max);
+  int n_lo = key_lo / BN;
+  int n_hi = key_hi > key_lo ? (key_hi + BN - 1) / BN : n_lo;
+  if (a.splits > 1) {
+    const int total = (lk + BN - 1) / BN;
+    const int per = (total + a.splits - 1) / a.splits;
+    const int s_lo = split * per, s_hi = s_lo + per < total ? s_lo + per : total;
+    n_lo = n_lo > s_lo ? n_lo : s_lo;
+    n_hi = n_hi < s_hi ? n_hi : s_hi;
+  }
+
+  FragC acc_o[MT][kDTiles];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int t = 0; t < kDTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[mt][t].r[e] = 0.0f;
+  float row_max[MT][2], row_sum[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) row_max[mt][hf] = -INFINITY, row_sum[mt][hf] = 0.0f;
+
+  const int warp_row0 = warp * 16 * MT;  // first row of this warp inside the block
+  // Packed row of (m-tile, half) for this lane.
+  auto lane_row = [&](int mt, int hf) -> int { return m0 + warp_row0 + mt * 16 + (lane >> 2) + hf * 8; };
+  const bool warp_active = m0 + warp_row0 < m_rows;  // warps past the last row skip the math
+
+  if (n_lo < n_hi) {
+    const KvTileLoader<D, BN, NT> kload(a.k, a.seq, a.k_addr, b, kvh);
+    const KvTileLoader<D, BN, NT> vload(a.v, a.seq, a.v_addr, b, kvh);
+    // Q tile (rows past the end are zeros).
+    for (int idx = tid; idx < BM * kChunks; idx += NT) {
+      const int r = idx / kChunks, c = idx % kChunks;
+      const int m = m0 + r;
+      const uint16_t* src = nullptr;
+      if (m < m_rows) src = a.q + a.q_addr.at(b, q_start, row_i(m), row_h(m));
+      load_chunk(sQ + Tile::offset(r, c), src, c, a.d, a.vec_ok);
+    }
+    const int q_ksteps = (a.d + 15) / 16;
+    const int v_dpairs = (a.dv + 15) / 16;
+
+    // The tile body, in two halves so the schedules below can put the V wait between them.
+    auto scores = [&](FragC (&acc_s)[MT][kNTiles], const uint16_t* sK, int nb) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_s[mt][t].r[e] = 0.0f;
+      if (warp_active) {
+        // S = Q K^T
+        if (q_ksteps == D / 16) gemm_qk<D, BN, MT, Elem, false>(acc_s, sQ, sK, warp_row0, lane, q_ksteps);
+        else gemm_qk<D, BN, MT, Elem, true>(acc_s, sQ, sK, warp_row0, lane, q_ksteps);
+
+        // Scores to log2 units, then the feature hooks (block-uniform branches).
+        const int n0 = nb * BN;
+        const bool need_mask = n0 + BN > lk || (wr >= 0 && n0 + BN - 1 > i_min + shift + wr) ||
+                               (wl >= 0 && n0 < i_max + shift - wl);
+        // Plain scores stay raw and the scale folds into the exp2 (one FFMA); transformed scores
+        // are already in log2 units (mul = 1).
+        const bool transformed = a.softcap_in > 0.0f || R.alibi != nullptr || !(a.scale_log2 > 0.0f);
+        const float mul = transformed ? 1.0f : a.scale_log2;
+        if (transformed) {
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+              const int m = lane_row(mt, hf);
+              // ALiBi distance |i + shift - j| with j = n0 + col: base - col, base = i + shift - n0.
+              const int base = row_i(m) + shift - n0;
+              const float slope = R.alibi ? -R.alibi_slope(b, row_h(m < m_rows ? m : m0)) * kLog2e : 0.0f;
+#pragma unroll
+              for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+                for (int e2 = 0; e2 < 2; ++e2) {
+                  float& s = acc_s[mt][t].r[hf * 2 + e2];
+                  s = a.softcap_in > 0.0f ? a.softcap_out * tanh_accurate(s * a.softcap_in) : s * a.scale_log2;
+                  const int dist = base - (t * 8 + c_col(lane, e2));
+                  s += slope * float(dist < 0 ? -dist : dist);
+                }
+            }
+        }
+        if (need_mask) {
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+              const int i = row_i(lane_row(mt, hf));
+              const int lo = vis_lo(i) - n0, hi = vis_hi(i) - n0;  // relative to the tile
+#pragma unroll
+              for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+                for (int e2 = 0; e2 < 2; ++e2) {
+                  const int j = t * 8 + c_col(lane, e2);
+                  if (j < lo || j >= hi) acc_s[mt][t].r[hf * 2 + e2] = -INFINITY;
+                }
+            }
+        }
+
+        // Online softmax (base 2): new row max over the quad, rescale O and the running sum
+        // (skipped when no row max of the warp moved, the common case after the first tiles).
+        float corr[MT][2];
+        bool any_moved = false;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int t = 0; t < kNTiles; ++t)
+              mx = fmaxf(mx, fmaxf(acc_s[mt][t].r[hf * 2], acc_s[mt][t].r[hf * 2 + 1]));
+            mx = fmaxf(mx, shfl_xor(mx, 1));
+            mx = fmaxf(mx, shfl_xor(mx, 2));
+            const float m_new = fmaxf(row_max[mt][hf], mx * mul);
+            any_moved |= m_new != row_max[mt][hf];
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+            corr[mt][hf] = fast_exp2(row_max[mt][hf] - m_use);
+            row_max[mt][hf] = m_new;
+            float sum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+              for (int e2 = 0; e2 < 2; ++e2) {
+                float& s = acc_s[mt][t].r[hf * 2 + e2];
+                s = fast_exp2(fmaf(s, mul, -m_use));
+                sum += s;
+              }
+            row_sum[mt][hf] = row_sum[mt][hf] * corr[mt][hf] + sum;
+          }
+        if (__any_sync(0xffffffffu, any_moved)) {
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int t = 0; t < kDTiles; ++t) {
+              acc_o[mt][t].r[0] *= corr[mt][0];
+              acc_o[mt][t].r[1] *= corr[mt][0];
+              acc_o[mt][t].r[2] *= corr[mt][1];
+              acc_o[mt][t].r[3] *= corr[mt][1];
+            }
+        }
+
+        // Dropout on P after the sum (the LSE is that of the undropped softmax). The Philox
+        // words are made in a rolled loop into one keep-bit word per row (small code, few
+        // registers), then applied with constant indices.
+        if (R.dropout_p > 0.0f) {
+          static_assert(kNTiles * 2 <= 32, "one keep-bit word per row");
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+              const int m = lane_row(mt, hf);
+              const int i = row_i(m);
+              const int h = row_h(m < m_rows ? m : m0);
+              uint32_t keep = 0;
+#pragma unroll 1
+              for (int t = 0; t < kNTiles; ++t) {
+                const int j0 = n0 + t * 8 + c_col(lane, 0);  // even: j0, j0 + 1 share one Philox call
+                const Philox4 w = dropout_words(R.dropout_seed, R.dropout_offset, b, a.hq, h, i, j0);
+                const uint32_t w0 = (j0 & 2) ? w.x[2] : w.x[0];
+                const uint32_t w1 = (j0 & 2) ? w.x[3] : w.x[1];
+                keep |= uint32_t(w0 >= R.dropout_threshold) << (2 * t);
+                keep |= uint32_t(w1 >= R.dropout_threshold) << (2 * t + 1);
+              }
+#pragma unroll
+              for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+                for (int e2 = 0; e2 < 2; ++e2)
+                  if (!((keep >> (2 * t + e2)) & 1u)) acc_s[mt][t].r[hf * 2 + e2] = 0.0f;
+            }
+        }
+      }
+
+    };
+    auto accumulate = [&](const FragC (&acc_s)[MT][kNTiles], const uint16_t* sV) {
+      if (warp_active) {
+        // O += P V
+        if (v_dpairs == D / 16) gemm_pv<D, BN, MT, Elem, false>(acc_o, acc_s, sV, lane, v_dpairs);
+        else gemm_pv<D, BN, MT, Elem, true>(acc_o, acc_s, sV, lane, v_dpairs);
+      }
+    };
+
+    if constexpr (kStages == 1) {
+      // FA2 schedule: one K and one V buffer; V's copy overlaps S = Q K^T, the next K's copy
+      // overlaps the softmax and P V.
+      kload.load(sK, n_hi - 1, lk, a.d, a, a.k_addr, tid);
+      cp_async_commit();
+      for (int nb = n_hi - 1; nb >= n_lo; --nb) {
+        cp_async_wait<0>();
+        __syncthreads();  // K (and Q) landed; the previous P @ V is done with sV
+        vload.load(sV, nb, lk, a.dv, a, a.v_addr, tid);
+        cp_async_commit();
+        FragC acc_s[MT][kNTiles];
+        scores(acc_s, sK, nb);
+        cp_async_wait<0>();
+        __syncthreads();  // V landed; every warp is done reading sK
+        if (nb > n_lo) {
+          kload.load(sK, nb - 1, lk, a.d, a, a.k_addr, tid);
+          cp_async_commit();
+        }
+        accumulate(acc_s, sV);
+      }
+    } else {
+      // Ring of kStages (K, V) slots: tiles nb-1 .. nb-kStages+1 are in flight while nb is
+      // processed (memory-bound decode: more bytes in flight per block).
+      auto slot_k = [&](int slot) { return sK + slot * 2 * BN * D; };
+#pragma unroll
+      for (int st = 0; st < kStages - 1; ++st) {
+        if (n_hi - 1 - st >= n_lo) {
+          kload.load(slot_k(st), n_hi - 1 - st, lk, a.d, a, a.k_addr, tid);
+          vload.load(slot_k(st) + BN * D, n_hi - 1 - st, lk, a.dv, a, a.v_addr, tid);
+        }
+        cp_async_commit();
+      }
+      int slot = 0;
+      for (int nb = n_hi - 1; nb >= n_lo; --nb) {
+        cp_async_wait<kStages - 2>();
+        __syncthreads();  // tile nb landed; every warp is done with the previous slot
+        const int nf = nb - (kStages - 1);
+        const int fslot = slot == 0 ? kStages - 1 : slot - 1;
+        if (nf >= n_lo) {
+          kload.load(slot_k(fslot), nf, lk, a.d, a, a.k_addr, tid);
+          vload.load(slot_k(fslot) + BN * D, nf, lk, a.dv, a, a.v_addr, tid);
+        }
+        cp_async_commit();
+        FragC acc_s[MT][kNTiles];
+        scores(acc_s, slot_k(slot), nb);
+        accumulate(acc_s, slot_k(slot) + BN * D);
+        slot = slot + 1 == kStages ? 0 : slot + 1;
+      }
+    }
+  }
+
+  // Epilogue: finish the row sums, add the sink (first split only), normalise, store.
+  const float keep_scale = R.dropout_p > 0.0f ? 1.0f / (1.0f - R.dropout_p) : 1.0f;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int m = lane_row(mt, hf);
+      float l = row_sum[mt][hf];
+      l += shfl_xor(l, 1);
+      l += shfl_xor(l, 2);
+      float mx = row_max[mt][hf];
+      if (m >= m_rows) continue;
+      const int i = row_i(m);
+      const int h = row_h(m);
+      float o_scale = 1.0f;
+      if (R.sinks != nullptr && split == 0) {
+        const float sink = R.sinks[h] * kLog2e;
+        const float m_f = fmaxf(mx, sink);
+        o_scale = fast_exp2(mx - m_f);
+        l = l * o_scale + fast_exp2(sink - m_f);
+        mx = m_f;
+      }
+      const float inv = l > 0.0f ? o_scale * keep_scale / l : 0.0f;
+      const float lse = l > 0.0f ? (mx + __log2f(l)) * kLn2 : -INFINITY;
+      if (a.splits > 1) {
+        const int64_t row = (int64_t(b) * a.hq + h) * a.seq.sq + i;
+        float* dst = a.ws_o + (int64_t(split) * a.ws_rows + row) * a.dv;
+#pragma unroll
+        for (int t = 0; t < kDTiles; ++t) {
+          const int col = t * 8 + c_col(lane, 0);
+          if (col < a.dv) dst[col] = acc_o[mt][t].r[hf * 2] * inv;
+          if (col + 1 < a.dv) dst[col + 1] = acc_o[mt][t].r[hf * 2 + 1] * inv;
+        }
+        if ((lane & 3) == 0) a.ws_lse[int64_t(split) * a.ws_rows + row] = lse;
+      } else {
+        typename Elem::T* dst =
+            static_cast<typename Elem::T*>(a.out) + a.out_addr.at(b, q_start, i, h);
+#pragma unroll
+        for (int t = 0; t < kDTiles; ++t) {
+          const int col = t * 8 + c_col(lane, 0);
+          const float v0 = acc_o[mt][t].r[hf * 2] * inv, v1 = acc_o[mt][t].r[hf * 2 + 1] * inv;
+          if (a.out_vec_ok && col + 1 < a.dv) {
+            *reinterpret_cast<uint32_t*>(dst + col) = Elem::pack(v0, v1);
+          } else {
+            if (col < a.dv) dst[col] = Elem::from_float(v0);
+            if (col + 1 < a.dv) dst[col + 1] = Elem::from_float(v1);
+          }
+        }
+        if (a.lse != nullptr && (lane & 3) == 0) a.lse[a.lse_addr.at(b, q_start, h, i)] = lse;
+      }
+    }
+#endif
+}
+
+}  // namespace flashport::gpu
+
+// ---- host side: per-device setup and launch of one instance ---------------------------------
+namespace flashport::gpu {
+
+constexpr int kMaxDevices = 64;
+
+template <int kTile, bool kBf16>
+KernelInfo fwd_kernel_info(int device) {
+  using Elem = std::conditional_t<kBf16, BFloat16, Half>;
+  constexpr TileConfig C = kTileConfigs[kTile];
+  static KernelInfo cache[kMaxDevices];
+  static std::atomic<bool> ready[kMaxDevices];
+  if (device < 0 || device >= kMaxDevices) return KernelInfo{gpuErrorInvalidDevice};
+  if (ready[device].load(std::memory_order_acquire)) return cache[device];
+  KernelInfo info;
+  gpuFuncAttributes attr;
+  info.status = gpuFuncGetAttributes(&attr, fwd_kernel<kTile, Elem>);
+  if (info.status == gpuSuccess) {
+    info.num_regs = attr.numRegs;
+    info.local_bytes = static_cast<int>(attr.localSizeBytes);
+    info.status = gpuFuncSetAttribute(fwd_kernel<kTile, Elem>,
+                                      gpuFuncAttributeMaxDynamicSharedMemorySize, C.smem_bytes());
+  }
+  if (info.status == gpuSuccess)
+    info.status = gpuOccupancyMaxActiveBlocksPerMultiprocessor(
+        &info.blocks_per_sm, fwd_kernel<kTile, Elem>, C.threads(), C.smem_bytes());
+  gpuGetLastError();  // a failed query must not surface as a later launch error
+  cache[device] = info;
+  ready[device].store(true, std::memory_order_release);
+  return info;
+}
+
+template <int kTile, bool kBf16>
+gpuError_t launch_fwd(const FwdArgs& a, dim3 grid, gpuStream_t stream) {
+  using Elem = std::conditional_t<kBf16, BFloat16, Half>;
+  constexpr TileConfig C = kTileConfigs[kTile];
+  fwd_kernel<kTile, Elem><<<grid, C.threads(), C.smem_bytes(), stream>>>(a);
+  return gpuGetLastError();
+}
+
+#define FP_INSTANTIATE_FWD(tile)                                                 \
+  template KernelInfo fwd_kernel_info<tile, false>(int);                         \
+  template KernelInfo fwd_kernel_info<tile, true>(int);                          \
+  template gpuError_t launch_fwd<tile, false>(const FwdArgs&, dim3, gpuStream_t); \
+  template gpuError_t launch_fwd<tile, true>(const FwdArgs&, dim3, gpuStream_t);
+
+}  // namespace flashport::gpu

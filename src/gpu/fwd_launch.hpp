@@ -1,0 +1,31 @@
+// Launch entry points of the GPU kernels (host side). Instances live in fwd_d{64,128,256}.cu,
+// one head-dim bucket each, so the CUDA build compiles them in parallel.
+#pragma once
+#include "kernel_args.hpp"
+#include "tile_config.hpp"
+#include "vendor.hpp"
+
+namespace flashport::gpu {
+
+// Per-(device, kernel) facts read once: whether the device has an image of the kernel, and how
+// many blocks fit per SM at its shared-memory size (the dynamic limit is raised on first use).
+struct KernelInfo {
+  gpuError_t status = gpuSuccess;  // cudaErrorNoKernelImageForDevice when the arch wasn't built
+  int blocks_per_sm = 0;
+  int num_regs = 0;
+  int local_bytes = 0;
+};
+
+// kTile x {Half, BFloat16}; defined in the instance files.
+template <int kTile, bool kBf16>
+KernelInfo fwd_kernel_info(int device);
+template <int kTile, bool kBf16>
+gpuError_t launch_fwd(const FwdArgs& a, dim3 grid, gpuStream_t stream);
+
+gpuError_t launch_merge(const MergeArgs& a, gpuStream_t stream);
+gpuError_t launch_append(const AppendArgs& a, bool bf16, gpuStream_t stream);
+
+// Number of kernel template instances the build compiles (printed by CMake, checked by a test).
+inline constexpr int kFwdInstances = kNumTileIds * 2;
+
+}  // namespace flashport::gpu

@@ -1,0 +1,54 @@
+// The one tile table: read by the kernels (as template arguments) and by the host planner
+// (workspace, split heuristic, occupancy), so the two can never disagree.
+#pragma once
+#include <cstdint>
+
+namespace flashport::gpu {
+
+struct TileConfig {
+  int head_dim;    // bucket: 64, 128 or 256 (smaller head dims run masked in the next bucket)
+  int block_m;     // query rows per block (packed GQA rows in decode)
+  int block_n;     // keys per main-loop step
+  int warps;       // each warp owns block_m / warps rows (16 per m-tile)
+  int min_blocks;  // __launch_bounds__ blocks per SM (register budget = 64K / (threads*min))
+  int stages;      // 1: FA2 schedule (one K, one V buffer); >= 2: ring of (K, V) slots
+  const char* name;
+
+  constexpr int threads() const { return warps * 32; }
+  constexpr int m_tiles() const { return block_m / (16 * warps); }
+  // Q tile + `stages` (K, V) tile pairs, 16-bit elements.
+  constexpr int smem_bytes() const { return (block_m + 2 * block_n * stages) * head_dim * 2; }
+};
+
+// Indices into kTileConfigs; also the Plan::kernel_id (times 2, + 1 for bf16).
+enum TileId : int {
+  kPrefill64 = 0,
+  kPrefill128,
+  kPrefill256,
+  kDecode64,
+  kDecode128,
+  kDecode256,
+  kNumTileIds
+};
+
+inline constexpr TileConfig kTileConfigs[kNumTileIds] = {
+    {64, 128, 64, 4, 2, 1, "prefill_d64_m128n64w4"},
+    {128, 128, 64, 4, 2, 1, "prefill_d128_m128n64w4"},
+    {256, 128, 64, 8, 1, 1, "prefill_d256_m128n64w8"},
+    {64, 64, 64, 4, 3, 3, "decode_d64_m64n64w4s3"},
+    {128, 64, 64, 4, 2, 3, "decode_d128_m64n64w4s3"},
+    {256, 64, 64, 4, 2, 2, "decode_d256_m64n64w4s2"},
+};
+
+constexpr int head_dim_bucket(int64_t d) { return d <= 64 ? 64 : (d <= 128 ? 128 : 256); }
+
+constexpr TileId tile_id_for(int64_t head_dim, bool decode) {
+  const int bucket = head_dim_bucket(head_dim);
+  const int base = decode ? kDecode64 : kPrefill64;
+  return static_cast<TileId>(base + (bucket == 64 ? 0 : bucket == 128 ? 1 : 2));
+}
+
+// Upper bound of split counts (partials in the workspace grow with it).
+inline constexpr int kMaxSplits = 128;
+
+}  // namespace flashport::gpu

@@ -1,0 +1,147 @@
+// Tile-MMA layer: register fragment types for a warp's 16x16 A tile, 16x8 B tiles and 16x8 fp32
+// accumulators, their loads from swizzled shared memory, the multiply-accumulate, the
+// accumulator -> A-operand conversion (for P @ V) and the element coordinates of an accumulator,
+// which is all the attention main loop needs to know about the matrix unit.
+//
+// One implementation per architecture. This file has the NVIDIA one (sm_80+: mma.sync
+// m16n8k16 with fp16/bf16 inputs and fp32 accumulate, ldmatrix, cp.async). An AMD one
+// (MFMA 16x16x16 on CDNA, WMMA on RDNA) provides the same names with its own register layout.
+#pragma once
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "vendor.hpp"
+
+namespace flashport::gpu {
+
+// Storage element types: 16-bit, with packed conversions from float pairs.
+struct Half {
+  using T = __half;
+  static constexpr bool kIsBf16 = false;
+  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+  __device__ __forceinline__ static float to_float(T v) { return __half2float(v); }
+  __device__ __forceinline__ static T from_float(float v) { return __float2half_rn(v); }
+};
+struct BFloat16 {
+  using T = __nv_bfloat16;
+  static constexpr bool kIsBf16 = true;
+  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+  __device__ __forceinline__ static float to_float(T v) { return __bfloat162float(v); }
+  __device__ __forceinline__ static T from_float(float v) { return __float2bfloat16_rn(v); }
+};
+
+// Fragments of one warp. A: 16 (rows) x 16 (k); B: 16 (k) x 8 (cols), two of them in a BPair;
+// C: 16 x 8 fp32.
+struct FragA { uint32_t r[4]; };
+struct FragBPair { uint32_t r[4]; };  // r[0..1]: B tile 0, r[2..3]: B tile 1
+struct FragC { float r[4]; };
+
+// Accumulator element e (0..3) of this lane sits at (row, col) of the 16x8 tile.
+__device__ __forceinline__ int c_row(int lane, int e) { return (lane >> 2) + ((e >> 1) << 3); }
+__device__ __forceinline__ int c_col(int lane, int e) { return ((lane & 3) << 1) + (e & 1); }
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// --- shared-memory tiles --------------------------------------------------------------------
+// A tile of `kCols` 16-bit elements per row, 16-byte chunks XOR-swizzled by (row % 8) so that the
+// 8 row addresses of one ldmatrix phase hit 8 different bank groups.
+template <int kCols>
+struct SmemTile {
+  static_assert(kCols % 64 == 0, "rows must be whole 128-byte lines for the swizzle");
+  static constexpr int kChunks = kCols / 8;  // 16-byte chunks per row
+  __device__ __forceinline__ static int offset(int row, int chunk) {  // in elements
+    return row * kCols + ((chunk ^ (row & 7)) << 3);
+  }
+};
+
+// --- loads ----------------------------------------------------------------------------------
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// A fragment: rows [row0, row0+16), k columns [k0, k0+16) of a row-major tile (Q).
+template <int kCols>
+__device__ __forceinline__ void load_a(FragA& a, const uint16_t* tile, int row0, int k0, int lane) {
+  const int row = row0 + (lane & 15);
+  const int chunk = (k0 >> 3) + (lane >> 4);
+  ldmatrix_x4(a.r, smem_u32(tile + SmemTile<kCols>::offset(row, chunk)));
+}
+
+// Two B fragments for S = A @ K^T: K stored row-major [key][k]; keys [n0, n0+16), k [k0, k0+16).
+template <int kCols>
+__device__ __forceinline__ void load_b_rows(FragBPair& b, const uint16_t* tile, int n0, int k0,
+                                            int lane) {
+  const int row = n0 + (lane & 7) + ((lane >> 4) << 3);
+  const int chunk = (k0 >> 3) + ((lane >> 3) & 1);
+  ldmatrix_x4(b.r, smem_u32(tile + SmemTile<kCols>::offset(row, chunk)));
+}
+
+// Two B fragments for O = P @ V: V stored row-major [key][col]; keys [k0, k0+16) (the reduction),
+// output columns [n0, n0+16).
+template <int kCols>
+__device__ __forceinline__ void load_b_trans(FragBPair& b, const uint16_t* tile, int k0, int n0,
+                                             int lane) {
+  const int row = k0 + (lane & 7) + (((lane >> 3) & 1) << 3);
+  const int chunk = (n0 >> 3) + (lane >> 4);
+  ldmatrix_x4_trans(b.r, smem_u32(tile + SmemTile<kCols>::offset(row, chunk)));
+}
+
+// --- multiply-accumulate --------------------------------------------------------------------
+template <typename Elem>
+__device__ __forceinline__ void mma(FragC& c, const FragA& a, uint32_t b0, uint32_t b1) {
+  if constexpr (Elem::kIsBf16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c.r[0]), "+f"(c.r[1]), "+f"(c.r[2]), "+f"(c.r[3])
+        : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c.r[0]), "+f"(c.r[1]), "+f"(c.r[2]), "+f"(c.r[3])
+        : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// The accumulators of columns [16j, 16j+8) and [16j+8, 16j+16) as the A operand of k-step j.
+template <typename Elem>
+__device__ __forceinline__ FragA acc_to_a(const FragC& lo, const FragC& hi) {
+  FragA a;
+  a.r[0] = Elem::pack(lo.r[0], lo.r[1]);
+  a.r[1] = Elem::pack(lo.r[2], lo.r[3]);
+  a.r[2] = Elem::pack(hi.r[0], hi.r[1]);
+  a.r[3] = Elem::pack(hi.r[2], hi.r[3]);
+  return a;
+}
+
+// --- asynchronous global -> shared copies ---------------------------------------------------
+// 16 bytes; src_bytes 0 fills the destination with zeros (rows past the end).
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)),
+               "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+}  // namespace flashport::gpu

@@ -1,0 +1,391 @@
+// CUDA forward against the fp64 reference: randomized shapes and every feature, poisoned
+// outputs, sentinels, NaN checks, odd lengths, GQA, varlen, KV cache (contiguous and paged),
+// append + rotary, split-KV, the merge op, CUDA-graph capture. Skipped without a CUDA device.
+#include <cuda_runtime.h>
+
+#include "core/heuristics.hpp"
+#include "gpu/tile_config.hpp"
+#include "gpu_harness.hpp"
+
+namespace gputest {
+namespace {
+
+using flashport::test::close;
+
+fp_dtype rand_dtype() { return rand_int(0, 1) ? FP_BF16 : FP_F16; }
+
+TEST(CudaFwd, BackendAvailableAndNamed) {
+  SKIP_WITHOUT_GPU();
+  EXPECT_EQ(fp_backend_available(FP_BACKEND_CUDA), 1);
+}
+
+TEST(CudaFwd, HeadDimsAndOddLengths) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t d : {64, 128, 256, 32, 40, 96, 160, 200, 8}) {
+    for (auto [sq, sk] : {std::pair<int64_t, int64_t>{1, 1}, {3, 113}, {113, 3}, {129, 257}, {1025, 77}}) {
+      Case c;
+      c.dtype = rand_dtype();
+      c.batch = rand_int(1, 2);
+      c.hq = 2, c.hkv = 1;
+      c.d = d, c.dv = d;
+      c.sq = sq, c.sk = sk;
+      check_case(c);
+    }
+  }
+}
+
+TEST(CudaFwd, ScalarPathForUnalignedHeadDims) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t d : {3, 5, 17, 250}) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.hq = 3, c.hkv = 3, c.d = d, c.dv = d;
+    c.sq = 70, c.sk = 133;
+    check_case(c);
+  }
+}
+
+TEST(CudaFwd, DqDifferentFromDv) {
+  SKIP_WITHOUT_GPU();
+  for (auto [d, dv] : {std::pair<int64_t, int64_t>{64, 32}, {128, 64}, {40, 200}, {192, 128}, {256, 8}}) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = dv, c.sq = 100, c.sk = 300;
+    c.causal = rand_int(0, 1);
+    check_case(c);
+  }
+}
+
+TEST(CudaFwd, GqaRatiosPrefillAndDecode) {
+  SKIP_WITHOUT_GPU();
+  for (auto [hq, hkv] : {std::pair<int64_t, int64_t>{8, 8}, {8, 4}, {8, 2}, {8, 1}, {12, 3}, {32, 8}}) {
+    for (int64_t sq : {1, 2, 7, 200}) {
+      Case c;
+      c.dtype = rand_dtype();
+      c.batch = 2, c.hq = hq, c.hkv = hkv, c.d = 128, c.dv = 128, c.sq = sq, c.sk = 517;
+      c.causal = sq > 1 && rand_int(0, 1);
+      check_case(c);
+    }
+  }
+}
+
+TEST(CudaFwd, CausalBothAlignmentsAndWindows) {
+  SKIP_WITHOUT_GPU();
+  for (bool top_left : {false, true}) {
+    for (auto [sq, sk] : {std::pair<int64_t, int64_t>{300, 300}, {100, 400}, {400, 100}, {1, 64}, {65, 1}}) {
+      Case c;
+      c.dtype = rand_dtype();
+      c.batch = 2, c.hq = 4, c.hkv = 2, c.d = 64, c.dv = 64, c.sq = sq, c.sk = sk;
+      c.causal = true, c.top_left = top_left;
+      check_case(c);
+      c.causal = false;
+      c.wl = static_cast<int32_t>(rand_int(0, 70)), c.wr = static_cast<int32_t>(rand_int(-1, 40));
+      check_case(c);
+      c.wr = 0;
+      check_case(c);
+    }
+  }
+}
+
+TEST(CudaFwd, ScoreFeatures) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t d : {64, 128, 256}) {
+    Case base;
+    base.dtype = rand_dtype();
+    base.batch = 2, base.hq = 4, base.hkv = 2, base.d = d, base.dv = d, base.sq = 150, base.sk = 333;
+    Case c = base;
+    c.softcap = 30.0f, c.input_std = 3.0;
+    check_case(c);
+    c = base;
+    c.alibi = true;
+    c.causal = true;
+    check_case(c);
+    c = base;
+    c.alibi = true, c.alibi_per_batch = true;
+    check_case(c);
+    c = base;
+    c.sinks = true;
+    check_case(c);
+    c = base;
+    c.sinks = true, c.causal = true, c.sq = 400, c.sk = 100;  // rows with no key: sink only
+    check_case(c);
+    c = base;
+    c.scale = 0.3f;
+    c.softcap = 5.0f, c.alibi = true, c.sinks = true, c.causal = true, c.wl = 50;
+    check_case(c);
+  }
+}
+
+TEST(CudaFwd, RowsWithoutKeysGetZeroAndMinusInf) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.dtype = FP_BF16;
+  c.hq = 2, c.hkv = 2, c.d = 64, c.dv = 64, c.sq = 200, c.sk = 50;
+  c.causal = true;  // bottom-right: the first 150 rows see nothing
+  check_case(c);
+}
+
+TEST(CudaFwd, Dropout) {
+  SKIP_WITHOUT_GPU();
+  for (float p : {0.1f, 0.5f}) {
+    for (int64_t d : {64, 128}) {
+      Case c;
+      c.dtype = rand_dtype();
+      c.batch = 2, c.hq = 4, c.hkv = 1, c.d = d, c.dv = d, c.sq = 131, c.sk = 257, c.dropout = p;
+      c.causal = d == 128;
+      check_case(c);
+      c.sq = 1;  // decode tile, packed GQA rows
+      check_case(c);
+    }
+  }
+}
+
+TEST(CudaFwd, NoLseAndStridedTensors) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.dtype = rand_dtype();
+  c.batch = 2, c.hq = 4, c.hkv = 2, c.d = 64, c.dv = 64, c.sq = 90, c.sk = 200;
+  c.lse = false;
+  check_case(c);
+  c.lse = true;
+  c.strided = true;
+  check_case(c);
+  c.d = 40, c.dv = 40;  // strides not multiples of 8 -> scalar loads
+  check_case(c);
+}
+
+TEST(CudaFwd, Varlen) {
+  SKIP_WITHOUT_GPU();
+  for (int rep = 0; rep < 4; ++rep) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.varlen = true;
+    const int64_t nb = rand_int(1, 5);
+    for (int64_t b = 0; b < nb; ++b) {
+      c.lq.push_back(rand_int(1, 300));
+      c.lk.push_back(rand_int(1, 400));
+    }
+    c.hq = 4, c.hkv = rep % 2 ? 1 : 4, c.d = rep < 2 ? 64 : 128, c.dv = c.d;
+    c.causal = rep & 1;
+    c.sinks = rep == 3;
+    c.alibi = rep == 2;
+    check_case(c);
+    c.splits = 3;
+    check_case(c);
+  }
+}
+
+TEST(CudaFwd, SplitKvForcedAndAuto) {
+  SKIP_WITHOUT_GPU();
+  for (int32_t s : {0, 2, 3, 7, 64}) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.batch = 1, c.hq = 4, c.hkv = 4, c.d = 64, c.dv = 64, c.sq = 70, c.sk = 3000, c.splits = s;
+    c.causal = s == 3;
+    c.sinks = s == 7;
+    c.dropout = s == 2 ? 0.2f : 0.0f;
+    fp_selection sel{};
+    check_case(c, &sel);
+    // Forced counts are clamped to the key blocks of the tile that runs.
+    const int64_t bn = flashport::gpu::kTileConfigs[flashport::gpu::tile_id_for(64, false)].block_n;
+    if (s >= 2) EXPECT_EQ(sel.num_splits, std::min<int64_t>(s, (c.sk + bn - 1) / bn));
+    if (s == 0) EXPECT_GT(sel.num_splits, 1) << "4 tiles on a whole GPU should split";
+  }
+  // Decode shape: auto split over 32 query heads packed into 8 kv heads.
+  Case c;
+  c.dtype = FP_BF16;
+  c.batch = 1, c.hq = 32, c.hkv = 8, c.d = 128, c.dv = 128, c.sq = 1, c.sk = 8192, c.splits = 0;
+  fp_selection sel{};
+  check_case(c, &sel);
+  EXPECT_GT(sel.num_splits, 1);
+}
+
+TEST(CudaFwd, KvCacheContiguous) {
+  SKIP_WITHOUT_GPU();
+  for (int rep = 0; rep < 4; ++rep) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.cache = true;
+    c.batch = 3, c.hq = 8, c.hkv = 2, c.d = 128, c.dv = 128, c.sq = rep < 2 ? 1 : 33, c.sk = 700;
+    c.batch_idx = rep % 2;
+    c.causal = rep >= 2;
+    check_case(c);
+  }
+}
+
+TEST(CudaFwd, KvCachePagedAnyPageSize) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t ps : {1, 7, 16, 64, 256}) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.cache = true, c.paged = true, c.page_size = ps;
+    c.batch = 2, c.hq = 4, c.hkv = 2, c.d = 64, c.dv = 64, c.sq = ps == 7 ? 20 : 1, c.sk = 600;
+    c.causal = true;
+    check_case(c);
+  }
+}
+
+TEST(CudaFwd, AppendThenAttendWithRotary) {
+  SKIP_WITHOUT_GPU();
+  for (int rep = 0; rep < 6; ++rep) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.cache = true;
+    c.paged = rep >= 3;
+    c.page_size = 16;
+    c.batch = 2, c.hq = 4, c.hkv = 2, c.d = 64, c.dv = 64, c.sk = 400;
+    c.snew = rep % 3 == 0 ? 1 : 5;
+    c.sq = c.snew;
+    c.causal = rep % 2 == 0;
+    c.rot_dim = rep == 0 ? 0 : (rep % 2 ? 64 : 32);
+    c.rot_interleaved = rep % 3 == 1;
+    check_case(c);
+  }
+}
+
+TEST(CudaFwd, RandomizedMix) {
+  SKIP_WITHOUT_GPU();
+  for (int rep = 0; rep < 24; ++rep) {
+    Case c;
+    c.dtype = rand_dtype();
+    const int64_t groups[] = {1, 2, 4, 8};
+    c.hkv = rand_int(1, 3);
+    c.hq = c.hkv * groups[rand_int(0, 3)];
+    c.batch = rand_int(1, 3);
+    c.d = rand_int(1, 256);
+    c.dv = rand_int(0, 1) ? c.d : rand_int(1, 256);
+    c.sq = rand_int(0, 1) ? rand_int(1, 8) : rand_int(1, 600);
+    c.sk = rand_int(1, 900);
+    c.causal = rand_int(0, 2) == 0;
+    c.top_left = rand_int(0, 1);
+    if (!c.causal && rand_int(0, 2) == 0) c.wl = int32_t(rand_int(0, 100)), c.wr = int32_t(rand_int(-1, 100));
+    if (rand_int(0, 3) == 0) c.softcap = 20.0f;
+    c.alibi = rand_int(0, 3) == 0;
+    c.sinks = rand_int(0, 3) == 0;
+    c.dropout = rand_int(0, 4) == 0 ? 0.15f : 0.0f;
+    c.splits = rand_int(0, 2) == 0 ? int32_t(rand_int(0, 5)) : 1;
+    check_case(c);
+  }
+}
+
+// ---- merge op ------------------------------------------------------------------------------
+
+TEST(CudaMerge, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  for (fp_dtype pt : {FP_F32, FP_BF16}) {
+    const int64_t n = 5, b = 2, s = 37, h = 3, dv = 72;
+    HostTensor parts(pt, {n, b, s, h, dv}), lses(FP_F32, {n, b, h, s});
+    parts.fill_normal();
+    lses.fill_uniform(-3, 3);
+    // Some partials empty (-inf), one row entirely empty.
+    for (int64_t i = 0; i < s; i += 5) lses.set({1, 0, 1, i}, -INFINITY);
+    for (int64_t k = 0; k < n; ++k) lses.set({k, 1, 2, 3}, -INFINITY);
+    HostTensor out(FP_BF16, {b, s, h, dv}), lse(FP_F32, {b, h, s});
+    out.fill_poison();
+    lse.fill_poison();
+    // Reference on fp64 copies.
+    HostTensor p64 = to_f64(parts), l64 = to_f64(lses), o64(FP_F64, {b, s, h, dv}), lo64(FP_F64, {b, h, s});
+    fp_merge_params rp;
+    fp_merge_params_init(&rp);
+    rp.backend = FP_BACKEND_REFERENCE;
+    rp.out_partials = p64.view(), rp.lse_partials = l64.view(), rp.out = o64.view(), rp.lse = lo64.view();
+    ASSERT_EQ(fp_merge_fwd(&rp), FP_OK) << fp_last_error();
+    DevBuf dp, dl, dout, dlse;
+    dp.upload(parts), dl.upload(lses), dout.upload(out), dlse.upload(lse);
+    fp_merge_params mp;
+    fp_merge_params_init(&mp);
+    mp.backend = FP_BACKEND_CUDA;
+    mp.out_partials = dp.view(parts), mp.lse_partials = dl.view(lses);
+    mp.out = dout.view(out), mp.lse = dlse.view(lse);
+    ASSERT_EQ(fp_merge_fwd(&mp), FP_OK) << fp_last_error();
+    CUDA_OK(cudaDeviceSynchronize());
+    dout.download(out), dlse.download(lse);
+    EXPECT_TRUE(close(out, o64, flashport::test::tolerance(FP_BF16), "merged out"));
+    EXPECT_TRUE(close(lse, lo64, 1e-5, "merged lse"));
+    EXPECT_TRUE(dout.sentinel_intact());
+    EXPECT_TRUE(dlse.sentinel_intact());
+  }
+}
+
+// ---- CUDA graphs ---------------------------------------------------------------------------
+
+// Captures the call into a graph on a fresh stream, replays it twice and expects the bits of a
+// direct call. The capture fails if the call allocates, synchronizes or reads device memory.
+void check_graph(const Case& cs, int min_splits) {
+  SCOPED_TRACE(cs.describe());
+  Call call(cs);
+  DeviceCall direct(call);
+  const Outputs want = run_cuda(call, direct);
+  ASSERT_TRUE(want.ok) << want.error;
+  EXPECT_GE(want.sel.num_splits, min_splits);
+  DeviceCall dev(call);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  fp_selection sel{};
+  // Select once outside the capture to size the workspace, then capture the call itself.
+  fp_attn_params p;
+  ASSERT_EQ(dev.run(call, &p, stream, &sel), FP_OK) << fp_last_error();
+  CUDA_OK(cudaStreamSynchronize(stream));
+  dev.out.upload(call.out);  // poison again
+  p.out = dev.out.view(call.out);
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const fp_status st = fp_attn_fwd(&p);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  ASSERT_EQ(st, FP_OK) << fp_last_error();
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int r = 0; r < 2; ++r) CUDA_OK(cudaGraphLaunch(exec, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  HostTensor got = call.out;
+  dev.out.download(got);
+  EXPECT_TRUE(got.bitwise_equal(want.out)) << "graph replay differs from a direct call";
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(CudaGraph, PrefillDecodeSplitCaptureAndReplay) {
+  SKIP_WITHOUT_GPU();
+  Case prefill;
+  prefill.batch = 2, prefill.hq = 4, prefill.hkv = 2, prefill.d = 128, prefill.dv = 128;
+  prefill.sq = 300, prefill.sk = 300, prefill.causal = true;
+  check_graph(prefill, 1);
+  Case decode;
+  decode.cache = true, decode.paged = true, decode.page_size = 16;
+  decode.batch = 2, decode.hq = 8, decode.hkv = 2, decode.d = 128, decode.dv = 128, decode.sq = 1;
+  decode.sk = 2048, decode.snew = 1, decode.rot_dim = 128, decode.splits = 1;
+  check_graph(decode, 1);
+  Case split = decode;
+  split.splits = 0;
+  check_graph(split, 2);
+  Case forced = prefill;
+  forced.splits = 4;
+  check_graph(forced, 4);
+}
+
+// ---- planning ------------------------------------------------------------------------------
+
+TEST(CudaPlan, DeclinesWithReasons) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.dtype = FP_F32;
+  Call call(c);
+  DeviceCall dev(call);
+  fp_attn_params p = call.params(dev.views, FP_BACKEND_CUDA);
+  fp_selection sel{};
+  EXPECT_EQ(fp_attn_fwd_select(&p, &sel), FP_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(fp_last_error()).find("float32"), std::string::npos) << fp_last_error();
+  // Too small a workspace is refused, nothing written.
+  Case s;
+  s.sq = 64, s.sk = 4096, s.splits = 8;
+  Call call2(s);
+  DeviceCall dev2(call2);
+  fp_attn_params p2 = call2.params(dev2.views, FP_BACKEND_CUDA);
+  ASSERT_EQ(fp_attn_fwd_select(&p2, &sel), FP_OK) << fp_last_error();
+  EXPECT_GT(sel.workspace_bytes, 0u);
+  EXPECT_EQ(fp_attn_fwd(&p2), FP_ERR_WORKSPACE);
+}
+
+}  // namespace
+}  // namespace gputest

@@ -1,0 +1,414 @@
+// GPU test harness: one Case describes a forward call (shapes, layout, every feature). It builds
+// random fp16/bf16 inputs on the host, runs the fp64 reference backend on exact fp64 copies, runs
+// the CUDA backend on device copies (outputs poisoned, sentinel bytes after every output buffer)
+// through the public C API, copies back and compares.
+#pragma once
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "flashport/flashport.h"
+#include "test_util.hpp"
+
+namespace gputest {
+
+using flashport::test::HostTensor;
+using flashport::test::test_rng;
+
+inline bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define SKIP_WITHOUT_GPU()                                   \
+  do {                                                       \
+    if (!::gputest::have_gpu()) GTEST_SKIP() << "no CUDA device"; \
+  } while (0)
+
+#define CUDA_OK(expr)                                                               \
+  do {                                                                              \
+    cudaError_t _e = (expr);                                                        \
+    ASSERT_EQ(_e, cudaSuccess) << #expr << ": " << cudaGetErrorString(_e);          \
+  } while (0)
+
+inline int64_t rand_int(int64_t lo, int64_t hi) {
+  return std::uniform_int_distribution<int64_t>(lo, hi)(test_rng());
+}
+
+// A device copy of a host tensor's storage, followed by sentinel bytes.
+struct DevBuf {
+  static constexpr size_t kSentinel = 256;
+  static constexpr unsigned char kPattern = 0xA5;
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  DevBuf() = default;
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  ~DevBuf() {
+    if (ptr) cudaFree(ptr);
+  }
+  void upload(const HostTensor& t) {
+    bytes = t.storage_bytes();
+    if (ptr) cudaFree(ptr);
+    ptr = nullptr;
+    if (cudaMalloc(&ptr, bytes + kSentinel) != cudaSuccess) {
+      ptr = nullptr;
+      return;
+    }
+    cudaMemset(static_cast<char*>(ptr) + bytes, kPattern, kSentinel);
+    if (bytes) cudaMemcpy(ptr, t.storage(), bytes, cudaMemcpyHostToDevice);
+  }
+  void download(HostTensor& t) const {
+    if (bytes) cudaMemcpy(t.storage(), ptr, bytes, cudaMemcpyDeviceToHost);
+  }
+  bool sentinel_intact() const {
+    std::vector<unsigned char> tail(kSentinel);
+    cudaMemcpy(tail.data(), static_cast<char*>(ptr) + bytes, kSentinel, cudaMemcpyDeviceToHost);
+    return std::all_of(tail.begin(), tail.end(), [](unsigned char c) { return c == kPattern; });
+  }
+  fp_tensor view(const HostTensor& t) const { return t.view_at(ptr, FP_DEVICE_CUDA, 0); }
+};
+
+inline HostTensor to_f64(const HostTensor& t) {
+  if (t.empty()) return {};
+  HostTensor r(FP_F64, t.shape());
+  r.from_double(t.to_double());
+  return r;
+}
+
+inline std::vector<int32_t> cumsum(const std::vector<int64_t>& lens) {
+  std::vector<int32_t> cu(lens.size() + 1, 0);
+  for (size_t i = 0; i < lens.size(); ++i) cu[i + 1] = cu[i] + static_cast<int32_t>(lens[i]);
+  return cu;
+}
+
+struct Case {
+  fp_dtype dtype = FP_BF16;
+  int64_t batch = 1, hq = 1, hkv = 1, d = 64, dv = 64, sq = 1, sk = 1;
+  // varlen: per-sequence lengths (sq/sk become the maxima)
+  bool varlen = false;
+  std::vector<int64_t> lq, lk;
+  bool causal = false, top_left = false;
+  int32_t wl = -1, wr = -1;
+  float softcap = 0.0f, dropout = 0.0f, scale = NAN;
+  bool alibi = false, alibi_per_batch = false, sinks = false, lse = true, strided = false;
+  int32_t splits = 1;
+  // KV cache: contiguous (optionally cache_batch_idx) or paged; seqused_k per sequence; append.
+  bool cache = false, paged = false, batch_idx = false;
+  int64_t page_size = 16, snew = 0;
+  std::vector<int64_t> seqused;
+  int64_t rot_dim = 0;
+  bool rot_interleaved = false;
+  double input_std = 1.0;
+
+  std::string describe() const {
+    std::string s = std::string(dtype == FP_BF16 ? "bf16" : "fp16") + " B=" + std::to_string(batch) +
+                    " Hq=" + std::to_string(hq) + " Hkv=" + std::to_string(hkv) + " D=" +
+                    std::to_string(d) + " Dv=" + std::to_string(dv) + " Sq=" + std::to_string(sq) +
+                    " Sk=" + std::to_string(sk);
+    if (varlen) s += " varlen";
+    if (causal) s += top_left ? " causal(top-left)" : " causal";
+    if (wl >= 0 || wr >= 0) s += " window(" + std::to_string(wl) + "," + std::to_string(wr) + ")";
+    if (softcap > 0) s += " softcap=" + std::to_string(softcap);
+    if (alibi) s += alibi_per_batch ? " alibi[B,H]" : " alibi";
+    if (sinks) s += " sinks";
+    if (dropout > 0) s += " dropout=" + std::to_string(dropout);
+    if (strided) s += " strided";
+    if (splits != 1) s += " splits=" + std::to_string(splits);
+    if (cache) s += paged ? " paged(ps=" + std::to_string(page_size) + ")" : " cache";
+    if (batch_idx) s += " batch_idx";
+    if (snew) s += " snew=" + std::to_string(snew);
+    if (rot_dim) s += " rotary=" + std::to_string(rot_dim) + (rot_interleaved ? "i" : "h");
+    return s;
+  }
+};
+
+// Host tensors of one call (in the case's dtype), and the same call's parameters.
+struct Call {
+  Case c;
+  HostTensor q, k, v, out, lse, cu_q, cu_k, seqused, block_table, batch_idx, k_new, v_new, cos,
+      sin, alibi, sinks;
+  int64_t max_blocks = 0;
+
+  explicit Call(const Case& cs) : c(cs) { build(); }
+
+  void build() {
+    const fp_dtype t = c.dtype;
+    if (c.varlen) {
+      c.batch = static_cast<int64_t>(c.lq.size());
+      c.sq = *std::max_element(c.lq.begin(), c.lq.end());
+      c.sk = *std::max_element(c.lk.begin(), c.lk.end());
+      const auto cq = cumsum(c.lq), ck = cumsum(c.lk);
+      q = HostTensor(t, {cq.back(), c.hq, c.d});
+      k = HostTensor(t, {ck.back(), c.hkv, c.d});
+      v = HostTensor(t, {ck.back(), c.hkv, c.dv});
+      out = HostTensor(t, {cq.back(), c.hq, c.dv});
+      lse = HostTensor(FP_F32, {c.hq, cq.back()});
+      cu_q = HostTensor::i32({c.batch + 1}, cq);
+      cu_k = HostTensor::i32({c.batch + 1}, ck);
+    } else if (c.cache) {
+      if (c.seqused.empty()) {
+        for (int64_t b = 0; b < c.batch; ++b) c.seqused.push_back(rand_int(0, c.sk - c.snew));
+      }
+      std::vector<int32_t> su(c.seqused.begin(), c.seqused.end());
+      seqused = HostTensor::i32({c.batch}, su);
+      if (c.paged) {
+        max_blocks = (c.sk + c.page_size - 1) / c.page_size;
+        const int64_t pool = c.batch * max_blocks + 3;
+        std::vector<int32_t> ids(pool);
+        std::iota(ids.begin(), ids.end(), 0);
+        std::shuffle(ids.begin(), ids.end(), test_rng());
+        ids.resize(c.batch * max_blocks);
+        block_table = HostTensor::i32({c.batch, max_blocks}, ids);
+        k = HostTensor(t, {pool, c.page_size, c.hkv, c.d});
+        v = HostTensor(t, {pool, c.page_size, c.hkv, c.dv});
+      } else {
+        const int64_t rows = c.batch_idx ? c.batch + 2 : c.batch;
+        if (c.batch_idx) {
+          std::vector<int32_t> perm(rows);
+          std::iota(perm.begin(), perm.end(), 0);
+          std::shuffle(perm.begin(), perm.end(), test_rng());
+          perm.resize(c.batch);
+          batch_idx = HostTensor::i32({c.batch}, perm);
+        }
+        k = HostTensor(t, {rows, c.sk, c.hkv, c.d});
+        v = HostTensor(t, {rows, c.sk, c.hkv, c.dv});
+      }
+      q = HostTensor(t, {c.batch, c.sq, c.hq, c.d});
+      out = HostTensor(t, {c.batch, c.sq, c.hq, c.dv});
+      lse = HostTensor(FP_F32, {c.batch, c.hq, c.sq});
+      if (c.snew > 0) {
+        k_new = HostTensor(t, {c.batch, c.snew, c.hkv, c.d});
+        v_new = HostTensor(t, {c.batch, c.snew, c.hkv, c.dv});
+        k_new.fill_normal(0.0, c.input_std);
+        v_new.fill_normal();
+      }
+      if (c.rot_dim > 0) {
+        const int64_t rows = c.sk + c.sq + 1;
+        cos = HostTensor(FP_F32, {rows, c.rot_dim / 2});
+        sin = HostTensor(FP_F32, {rows, c.rot_dim / 2});
+        std::vector<double> cv, sv;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t j = 0; j < c.rot_dim / 2; ++j) {
+            const double ang = r * std::pow(10000.0, -2.0 * j / c.rot_dim);
+            cv.push_back(std::cos(ang));
+            sv.push_back(std::sin(ang));
+          }
+        cos.from_double(cv);
+        sin.from_double(sv);
+      }
+    } else if (c.strided) {
+      q = HostTensor::permuted(t, {c.batch, c.sq, c.hq, c.d}, {0, 2, 1, 3});
+      k = HostTensor::padded(t, {c.batch, c.sk, c.hkv, c.d}, {0, 1, 0, 8});
+      v = HostTensor::padded(t, {c.batch, c.sk, c.hkv, c.dv}, {1, 0, 8, 0});
+      out = HostTensor::padded(t, {c.batch, c.sq, c.hq, c.dv}, {0, 0, 1, 2});
+      lse = HostTensor(FP_F32, {c.batch, c.hq, c.sq});
+    } else {
+      q = HostTensor(t, {c.batch, c.sq, c.hq, c.d});
+      k = HostTensor(t, {c.batch, c.sk, c.hkv, c.d});
+      v = HostTensor(t, {c.batch, c.sk, c.hkv, c.dv});
+      out = HostTensor(t, {c.batch, c.sq, c.hq, c.dv});
+      lse = HostTensor(FP_F32, {c.batch, c.hq, c.sq});
+    }
+    q.fill_normal(0.0, c.input_std);
+    k.fill_normal(0.0, c.input_std);
+    v.fill_normal();
+    out.fill_poison();
+    lse.fill_poison();
+    if (c.alibi) {
+      alibi = c.alibi_per_batch ? HostTensor(FP_F32, {c.batch, c.hq}) : HostTensor(FP_F32, {c.hq});
+      alibi.fill_uniform(0.01, 0.3);
+    }
+    if (c.sinks) {
+      sinks = HostTensor(FP_F32, {c.hq});
+      sinks.fill_uniform(-2.0, 3.0);
+    }
+  }
+
+  // Parameters over the given views (host fp64 copies for the reference, device copies for CUDA).
+  struct Views {
+    fp_tensor q, k, v, out, lse, cu_q, cu_k, seqused, block_table, batch_idx, k_new, v_new, cos,
+        sin, alibi, sinks;
+  };
+  fp_attn_params params(const Views& w, fp_backend backend) const {
+    fp_attn_params p;
+    fp_attn_params_init(&p);
+    p.backend = backend;
+    p.q = w.q, p.k = w.k, p.v = w.v, p.out = w.out;
+    if (c.lse) p.lse = w.lse;
+    if (c.varlen) {
+      p.cu_seqlens_q = w.cu_q, p.cu_seqlens_k = w.cu_k;
+      p.max_seqlen_q = c.sq, p.max_seqlen_k = c.sk;
+    }
+    if (c.cache) {
+      p.seqused_k = w.seqused;
+      if (c.paged) p.block_table = w.block_table;
+      if (c.batch_idx) p.cache_batch_idx = w.batch_idx;
+      if (c.snew > 0) p.k_new = w.k_new, p.v_new = w.v_new;
+      if (c.rot_dim > 0) {
+        p.rotary_cos = w.cos, p.rotary_sin = w.sin;
+        p.rotary_interleaved = c.rot_interleaved;
+      }
+    }
+    p.softmax_scale = c.scale;
+    p.causal = c.causal;
+    p.causal_align = c.top_left ? FP_CAUSAL_TOP_LEFT : FP_CAUSAL_BOTTOM_RIGHT;
+    p.window_left = c.wl;
+    p.window_right = c.causal ? -1 : c.wr;
+    p.softcap = c.softcap;
+    if (c.alibi) p.alibi_slopes = w.alibi;
+    if (c.sinks) p.sinks = w.sinks;
+    p.dropout_p = c.dropout;
+    p.dropout_seed = 0x1234567887654321ull;
+    p.dropout_offset = 99;
+    p.num_splits = c.splits;
+    return p;
+  }
+};
+
+struct Outputs {
+  HostTensor out, lse, k, v;  // k/v: the cache after an append
+  bool ok = false;
+  std::string error;
+  fp_selection sel{};
+};
+
+inline Outputs run_reference(const Call& call) {
+  Outputs r;
+  HostTensor q = to_f64(call.q), k = to_f64(call.k), v = to_f64(call.v), kn = to_f64(call.k_new),
+             vn = to_f64(call.v_new);
+  HostTensor out(FP_F64, call.out.shape()), lse(FP_F64, call.lse.shape());
+  out.fill_poison();
+  lse.fill_poison();
+  Call::Views w;
+  w.q = q.view(), w.k = k.view(), w.v = v.view(), w.out = out.view(), w.lse = lse.view();
+  if (!call.cu_q.empty()) w.cu_q = call.cu_q.view(), w.cu_k = call.cu_k.view();
+  if (!call.seqused.empty()) w.seqused = call.seqused.view();
+  if (!call.block_table.empty()) w.block_table = call.block_table.view();
+  if (!call.batch_idx.empty()) w.batch_idx = call.batch_idx.view();
+  if (!kn.empty()) w.k_new = kn.view(), w.v_new = vn.view();
+  if (!call.cos.empty()) w.cos = call.cos.view(), w.sin = call.sin.view();
+  if (!call.alibi.empty()) w.alibi = call.alibi.view();
+  if (!call.sinks.empty()) w.sinks = call.sinks.view();
+  fp_attn_params p = call.params(w, FP_BACKEND_REFERENCE);
+  p.num_splits = 0;
+  const fp_status st = fp_attn_fwd(&p);
+  r.ok = st == FP_OK;
+  if (!r.ok) r.error = std::string("reference: ") + fp_status_name(st) + ": " + fp_last_error();
+  r.out = std::move(out), r.lse = std::move(lse), r.k = std::move(k), r.v = std::move(v);
+  return r;
+}
+
+// Device copies of every tensor of a call.
+struct DeviceCall {
+  DevBuf q, k, v, out, lse, cu_q, cu_k, seqused, block_table, batch_idx, k_new, v_new, cos, sin,
+      alibi, sinks, workspace;
+  Call::Views views;
+
+  explicit DeviceCall(const Call& c) {
+    auto up = [](DevBuf& d, const HostTensor& t, fp_tensor& view) {
+      if (t.empty()) return;
+      d.upload(t);
+      view = d.view(t);
+    };
+    up(q, c.q, views.q), up(k, c.k, views.k), up(v, c.v, views.v), up(out, c.out, views.out);
+    up(lse, c.lse, views.lse), up(cu_q, c.cu_q, views.cu_q), up(cu_k, c.cu_k, views.cu_k);
+    up(seqused, c.seqused, views.seqused), up(block_table, c.block_table, views.block_table);
+    up(batch_idx, c.batch_idx, views.batch_idx), up(k_new, c.k_new, views.k_new);
+    up(v_new, c.v_new, views.v_new), up(cos, c.cos, views.cos), up(sin, c.sin, views.sin);
+    up(alibi, c.alibi, views.alibi), up(sinks, c.sinks, views.sinks);
+  }
+
+  // Selects, sizes the workspace (allocated here, outside the call) and runs on `stream`.
+  fp_status run(const Call& c, fp_attn_params* p_out, cudaStream_t stream, fp_selection* sel) {
+    fp_attn_params p = c.params(views, FP_BACKEND_CUDA);
+    fp_status st = fp_attn_fwd_select(&p, sel);
+    if (st != FP_OK) return st;
+    if (sel->workspace_bytes > workspace.bytes) {
+      HostTensor dummy(FP_F32, {static_cast<int64_t>((sel->workspace_bytes + 3) / 4)});
+      workspace.upload(dummy);
+    }
+    p.workspace = workspace.ptr;
+    p.workspace_bytes = workspace.bytes;
+    p.stream = stream;
+    if (p_out) *p_out = p;
+    return fp_attn_fwd(&p);
+  }
+};
+
+inline Outputs run_cuda(const Call& call, DeviceCall& dev) {
+  Outputs r;
+  const fp_status st = dev.run(call, nullptr, nullptr, &r.sel);
+  const cudaError_t e = cudaDeviceSynchronize();
+  r.ok = st == FP_OK && e == cudaSuccess;
+  if (st != FP_OK) r.error = std::string("cuda: ") + fp_status_name(st) + ": " + fp_last_error();
+  else if (e != cudaSuccess) r.error = std::string("cuda runtime: ") + cudaGetErrorString(e);
+  r.out = call.out, r.lse = call.lse, r.k = call.k, r.v = call.v;
+  if (r.ok) {
+    dev.out.download(r.out);
+    if (call.c.lse) dev.lse.download(r.lse);
+    dev.k.download(r.k);
+    dev.v.download(r.v);
+  }
+  return r;
+}
+
+// Every element of out / lse that belongs to a query row, in logical order.
+inline std::vector<double> gather_rows(const Call& c, const HostTensor& t, bool is_lse) {
+  std::vector<double> r;
+  const Case& cs = c.c;
+  const auto cq = cs.varlen ? cumsum(cs.lq) : std::vector<int32_t>();
+  for (int64_t b = 0; b < cs.batch; ++b) {
+    const int64_t lq = cs.varlen ? cs.lq[b] : cs.sq;
+    for (int64_t i = 0; i < lq; ++i)
+      for (int64_t h = 0; h < cs.hq; ++h) {
+        if (is_lse) {
+          r.push_back(cs.varlen ? t.get({h, cq[b] + i}) : t.get({b, h, i}));
+        } else {
+          for (int64_t d = 0; d < cs.dv; ++d)
+            r.push_back(cs.varlen ? t.get({cq[b] + i, h, d}) : t.get({b, i, h, d}));
+        }
+      }
+  }
+  return r;
+}
+
+// Runs the case on both backends and checks: CUDA succeeded, every output element written and
+// close to the reference, no NaN, sentinels after device outputs intact, cache rows appended.
+inline void check_case(const Case& cs, fp_selection* sel_out = nullptr) {
+  SCOPED_TRACE(cs.describe());
+  Call call(cs);
+  const Outputs ref = run_reference(call);
+  ASSERT_TRUE(ref.ok) << ref.error;
+  DeviceCall dev(call);
+  const Outputs got = run_cuda(call, dev);
+  ASSERT_TRUE(got.ok) << got.error;
+  SCOPED_TRACE(std::string("kernel ") + got.sel.kernel);
+  if (sel_out) *sel_out = got.sel;
+  const double tol = flashport::test::tolerance(cs.dtype);
+  EXPECT_TRUE(flashport::test::close(gather_rows(call, got.out, false),
+                                     gather_rows(call, ref.out, false), tol, "out"));
+  EXPECT_TRUE(got.out.all_written());
+  EXPECT_TRUE(dev.out.sentinel_intact()) << "write past the end of out";
+  if (cs.lse) {
+    EXPECT_TRUE(flashport::test::close(gather_rows(call, got.lse, true),
+                                       gather_rows(call, ref.lse, true), 1e-4, "lse"));
+    EXPECT_TRUE(got.lse.all_written());
+    EXPECT_TRUE(dev.lse.sentinel_intact()) << "write past the end of lse";
+  }
+  if (cs.snew > 0) {
+    EXPECT_TRUE(flashport::test::close(got.k.to_double(), ref.k.to_double(), tol, "k cache"));
+    EXPECT_TRUE(flashport::test::close(got.v.to_double(), ref.v.to_double(), tol, "v cache"));
+    EXPECT_TRUE(dev.k.sentinel_intact());
+    EXPECT_TRUE(dev.v.sentinel_intact());
+  }
+}
+
+}  // namespace gputest
