@@ -25,6 +25,40 @@ template <int kD>
 constexpr int attn_tile_lds_bytes() { return LdsTile<kD>::bytes(16 * kAttnWaves + 2 * kAttnBlockN); }
 constexpr int attn_tile_rows() { return 16 * kAttnWaves; }  // query rows per workgroup
 
+// The kernel arguments of a validated call (host side; shared by the HIP backend and the CPU
+// emulation test, so what is tested is what is launched).
+inline FwdArgs amd_fwd_args(const Problem& p) {
+  auto aligned16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
+  auto mult8 = [](int64_t x) { return (x & 7) == 0; };
+  FwdArgs a;
+  a.q = static_cast<const uint16_t*>(p.q_ptr);
+  a.k = static_cast<const uint16_t*>(p.k_ptr);
+  a.v = static_cast<const uint16_t*>(p.v_ptr);
+  a.out = p.out_ptr;
+  a.lse = p.has_lse ? static_cast<float*>(p.lse_ptr) : nullptr;
+  a.seq = p.seq;
+  a.q_addr = p.q;
+  a.out_addr = p.out;
+  a.k_addr = p.k;
+  a.v_addr = p.v;
+  a.lse_addr = p.lse;
+  a.rules = p.rules;
+  a.k_rows_cap = p.seq.kv_layout == KvLayout::Batched ? p.seq.sk
+                 : p.seq.kv_layout == KvLayout::Paged ? p.seq.max_blocks * p.seq.page_size : 0;
+  a.num_pages = p.seq.kv_layout == KvLayout::Paged ? p.raw->k.shape[0] : 0;
+  a.hq = int32_t(p.hq), a.hkv = int32_t(p.hkv), a.d = int32_t(p.d), a.dv = int32_t(p.dv);
+  a.group = int32_t(p.group);
+  a.scale_log2 = p.rules.scale * 1.4426950408889634f;
+  if (p.rules.softcap > 0.0f) {
+    a.softcap_in = p.rules.scale / p.rules.softcap;
+    a.softcap_out = p.rules.softcap * 1.4426950408889634f;
+  }
+  a.vec_ok = aligned16(a.q) && aligned16(a.k) && aligned16(a.v) && mult8(p.q.row_stride) &&
+             mult8(p.q.head_stride) && mult8(p.q.batch_stride) && mult8(p.k.s0) && mult8(p.k.s1) &&
+             mult8(p.k.s2) && mult8(p.v.s0) && mult8(p.v.s1) && mult8(p.v.s2);
+  return a;
+}
+
 // Launches the tile for head_dim 64 or 128 (the bucket of max(d, dv)) with kAttnWaves waves of
 // the device's wave size; grid = (row blocks, query heads, batch). Defined in attn_tile_amd.hip.
 gpuError_t launch_attn_tile_amd(int head_dim, bool bf16, const FwdArgs& a, dim3 grid, int wave_size,

@@ -75,9 +75,6 @@ const char* unit_name(int gfx) {
   }
 }
 
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
-bool mult8(int64_t x) { return (x & 7) == 0; }
-
 class HipBackend final : public Backend {
  public:
   fp_backend id() const override { return FP_BACKEND_HIP; }
@@ -136,32 +133,7 @@ class HipBackend final : public Backend {
     if (plan.num_splits != 1 || plan.workspace_bytes != 0)
       return {FP_ERR_RUNTIME, "hip backend: plan does not match the call (re-select after changing it)"};
     DeviceGuard guard(p.device_index);
-    FwdArgs a;
-    a.q = static_cast<const uint16_t*>(p.q_ptr);
-    a.k = static_cast<const uint16_t*>(p.k_ptr);
-    a.v = static_cast<const uint16_t*>(p.v_ptr);
-    a.out = p.out_ptr;
-    a.lse = p.has_lse ? static_cast<float*>(p.lse_ptr) : nullptr;
-    a.seq = p.seq;
-    a.q_addr = p.q;
-    a.out_addr = p.out;
-    a.k_addr = p.k;
-    a.v_addr = p.v;
-    a.lse_addr = p.lse;
-    a.rules = p.rules;
-    a.k_rows_cap = p.seq.kv_layout == KvLayout::Batched ? p.seq.sk
-                   : p.seq.kv_layout == KvLayout::Paged ? p.seq.max_blocks * p.seq.page_size : 0;
-    a.num_pages = p.seq.kv_layout == KvLayout::Paged ? p.raw->k.shape[0] : 0;
-    a.hq = int32_t(p.hq), a.hkv = int32_t(p.hkv), a.d = int32_t(p.d), a.dv = int32_t(p.dv);
-    a.group = int32_t(p.group);
-    a.scale_log2 = p.rules.scale * 1.4426950408889634f;
-    if (p.rules.softcap > 0.0f) {
-      a.softcap_in = p.rules.scale / p.rules.softcap;
-      a.softcap_out = p.rules.softcap * 1.4426950408889634f;
-    }
-    a.vec_ok = aligned16(a.q) && aligned16(a.k) && aligned16(a.v) && mult8(p.q.row_stride) &&
-               mult8(p.q.head_stride) && mult8(p.q.batch_stride) && mult8(p.k.s0) && mult8(p.k.s1) &&
-               mult8(p.k.s2) && mult8(p.v.s0) && mult8(p.v.s1) && mult8(p.v.s2);
+    const FwdArgs a = amd_fwd_args(p);
     const int64_t row_blocks = (p.seq.sq + attn_tile_rows() - 1) / attn_tile_rows();
     if (row_blocks > 0x7fffffff || p.hq > 65535 || p.seq.batch > 65535)
       return unsupported("hip backend: grid too large (heads and batch <= 65535)");

@@ -17,7 +17,9 @@
 #include <cstdint>
 
 #include "amd_layouts.hpp"
+#if !defined(FP_AMD_EMULATION)
 #include "vendor.hpp"
+#endif
 
 namespace flashport::gpu {
 
@@ -44,7 +46,10 @@ namespace flashport::gpu {
 #define FP_AMD_GFX 0  // host pass, or a gfx without a matrix unit here: the plain path
 #endif
 
-#if defined(__HIP_DEVICE_COMPILE__) && (FP_AMD_GFX == 0x90a || (FP_AMD_GFX >= 0x940 && FP_AMD_GFX <= 0x942))
+#if defined(FP_AMD_EMULATION)  // CPU emulation of one target's layout (tests/amd), never a build
+#define FP_AMD_EMULATED 1
+using AmdLayout = FP_AMD_EMULATION_LAYOUT;
+#elif defined(__HIP_DEVICE_COMPILE__) && (FP_AMD_GFX == 0x90a || (FP_AMD_GFX >= 0x940 && FP_AMD_GFX <= 0x942))
 #define FP_AMD_MFMA 1
 using AmdLayout = amd::Mfma16x16x16;
 #elif defined(__HIP_DEVICE_COMPILE__) && defined(__GFX11__)
@@ -174,6 +179,7 @@ __device__ __forceinline__ void load_cols(Frag16& f, const uint16_t* tile, int r
 }
 
 // ---- multiply-accumulate: c += a * b -----------------------------------------------------------
+#if !defined(FP_AMD_EMULATED)  // clang vector types of the builtins
 typedef _Float16 fp_v4h __attribute__((ext_vector_type(4)));
 typedef _Float16 fp_v8h __attribute__((ext_vector_type(8)));
 typedef _Float16 fp_v16h __attribute__((ext_vector_type(16)));
@@ -182,10 +188,13 @@ typedef short fp_v8s __attribute__((ext_vector_type(8)));
 typedef short fp_v16s __attribute__((ext_vector_type(16)));
 typedef float fp_v4f __attribute__((ext_vector_type(4)));
 typedef float fp_v8f __attribute__((ext_vector_type(8)));
+#endif
 
 template <typename Elem>
 __device__ __forceinline__ void mma(Acc16& c, const Frag16& a, const Frag16& b) {
-#if defined(FP_AMD_MFMA)
+#if defined(FP_AMD_EMULATED)
+  emulated_mma<AmdLayout, Elem>(c.r, a.r, b.r);  // the instruction, from the layout (tests/amd)
+#elif defined(FP_AMD_MFMA)
   const fp_v4f acc = __builtin_bit_cast(fp_v4f, c);
   if constexpr (Elem::kIsBf16)
     c = __builtin_bit_cast(Acc16, __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(

@@ -1,0 +1,109 @@
+// A CPU emulation of one workgroup of the AMD kernels, for tests only: every lane is a
+// cooperative context (ucontext) of one OS thread; __syncthreads, cross-lane shuffles and the
+// matrix instruction are barriers at which all live lanes meet. The instruction itself is
+// computed from the lane layouts of src/gpu/amd_layouts.hpp (which tests/amd/layout_test.cpp
+// checks against AMD's documentation), so the kernel source runs unchanged except for the one
+// builtin call. Include this before src/gpu/tile_mma_amd.hpp, with FP_AMD_EMULATION_LAYOUT and
+// FP_AMD_EMULATION_WAVE defined.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+
+#include "gpu/amd_layouts.hpp"
+
+#ifndef FP_AMD_EMULATION
+#define FP_AMD_EMULATION 1
+#endif
+
+namespace simt {
+
+struct Idx3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+// The lane being run and the workgroup being emulated.
+Idx3 thread_idx();
+Idx3 block_idx();
+// All live lanes of the workgroup reach this point before any passes it.
+void barrier();
+// Runs `body` as `threads` lanes of workgroup `block` to completion.
+void run_block(unsigned threads, Idx3 block, const std::function<void()>& body);
+// Scratch shared by the lanes of the running workgroup (for shuffles and the instruction).
+uint32_t* exchange_words(size_t words);
+
+}  // namespace simt
+
+// ---- the HIP spellings the kernel sources use ------------------------------------------------------
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static  // one workgroup runs at a time
+#define threadIdx (::simt::thread_idx())
+#define blockIdx (::simt::block_idx())
+#define __syncthreads() ::simt::barrier()
+#define __expf expf
+#define __log2f log2f
+
+struct uint2 {
+  uint32_t x, y;
+};
+struct uint4 {
+  uint32_t x, y, z, w;
+};
+inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return {x, y, z, w}; }
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+using gpuError_t = int;
+using gpuStream_t = void*;
+constexpr int kWarpSize = FP_AMD_EMULATION_WAVE;
+#ifndef FLASHPORT_GPU_ARCHS
+#define FLASHPORT_GPU_ARCHS "cpu-emulation"
+#endif
+
+namespace flashport::gpu {
+
+// Value of `v` in lane (own lane ^ mask) of the same wave.
+template <typename T>
+inline T shfl_xor(T v, int mask) {
+  static_assert(sizeof(T) == 4, "32-bit shuffles");
+  const unsigned tid = simt::thread_idx().x, base = tid / kWarpSize * kWarpSize;
+  uint32_t* slots = simt::exchange_words(1024);
+  slots[tid] = __builtin_bit_cast(uint32_t, v);
+  simt::barrier();
+  const uint32_t r = slots[base + ((tid % kWarpSize) ^ unsigned(mask))];
+  simt::barrier();
+  return __builtin_bit_cast(T, r);
+}
+inline float fast_exp2(float x) { return exp2f(x); }
+inline float fast_log2(float x) { return log2f(x); }
+
+// D = A B + C for one wave, every lane holding its registers in the layout L: each lane publishes
+// its A and B words, then computes its own accumulators from the published operands.
+template <typename L, typename Elem>
+inline void emulated_mma(float* c, const uint32_t* a, const uint32_t* b) {
+  constexpr int kA = L::kAElems / 2, kB = L::kBElems / 2, W = L::kWaveSize;
+  const unsigned tid = simt::thread_idx().x, lane = tid % W, wave = tid / W;
+  uint32_t* words = simt::exchange_words(1024 * (kA + kB));
+  uint32_t* wa = words + size_t(wave) * W * (kA + kB);
+  uint32_t* wb = wa + W * kA;
+  for (int i = 0; i < kA; ++i) wa[lane * kA + i] = a[i];
+  for (int i = 0; i < kB; ++i) wb[lane * kB + i] = b[i];
+  simt::barrier();
+  auto elem = [](const uint32_t* w, int per_lane, amd::LaneElem at) {
+    const uint32_t word = w[at.lane * per_lane + at.elem / 2];
+    return Elem::bits_to_float((at.elem & 1) ? word >> 16 : word & 0xffffu);
+  };
+  for (int e = 0; e < L::kCElems; ++e) {
+    const int i = L::c_row(int(lane), e), j = L::c_col(int(lane), e);
+    float acc = c[e];
+    for (int k = 0; k < 16; ++k) acc = fmaf(elem(wa, kA, L::a_at(i, k)), elem(wb, kB, L::b_at(k, j)), acc);
+    c[e] = acc;
+  }
+  simt::barrier();
+}
+
+}  // namespace flashport::gpu
