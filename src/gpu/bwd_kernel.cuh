@@ -19,10 +19,70 @@
 
 #include "bwd_launch.hpp"
 #include "core/philox.hpp"
-#include "fwd_kernel.cuh"  // KvRows, load_chunk, tanh_accurate, kLog2e
 #include "tile_mma.hpp"
 
 namespace flashport::gpu {
+
+constexpr float kBwdLog2e = 1.4426950408889634f;
+constexpr int kBwdMaxDevices = 64;
+
+// Element offset of key row j of sequence b, head kvh in a batched or packed k-like tensor (the
+// backward takes no paged cache and no cache_batch_idx: resolve_bwd declines them).
+struct BwdKvRows {
+  int64_t base = 0, stride = 0;
+  __device__ __forceinline__ BwdKvRows(const SeqInfo& s, const KvAddr& a, int64_t b, int64_t kvh) {
+    if (a.layout == KvLayout::Packed) {
+      base = s.k_start(b) * a.s0 + kvh * a.s2;
+      stride = a.s0;
+    } else {
+      base = b * a.s0 + kvh * a.s2;
+      stride = a.s1;
+    }
+  }
+  __device__ __forceinline__ int64_t at(int j) const { return base + int64_t(j) * stride; }
+};
+
+// 4 bytes global -> shared; src_bytes 0 stores zero (rows past the end).
+__device__ __forceinline__ void bwd_cp_async_4(void* smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),
+               "r"(src_bytes));
+}
+
+// dq_acc[0..1] += (x, y): one vector reduction on sm_90, two scalar ones before.
+__device__ __forceinline__ void bwd_add_pair(float* dst, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x, y));
+#else
+  atomicAdd(dst, x);
+  atomicAdd(dst + 1, y);
+#endif
+}
+
+// tanh through exp (relative error ~1e-6, like the forward's; fast-math's MUFU tanh is ~1e-3).
+__device__ __forceinline__ float bwd_tanh(float x) {
+  const float e = __expf(-2.0f * fabsf(x));
+  return copysignf((1.0f - e) / (1.0f + e), x);
+}
+
+// One 16-byte chunk (8 elements from column c*8) of a row into a swizzled shared tile; rows past
+// the end (src == nullptr) and columns past `limit` are zeros; unaligned tensors go scalar.
+__device__ __forceinline__ void bwd_load_chunk(uint16_t* dst, const uint16_t* src_row, int c,
+                                               int limit, bool vec_ok) {
+  const int col = c * 8;
+  if (src_row != nullptr && vec_ok && col + 8 <= limit) {
+    cp_async_16(dst, src_row + col, 16);
+    return;
+  }
+  uint16_t e[8];
+#pragma unroll
+  for (int t = 0; t < 8; ++t) e[t] = (src_row != nullptr && col + t < limit) ? src_row[col + t] : 0;
+  uint4 w;
+  w.x = e[0] | (uint32_t(e[1]) << 16);
+  w.y = e[2] | (uint32_t(e[3]) << 16);
+  w.z = e[4] | (uint32_t(e[5]) << 16);
+  w.w = e[6] | (uint32_t(e[7]) << 16);
+  *reinterpret_cast<uint4*>(dst) = w;
+}
 
 // A fragment of rows [row0, row0+16) x k columns [k0, k0+16) of the TRANSPOSE of a row-major
 // shared tile stored [k][m] (dQ = dS K reads dS from the dS^T tile). Same register layout as
@@ -36,12 +96,18 @@ __device__ __forceinline__ void load_a_trans(FragA& a, const uint16_t* tile, int
   ldmatrix_x4_trans(a.r, smem_u32(tile + SmemTile<kCols>::offset(row, chunk)));
 }
 
-// First key block that visits query block m (deterministic-mode ordering): key blocks n visit m
-// iff their query range [i_first(n), i_end(n)) meets [m*BM, m*BM+BM); both ends grow with n.
-__device__ __forceinline__ int first_key_block(int m, int bm, int bn, int shift, int wl) {
-  if (wl < 0) return 0;
-  const int x = m * bm - wl + shift;
-  return x < 0 ? 0 : x / bn;
+// Last key block that visits query block m (deterministic mode adds the key blocks' dQ parts in
+// descending key order). Key block n visits m iff its query range [i_first(n), i_end(n)) meets
+// [m*BM, min(m*BM+BM, lq)); both ends grow with n, so the visitors are a contiguous range of n.
+// Descending order pipelines causal masks: the last visitor of a query block is the key block
+// that starts there, so no block waits for a block that is still far from that query block.
+__device__ __forceinline__ int last_key_block(int m, int bm, int bn, int lq, int lk, int shift, int wr) {
+  const int last = (lk - 1) / bn;
+  if (wr < 0) return last;
+  const int top = (m + 1) * bm < lq ? (m + 1) * bm : lq;  // i_first(n) = n*bn - shift - wr < top
+  const int x = top + shift + wr;                          // n*bn < x
+  const int n = x <= 0 ? -1 : (x + bn - 1) / bn - 1;
+  return n < last ? n : last;
 }
 
 template <int kTile, typename Elem>
@@ -72,7 +138,10 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
   float* sDs = sL + 2 * BM;                              // [2][BM] D
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int n_blk = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  // Deterministic mode launches key blocks in descending order: a block only waits for blocks
+  // launched before it (no deadlock whatever the residency).
+  const int n_blk = a.deterministic ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  const int kvh = blockIdx.y, b = blockIdx.z;
   const int n0 = n_blk * BN;
   const ScoreRules& R = a.rules;
 
@@ -113,13 +182,13 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
     const int steps = nm * a.group;
 
     if (steps > 0) {
-      const KvRows krows(a.seq, a.k_addr, b, kvh, 0);
-      const KvRows vrows(a.seq, a.v_addr, b, kvh, 0);
+      const BwdKvRows krows(a.seq, a.k_addr, b, kvh);
+      const BwdKvRows vrows(a.seq, a.v_addr, b, kvh);
       for (int idx = tid; idx < BN * kChunks; idx += NT) {
         const int r = idx / kChunks, c = idx % kChunks;
         const int j = n0 + r;
-        load_chunk(sK + SmemTile<D>::offset(r, c), j < lk ? a.k + krows.at(j) : nullptr, c, a.d, a.vec_ok);
-        load_chunk(sV + SmemTile<D>::offset(r, c), j < lk ? a.v + vrows.at(j) : nullptr, c, a.dv, a.vec_ok);
+        bwd_load_chunk(sK + SmemTile<D>::offset(r, c), j < lk ? a.k + krows.at(j) : nullptr, c, a.d, a.vec_ok);
+        bwd_load_chunk(sV + SmemTile<D>::offset(r, c), j < lk ? a.v + vrows.at(j) : nullptr, c, a.dv, a.vec_ok);
       }
       // Q, dO, LSE, D of step s into buffer `buf`.
       auto load_step = [&](int s, int buf) {
@@ -132,20 +201,24 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
           const int i = m * BM + r;
           const uint16_t* qs = i < lq ? a.q + a.q_addr.at(b, q_start, i, h) : nullptr;
           const uint16_t* os = i < lq ? a.dout + a.dout_addr.at(b, q_start, i, h) : nullptr;
-          load_chunk(q_dst + SmemTile<D>::offset(r, c), qs, c, a.d, a.vec_ok);
-          load_chunk(o_dst + SmemTile<D>::offset(r, c), os, c, a.dv, a.vec_ok);
+          bwd_load_chunk(q_dst + SmemTile<D>::offset(r, c), qs, c, a.d, a.vec_ok);
+          bwd_load_chunk(o_dst + SmemTile<D>::offset(r, c), os, c, a.dv, a.vec_ok);
         }
+        // Rows past Lq get lse 0 and D 0: with their q and dO rows zero, their P is finite and
+        // their dS and dV contributions are exactly 0 (dO = 0, dP = 0, D = 0).
         if (tid < BM) {
           const int i = m * BM + tid;
-          const int64_t wrow = int64_t(h) * a.total_rows + ws_row0 + i;
-          sL[buf * BM + tid] = i < lq ? a.ws_lse2[wrow] : INFINITY;
-          sDs[buf * BM + tid] = i < lq ? a.ws_dsum[wrow] : 0.0f;
+          const bool in = i < lq;
+          const int64_t wrow = in ? int64_t(h) * a.total_rows + ws_row0 + i : 0;
+          bwd_cp_async_4(sL + buf * BM + tid, a.ws_lse2 + wrow, in ? 4 : 0);
+          bwd_cp_async_4(sDs + buf * BM + tid, a.ws_dsum + wrow, in ? 4 : 0);
         }
       };
       load_step(0, 0);
       cp_async_commit();
 
       const int q_ksteps = (a.d + 15) / 16;
+      const bool full = a.d == D && a.dv == D;
       const int v_ksteps = (a.dv + 15) / 16;
       const float keep_scale = R.dropout_p > 0.0f ? 1.0f / (1.0f - R.dropout_p) : 1.0f;
 
@@ -174,9 +247,13 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
         for (int t = 0; t < ST; ++t)
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc_s[t].r[e] = 0.0f, acc_dp[t].r[e] = 0.0f;
+        // kFull (head dims filling the bucket, the common case): straight-line loops the scheduler
+        // can pipeline; otherwise the steps past d / dv are skipped.
+        auto stage1 = [&](auto full_tag) {
+          constexpr bool kFull = decltype(full_tag)::value;
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
-          if (ks < q_ksteps) {
+          if (kFull || ks < q_ksteps) {
             FragA ka;
             load_a<D>(ka, sK, kg * 16, ks * 16, lane);
 #pragma unroll
@@ -187,7 +264,7 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
               mma<Elem>(acc_s[2 * np + 1], ka, qb.r[2], qb.r[3]);
             }
           }
-          if (ks < v_ksteps) {
+          if (kFull || ks < v_ksteps) {
             FragA va;
             load_a<D>(va, sV, kg * 16, ks * 16, lane);
 #pragma unroll
@@ -199,12 +276,14 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
             }
           }
         }
+        };
+        if (full) stage1(std::true_type{}); else stage1(std::false_type{});
 
         // ---- P and dS (element (key j, query i)) ----------------------------------------------
         const bool need_mask = n0 + BN > lk || (wr >= 0 && n0 + BN - 1 > i0 + shift + wr) ||
                                (wl >= 0 && n0 < i0 + BM - 1 + shift - wl);
         const bool softcap = a.softcap_in > 0.0f;
-        const float slope_log2 = R.alibi ? -R.alibi_slope(b, h) * kLog2e : 0.0f;
+        const float slope_log2 = R.alibi ? -R.alibi_slope(b, h) * kBwdLog2e : 0.0f;
 #pragma unroll
         for (int t = 0; t < ST; ++t)
 #pragma unroll
@@ -215,7 +294,7 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
             float sc = acc_s[t].r[e];
             float dtanh = 1.0f;
             if (softcap) {
-              const float th = tanh_accurate(sc * a.softcap_in);
+              const float th = bwd_tanh(sc * a.softcap_in);
               sc = a.softcap_out * th;
               dtanh = 1.0f - th * th;
             } else {
@@ -250,6 +329,8 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
         __syncthreads();  // P^T, dS^T complete
 
         // ---- stage 2: dV += P^T dO, dK += dS^T Q -------------------------------------------------
+        auto stage2 = [&](auto full_tag) {
+          constexpr bool kFull = decltype(full_tag)::value;
 #pragma unroll
         for (int ks = 0; ks < BM / 16; ++ks) {
           FragA pa, da;
@@ -258,13 +339,13 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
 #pragma unroll
           for (int dp = 0; dp < DT / 2; ++dp) {
             const int col = qg * DC + dp * 16;
-            if (col < a.dv) {
+            if (kFull || col < a.dv) {
               FragBPair ob;
               load_b_trans<D>(ob, tdO, ks * 16, col, lane);
               mma<Elem>(acc_dv[2 * dp], pa, ob.r[0], ob.r[1]);
               mma<Elem>(acc_dv[2 * dp + 1], pa, ob.r[2], ob.r[3]);
             }
-            if (col < a.d) {
+            if (kFull || col < a.d) {
               FragBPair qb;
               load_b_trans<D>(qb, tQ, ks * 16, col, lane);
               mma<Elem>(acc_dk[2 * dp], da, qb.r[0], qb.r[1]);
@@ -272,6 +353,8 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
             }
           }
         }
+        };
+        if (full) stage2(std::true_type{}); else stage2(std::false_type{});
 
         // ---- stage 3: dQ += dS K -------------------------------------------------------------
         FragC acc_dq[QT];
@@ -279,6 +362,8 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
         for (int t = 0; t < QT; ++t)
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc_dq[t].r[e] = 0.0f;
+        auto stage3 = [&](auto full_tag) {
+          constexpr bool kFull = decltype(full_tag)::value;
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ++ks) {
           FragA sa;
@@ -286,7 +371,7 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
 #pragma unroll
           for (int np = 0; np < QT / 2; ++np) {
             const int col = cg * QC + np * 16;
-            if (col < a.d) {
+            if (kFull || col < a.d) {
               FragBPair kb;
               load_b_trans<D>(kb, sK, ks * 16, col, lane);
               mma<Elem>(acc_dq[2 * np], sa, kb.r[0], kb.r[1]);
@@ -294,12 +379,14 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
             }
           }
         }
+        };
+        if (full) stage3(std::true_type{}); else stage3(std::false_type{});
         int32_t* sema = nullptr;
         if (a.deterministic) {
-          // Wait until the key blocks before this one (in key order) added their dQ part.
+          // Wait until the key blocks after this one added their dQ part.
           sema = a.ws_sema + (int64_t(b) * a.hq + h) * a.m_blocks + m;
           if (tid == 0) {
-            const int target = n_blk - first_key_block(m, BM, BN, shift, wl);
+            const int target = last_key_block(m, BM, BN, lq, lk, shift, wr) - n_blk;
             while (atomicAdd(sema, 0) != target) __nanosleep(64);
             __threadfence();
           }
@@ -315,10 +402,7 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
 #pragma unroll
               for (int t = 0; t < QT; ++t) {
                 const int col = cg * QC + t * 8 + (lane & 3) * 2;
-                if (col < a.d) {
-                  atomicAdd(row + col, acc_dq[t].r[hf * 2]);
-                  atomicAdd(row + col + 1, acc_dq[t].r[hf * 2 + 1]);
-                }
+                if (col < a.d) bwd_add_pair(row + col, acc_dq[t].r[hf * 2], acc_dq[t].r[hf * 2 + 1]);
               }
             }
           }
@@ -332,8 +416,8 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
 
   // ---- epilogue: dK = scale * acc, dV; rows past Lk of a batched tensor get 0 -----------------
   const int row_limit = a.k_rows_cap > 0 ? static_cast<int>(a.k_rows_cap) : lk;
-  const KvRows dkrows(a.seq, a.dk_addr, b, kvh, 0);
-  const KvRows dvrows(a.seq, a.dv_addr, b, kvh, 0);
+  const BwdKvRows dkrows(a.seq, a.dk_addr, b, kvh);
+  const BwdKvRows dvrows(a.seq, a.dv_addr, b, kvh);
   using T = typename Elem::T;
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
@@ -368,9 +452,9 @@ template <int kTile, bool kBf16>
 BwdKernelInfo bwd_kernel_info(int device) {
   using Elem = std::conditional_t<kBf16, BFloat16, Half>;
   constexpr BwdTile C = kBwdTiles[kTile];
-  static BwdKernelInfo cache[kMaxDevices];
-  static std::atomic<bool> ready[kMaxDevices];
-  if (device < 0 || device >= kMaxDevices) return BwdKernelInfo{gpuErrorInvalidDevice};
+  static BwdKernelInfo cache[kBwdMaxDevices];
+  static std::atomic<bool> ready[kBwdMaxDevices];
+  if (device < 0 || device >= kBwdMaxDevices) return BwdKernelInfo{gpuErrorInvalidDevice};
   if (ready[device].load(std::memory_order_acquire)) return cache[device];
   BwdKernelInfo info;
   gpuFuncAttributes attr;

@@ -40,9 +40,19 @@ struct BwdTile {
 
 enum BwdTileId : int { kBwd64 = 0, kBwd128, kBwd256, kNumBwdTiles };
 
+// FLASHPORT_BWD_WARPS (experiments only): 8 gives D64/D128 one key group of 16 keys per warp over
+// all 64 query columns (larger warp tiles, fewer warps).
+#ifndef FLASHPORT_BWD_WARPS
+#define FLASHPORT_BWD_WARPS 16
+#endif
 inline constexpr BwdTile kBwdTiles[kNumBwdTiles] = {
+#if FLASHPORT_BWD_WARPS == 8
+    {64, 64, 128, 8, 1, "bwd_d64_m64n128w8"},
+    {128, 64, 128, 8, 1, "bwd_d128_m64n128w8"},
+#else
     {64, 64, 128, 16, 1, "bwd_d64_m64n128w16"},
     {128, 64, 128, 16, 1, "bwd_d128_m64n128w16"},
+#endif
     {256, 64, 64, 16, 1, "bwd_d256_m64n64w16"},
 };
 
