@@ -192,7 +192,7 @@ typedef float fp_v8f __attribute__((ext_vector_type(8)));
 
 template <typename Elem>
 __device__ __forceinline__ void mma(Acc16& c, const Frag16& a, const Frag16& b) {
-#if defined(FP_AMD_EMULATED)
+#if defined(FP_AMD_EMULATED) && !defined(FP_AMD_EMULATION_PLAIN)
   emulated_mma<AmdLayout, Elem>(c.r, a.r, b.r);  // the instruction, from the layout (tests/amd)
 #elif defined(FP_AMD_MFMA)
   const fp_v4f acc = __builtin_bit_cast(fp_v4f, c);

@@ -1,10 +1,10 @@
 // The AMD forward attention tile (src/gpu/attn_tile_amd.cuh), unchanged, run on the CPU by the
 // workgroup emulation of simt_emu.hpp in one target's register layout (this file is compiled
-// once per layout: MFMA wave64, WMMA gfx11 wave32, WMMA gfx12 wave32), against the fp64
-// reference backend. Proves the kernel's algorithm and its use of the tile-MMA layer (loads,
+// once per layout: MFMA wave64, WMMA gfx11 wave32, WMMA gfx12 wave32, and the plain path of other
+// gfx targets in wave64 and wave32), against the fp64 reference backend. Proves the kernel's algorithm and its use of the tile-MMA layer (loads,
 // transposed products, accumulator -> operand, cross-lane reductions, masks, dropout, epilogue);
 // the matrix instruction is emulated from the layouts that layout_test.cpp checks against AMD's
-// documentation. It is not a run on AMD hardware.
+// documentation (the plain path runs its own shuffle code). It is not a run on AMD hardware.
 #include "gpu/amd_layouts.hpp"
 #include "simt_emu.hpp"
 // After the emulation header:

@@ -79,6 +79,20 @@ inline T shfl_xor(T v, int mask) {
   return __builtin_bit_cast(T, r);
 }
 inline float fast_exp2(float x) { return exp2f(x); }
+}  // namespace flashport::gpu
+
+// Value of `v` in lane `src` of the same wave (the plain path's operand fetch).
+inline int __shfl(int v, int src) {
+  const unsigned tid = simt::thread_idx().x, base = tid / kWarpSize * kWarpSize;
+  uint32_t* slots = simt::exchange_words(1024);
+  slots[tid] = uint32_t(v);
+  simt::barrier();
+  const int r = int(slots[base + unsigned(src) % kWarpSize]);
+  simt::barrier();
+  return r;
+}
+
+namespace flashport::gpu {
 inline float fast_log2(float x) { return log2f(x); }
 
 // D = A B + C for one wave, every lane holding its registers in the layout L: each lane publishes
