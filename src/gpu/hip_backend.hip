@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 
+#include "amd_gate.hpp"
 #include "attn_tile_amd.cuh"
 #include "core/backend.hpp"
 
@@ -75,6 +76,8 @@ const char* unit_name(int gfx) {
   }
 }
 
+int tile_lds(int head_dim) { return head_dim == 64 ? attn_tile_lds_bytes<64>() : attn_tile_lds_bytes<128>(); }
+
 class HipBackend final : public Backend {
  public:
   fp_backend id() const override { return FP_BACKEND_HIP; }
@@ -87,18 +90,13 @@ class HipBackend final : public Backend {
   bool handles_device(fp_device_type dev) const override { return dev == FP_DEVICE_HIP; }
 
   // The gate: the device's gfx target must be one this library was built for, with the wave
-  // size its code objects were compiled for.
-  Status check_device(int index, AmdDevice* out) const {
+  // size its code objects were compiled for, and LDS for the tile (amd_gate.hpp).
+  Status check_device(int index, int kernel_lds, AmdDevice* out) const {
     const AmdDevice& d = amd_device(index);
     if (!d.ok) return unsupported("hip backend: device " + std::to_string(index) + " is not usable");
-    if (!amd::gfx_in_list(d.gfx, FLASHPORT_GPU_ARCHS))
-      return unsupported(std::string("hip backend: device ") + std::to_string(index) + " is " + d.arch_name +
-                         ", not among the built targets (" FLASHPORT_GPU_ARCHS
-                         "); rebuild with -DFLASHPORT_HIP_ARCHS including it");
-    if (d.wave_size != amd::wave_size(d.gfx))
-      return unsupported(std::string("hip backend: ") + d.arch_name + " runs wave" +
-                         std::to_string(d.wave_size) + ", the kernels were built for wave" +
-                         std::to_string(amd::wave_size(d.gfx)));
+    const std::string why =
+        amd::device_refusal(d.arch_name, d.wave_size, d.lds_per_block, kernel_lds, FLASHPORT_GPU_ARCHS);
+    if (!why.empty()) return unsupported("hip backend: device " + std::to_string(index) + ": " + why);
     *out = d;
     return Status::ok();
   }
@@ -112,13 +110,9 @@ class HipBackend final : public Backend {
     if (p.num_splits >= 2) return unsupported("hip backend: split-KV is not ported to AMD yet (num_splits must be 0 or 1)");
     if (p.seq.snew > 0 || p.rotary_dim > 0)
       return unsupported("hip backend: KV-cache append / rotary is not ported to AMD yet");
-    AmdDevice dev;
-    FP_RETURN_IF_ERROR(check_device(p.device_index, &dev));
     const int head_dim = std::max(p.d, p.dv) <= 64 ? 64 : 128;
-    const int lds = head_dim == 64 ? attn_tile_lds_bytes<64>() : attn_tile_lds_bytes<128>();
-    if (lds > std::min(dev.lds_per_block, amd::lds_bytes_per_workgroup(dev.gfx)))
-      return unsupported("hip backend: the d" + std::to_string(head_dim) + " tile needs " + std::to_string(lds) +
-                         " bytes of LDS, " + dev.arch_name + " allows " + std::to_string(dev.lds_per_block));
+    AmdDevice dev;
+    FP_RETURN_IF_ERROR(check_device(p.device_index, tile_lds(head_dim), &dev));
     std::snprintf(plan->kernel, sizeof(plan->kernel), "hip:attn_tile_d%d:%s:%s:%s", head_dim,
                   p.dtype == FP_BF16 ? "bf16" : "fp16", unit_name(dev.gfx), dev.arch_name);
     plan->workspace_bytes = 0;
@@ -129,7 +123,7 @@ class HipBackend final : public Backend {
 
   Status run_fwd(const Problem& p, const Plan& plan, void*) const override {
     AmdDevice dev;
-    FP_RETURN_IF_ERROR(check_device(p.device_index, &dev));
+    FP_RETURN_IF_ERROR(check_device(p.device_index, tile_lds(plan.kernel_id), &dev));
     if (plan.num_splits != 1 || plan.workspace_bytes != 0)
       return {FP_ERR_RUNTIME, "hip backend: plan does not match the call (re-select after changing it)"};
     DeviceGuard guard(p.device_index);
