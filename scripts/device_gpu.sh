@@ -30,6 +30,21 @@ ninja -C build-dev -j"$jobs" gpu_tests fpbench > "$OUT/build.log" 2>&1 || { grep
 echo "build: $(( $(date +%s) - tb )) s"
 
 test_summary="(not run)"
+rm -f "$OUT/cmake.log" "$OUT/build.log"  # only kept when a build fails (8 files come back)
+if [ "$mode" = variants ]; then
+  # Tile-table experiments (FLASHPORT_FWD_TILE_VARIANT=N in tile_config.hpp), prefill only.
+  for var in ${FP_VARIANTS:-1}; do
+    echo "== variant $var (FLASHPORT_FWD_TILE_VARIANT=$var)"
+    cmake -S . -B build-var$var -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHPORT_CUDA=ON -DFLASHPORT_CPU=OFF \
+      -DFLASHPORT_CLI=OFF -DFLASHPORT_TESTS=OFF -DFLASHPORT_CUDA_BENCH=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+      -DCMAKE_CUDA_FLAGS=-DFLASHPORT_FWD_TILE_VARIANT=$var > /dev/null 2>&1 &&
+      ninja -C build-var$var -j"$jobs" fpbench > /dev/null 2>&1 || echo "variant build failed"
+    PYTHONUNBUFFERED=1 timeout 200 python3 bench/gpu/bench_fwd.py --lib build-var$var/bench/gpu/libfpbench.so \
+      --out /tmp/var$var --only prefill --dims "${FP_VARIANT_DIMS:-64,128,256}" > /tmp/var$var.log 2>&1
+    echo "variant $var bench rc=$?"; grep "^| [0-9]" /tmp/var$var/gpu_bench.md | tee -a "$OUT/variants.md"
+  done
+  mode=${FP_AFTER_VARIANTS:-all}
+fi
 if [ "$mode" = all ] || [ "$mode" = full ] || [ "$mode" = test ]; then
   echo "== gpu_tests"
   tt=$(date +%s)
@@ -49,14 +64,12 @@ if [ "$mode" = all ] || [ "$mode" = full ] || [ "$mode" = bench ]; then
 fi
 
 if [ "$mode" = full ] || [ "$mode" = ncu ]; then
-  echo "== ncu (one prefill D128 S4k call, one decode B64 Sk4k call)"
-  timeout 240 ncu --clock-control none --kernel-name regex:fwd_kernel \
+  echo "== ncu (one prefill D128 S4k call, one decode B1 Sk8k call)"
+  timeout 240 ncu --clock-control none --kernel-name regex:"fwd_kernel|merge_kernel" \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
     python3 bench/gpu/ncu_one.py build-dev/bench/gpu/libfpbench.so > "$OUT/ncu.log" 2>&1
-  grep -E "fwd_kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy|L1/TEX Hit|Bank" "$OUT/ncu.log" | head -40
-  cuobjdump -sass build-dev/src/gpu/CMakeFiles/flashport_gpu.dir/fwd_d128.cu.o > "$OUT/sass_d128.txt" 2>/dev/null
-  echo "sass lines: $(wc -l < "$OUT/sass_d128.txt")"
+  grep -E "fwd_kernel|merge_kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy|L1/TEX Hit|Bank" "$OUT/ncu.log" | head -40
 fi
 
 echo "== summary ($(( $(date +%s) - t0 )) s)"

@@ -131,6 +131,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="prefill,decode,longkv")
+    ap.add_argument("--dims", default="64,128,256", help="prefill head dims")
     args = ap.parse_args()
     torch.manual_seed(0)
     lib = load_lib(args.lib)
@@ -155,7 +156,7 @@ def main():
         emit("## Prefill forward, bf16, B*S = 16k, H*D = 2048 (TFLOPS; ratio = flashport / other)\n")
         emit("| D | S | B | causal | flashport | torch flash | cuDNN | vs flash | vs cuDNN | kernel |")
         emit("|---|---|---|---|---|---|---|---|---|---|")
-        for D in (64, 128, 256):
+        for D in [int(x) for x in args.dims.split(",")]:
             for S in (1024, 4096, 16384):
                 if args.quick and S == 16384:
                     continue

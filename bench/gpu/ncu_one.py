@@ -1,4 +1,5 @@
-"""One flashport call per shape, for ncu (scripts/device_gpu.sh ncu): prefill D128 S4k and decode."""
+"""One flashport call per shape, for ncu (scripts/device_gpu.sh ncu|full): prefill D128 S4k and
+decode B=1 Sk=8k (main kernel + split combine)."""
 import sys
 
 import torch
@@ -9,7 +10,7 @@ from bench_fwd import Flashport, load_lib  # noqa: E402
 lib = load_lib(sys.argv[1])
 fp = Flashport(lib)
 dt = torch.bfloat16
-for (B, S, H, D, Hkv, Sk, causal) in ((4, 4096, 16, 128, 16, 4096, False), (64, 1, 32, 128, 8, 4096, False)):
+for (B, S, H, D, Hkv, Sk, causal) in ((4, 4096, 16, 128, 16, 4096, False), (1, 1, 32, 128, 8, 8192, False)):
     q = torch.randn(B, S, H, D, device="cuda", dtype=dt)
     k = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=dt)
     v = torch.randn_like(k)

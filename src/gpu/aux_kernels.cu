@@ -10,13 +10,6 @@ namespace flashport::gpu {
 
 namespace {
 
-__device__ __forceinline__ float load_f(const void* p, fp_dtype t, int64_t i) {
-  switch (t) {
-    case FP_F16: return __half2float(static_cast<const __half*>(p)[i]);
-    case FP_BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
-}
 __device__ __forceinline__ void store_f(void* p, fp_dtype t, int64_t i, float v) {
   switch (t) {
     case FP_F16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
@@ -26,15 +19,40 @@ __device__ __forceinline__ void store_f(void* p, fp_dtype t, int64_t i, float v)
 }
 
 constexpr int kMergeWarps = 4;
-constexpr int kMergeChunk = 128;  // split weights staged per pass
-constexpr int kMergeCols = 8;     // output columns per lane per pass (256 per warp)
+constexpr int kMergeUnroll = 8;  // splits whose loads are in flight together
 
-// lse = log sum_s exp(lse_s); out = sum_s exp(lse_s - lse) * out_s; all -inf => out 0, lse -inf.
+// One warp per (row, 32-column chunk), one output column per lane:
+//   lse = log sum_s exp(lse_s); out = sum_s exp(lse_s - lse) * out_s; all -inf => out 0, lse -inf.
+// Loads of kMergeUnroll splits are issued before any is used (latency-bound for few rows).
+template <typename PartT>
+__device__ __forceinline__ float merge_column(const MergeArgs& a, const PartT* part, int64_t pbase,
+                                              const float* lp, float lse, int64_t col) {
+  float acc = 0.0f;
+  if (lse == -INFINITY) return acc;
+  for (int64_t s0 = 0; s0 < a.splits; s0 += kMergeUnroll) {
+    float v[kMergeUnroll], l[kMergeUnroll];
+#pragma unroll
+    for (int u = 0; u < kMergeUnroll; ++u) {
+      const int64_t sp = s0 + u;
+      const bool ok = sp < a.splits;
+      l[u] = ok ? lp[sp * a.lse_part_stride[0]] : -INFINITY;
+      v[u] = ok && col < a.dv ? float(part[pbase + sp * a.part_stride[0] + col * a.part_stride[4]]) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kMergeUnroll; ++u) {
+      const float w = l[u] == -INFINITY ? 0.0f : __expf(l[u] - lse);
+      acc += w != 0.0f ? w * v[u] : 0.0f;  // an empty split's partial may be anything
+    }
+  }
+  return acc;
+}
+
 __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_constant__ MergeArgs a) {
-  __shared__ float weights[kMergeWarps][kMergeChunk];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t row = int64_t(blockIdx.x) * kMergeWarps + warp;
-  if (row >= a.batch * a.seqlen * a.heads) return;
+  const int64_t chunks = (a.dv + 31) / 32;
+  const int64_t item = int64_t(blockIdx.x) * kMergeWarps + warp;
+  if (item >= a.batch * a.seqlen * a.heads * chunks) return;
+  const int64_t row = item / chunks, chunk = item % chunks;
   const int64_t h = row % a.heads;
   const int64_t s = (row / a.heads) % a.seqlen;
   const int64_t b = row / (a.heads * a.seqlen);
@@ -58,44 +76,65 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
   const float lse = sum > 0.0f ? mx + __logf(sum) : -INFINITY;
 
   const int64_t pbase = b * a.part_stride[1] + s * a.part_stride[2] + h * a.part_stride[3];
+  const int64_t col = chunk * 32 + lane;
+  float acc;
+  switch (a.part_dtype) {
+    case FP_F16: acc = merge_column(a, static_cast<const __half*>(a.part), pbase, lp, lse, col); break;
+    case FP_BF16: acc = merge_column(a, static_cast<const __nv_bfloat16*>(a.part), pbase, lp, lse, col); break;
+    default: acc = merge_column(a, static_cast<const float*>(a.part), pbase, lp, lse, col); break;
+  }
   const int64_t obase = (a.out_packed ? out_row * a.out_stride[1]
                                       : b * a.out_stride[0] + s * a.out_stride[1]) +
                         h * a.out_stride[2];
-  for (int64_t c0 = 0; c0 < a.dv; c0 += 32 * kMergeCols) {
-    float acc[kMergeCols];
-#pragma unroll
-    for (int t = 0; t < kMergeCols; ++t) acc[t] = 0.0f;
-    for (int64_t s0 = 0; s0 < a.splits; s0 += kMergeChunk) {
-      __syncwarp();
-      for (int t = lane; t < kMergeChunk; t += 32) {
-        const int64_t sp = s0 + t;
-        weights[warp][t] = (sp < a.splits && lse != -INFINITY)
-                               ? __expf(lp[sp * a.lse_part_stride[0]] - lse) : 0.0f;
-      }
-      __syncwarp();
-      const int64_t n = a.splits - s0 < kMergeChunk ? a.splits - s0 : kMergeChunk;
-      for (int64_t t = 0; t < n; ++t) {
-        const float w = weights[warp][t];
-        if (w == 0.0f) continue;  // empty split: its partial may be anything
-        const int64_t sb = pbase + (s0 + t) * a.part_stride[0];
-#pragma unroll
-        for (int k = 0; k < kMergeCols; ++k) {
-          const int64_t col = c0 + k * 32 + lane;
-          if (col < a.dv) acc[k] += w * load_f(a.part, a.part_dtype, sb + col * a.part_stride[4]);
-        }
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kMergeCols; ++k) {
-      const int64_t col = c0 + k * 32 + lane;
-      if (col < a.dv) store_f(a.out, a.out_dtype, obase + col * a.out_stride[3], acc[k]);
-    }
-  }
-  if (a.lse != nullptr && lane == 0) {
+  if (col < a.dv) store_f(a.out, a.out_dtype, obase + col * a.out_stride[3], acc);
+  if (a.lse != nullptr && lane == 0 && chunk == 0) {
     const int64_t li = a.lse_packed ? h * a.lse_stride[1] + out_row * a.lse_stride[2]
                                     : b * a.lse_stride[0] + h * a.lse_stride[1] + s * a.lse_stride[2];
     a.lse[li] = lse;
   }
+}
+
+__device__ __forceinline__ float load_any(const void* p, fp_dtype t, int64_t i) {
+  switch (t) {
+    case FP_F16: return __half2float(static_cast<const __half*>(p)[i]);
+    case FP_BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+// One warp per (row, split); lanes over the columns.
+__global__ void __launch_bounds__(kMergeWarps * 32) merge_bwd_kernel(const __grid_constant__ MergeBwdArgs g) {
+  const MergeArgs& a = g.fwd;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t item = int64_t(blockIdx.x) * kMergeWarps + warp;
+  if (item >= a.batch * a.seqlen * a.heads * a.splits) return;
+  const int64_t sp = item % a.splits, row = item / a.splits;
+  const int64_t h = row % a.heads;
+  const int64_t s = (row / a.heads) % a.seqlen;
+  const int64_t b = row / (a.heads * a.seqlen);
+  const float lse = a.lse[b * a.lse_stride[0] + h * a.lse_stride[1] + s * a.lse_stride[2]];
+  const float li = a.lse_part[sp * a.lse_part_stride[0] + b * a.lse_part_stride[1] +
+                              h * a.lse_part_stride[2] + s * a.lse_part_stride[3]];
+  const float w = (li == -INFINITY || lse == -INFINITY) ? 0.0f : __expf(li - lse);
+  const float dl = g.dlse ? g.dlse[b * g.dlse_stride[0] + h * g.dlse_stride[1] + s * g.dlse_stride[2]] : 0.0f;
+  const int64_t obase = b * a.out_stride[0] + s * a.out_stride[1] + h * a.out_stride[2];
+  const int64_t gbase = b * g.dout_stride[0] + s * g.dout_stride[1] + h * g.dout_stride[2];
+  const int64_t pbase = sp * a.part_stride[0] + b * a.part_stride[1] + s * a.part_stride[2] + h * a.part_stride[3];
+  const int64_t dpbase = sp * g.d_part_stride[0] + b * g.d_part_stride[1] + s * g.d_part_stride[2] +
+                         h * g.d_part_stride[3];
+  float dot = 0.0f;
+  for (int64_t d = lane; d < a.dv; d += 32) {
+    const float gd = load_any(g.dout, a.out_dtype, gbase + d * g.dout_stride[3]);
+    if (w != 0.0f)
+      dot += gd * (load_any(a.part, a.part_dtype, pbase + d * a.part_stride[4]) -
+                   load_any(a.out, a.out_dtype, obase + d * a.out_stride[3]));
+    store_f(g.d_part, a.part_dtype, dpbase + d * g.d_part_stride[4], w * gd);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) dot += shfl_xor(dot, o);
+  if (lane == 0)
+    g.d_lse_part[sp * g.d_lse_part_stride[0] + b * g.d_lse_part_stride[1] + h * g.d_lse_part_stride[2] +
+                 s * g.d_lse_part_stride[3]] = w == 0.0f ? 0.0f : w * (dot + dl);
 }
 
 // Element offset of cache row `pos` of sequence b, kv head h (page ids clamped into the pool).
@@ -186,9 +225,16 @@ gpuError_t launch_append_t(const AppendArgs& a, gpuStream_t stream) {
 }  // namespace
 
 gpuError_t launch_merge(const MergeArgs& a, gpuStream_t stream) {
-  const int64_t rows = a.batch * a.seqlen * a.heads;
-  if (rows <= 0) return gpuSuccess;
-  merge_kernel<<<unsigned((rows + kMergeWarps - 1) / kMergeWarps), kMergeWarps * 32, 0, stream>>>(a);
+  const int64_t items = a.batch * a.seqlen * a.heads * ((a.dv + 31) / 32);
+  if (items <= 0) return gpuSuccess;
+  merge_kernel<<<unsigned((items + kMergeWarps - 1) / kMergeWarps), kMergeWarps * 32, 0, stream>>>(a);
+  return gpuGetLastError();
+}
+
+gpuError_t launch_merge_bwd(const MergeBwdArgs& a, gpuStream_t stream) {
+  const int64_t items = a.fwd.batch * a.fwd.seqlen * a.fwd.heads * a.fwd.splits;
+  if (items <= 0) return gpuSuccess;
+  merge_bwd_kernel<<<unsigned((items + kMergeWarps - 1) / kMergeWarps), kMergeWarps * 32, 0, stream>>>(a);
   return gpuGetLastError();
 }
 

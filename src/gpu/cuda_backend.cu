@@ -366,8 +366,36 @@ class CudaBackend final : public Backend {
       return {FP_ERR_RUNTIME, std::string("cuda backend: merge launch: ") + gpuGetErrorString(e)};
     return Status::ok();
   }
-  Status run_merge_bwd(const MergeBwdProblem&, const Plan&) const override {
-    return unsupported("cuda backend: merge backward not implemented yet");
+  Status run_merge_bwd(const MergeBwdProblem& mb, const Plan&) const override {
+    const MergeProblem& p = mb.fwd;
+    const fp_merge_params& raw = *p.raw;
+    if (!p.has_lse || raw.lse.data == nullptr)
+      return unsupported("cuda backend: merge backward needs the forward lse");
+    DeviceGuard guard(raw.out.device_index);
+    MergeBwdArgs g;
+    MergeArgs& m = g.fwd;
+    m.part = raw.out_partials.data;
+    m.part_dtype = p.part_dtype;
+    m.lse_part = static_cast<const float*>(raw.lse_partials.data);
+    m.out = raw.out.data;
+    m.out_dtype = p.out_dtype;
+    m.lse = static_cast<float*>(raw.lse.data);
+    m.splits = p.splits, m.batch = p.batch, m.seqlen = p.seqlen, m.heads = p.heads, m.dv = p.dv;
+    std::memcpy(m.part_stride, p.part_stride, sizeof(m.part_stride));
+    std::memcpy(m.lse_part_stride, p.lse_part_stride, sizeof(m.lse_part_stride));
+    std::memcpy(m.out_stride, p.out_stride, sizeof(m.out_stride));
+    std::memcpy(m.lse_stride, p.lse_stride, sizeof(m.lse_stride));
+    g.dout = mb.raw->dout.data;
+    g.dlse = mb.has_dlse ? static_cast<const float*>(mb.raw->dlse.data) : nullptr;
+    g.d_part = mb.raw->d_out_partials.data;
+    g.d_lse_part = static_cast<float*>(mb.raw->d_lse_partials.data);
+    std::memcpy(g.dout_stride, mb.dout_stride, sizeof(g.dout_stride));
+    std::memcpy(g.dlse_stride, mb.dlse_stride, sizeof(g.dlse_stride));
+    std::memcpy(g.d_part_stride, mb.d_part_stride, sizeof(g.d_part_stride));
+    std::memcpy(g.d_lse_part_stride, mb.d_lse_part_stride, sizeof(g.d_lse_part_stride));
+    if (gpuError_t e = launch_merge_bwd(g, static_cast<gpuStream_t>(raw.stream)); e != gpuSuccess)
+      return {FP_ERR_RUNTIME, std::string("cuda backend: merge backward launch: ") + gpuGetErrorString(e)};
+    return Status::ok();
   }
 };
 

@@ -191,7 +191,8 @@ __global__ void __launch_bounds__(kTileConfigs[kTile].threads(), kTileConfigs[kT
   uint16_t* sV = sK + BN * D;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int m0 = blockIdx.x * BM;
+  // Heaviest query blocks first (causal: the last rows see the most keys), lighter ones fill the tail.
+  const int m0 = (gridDim.x - 1 - blockIdx.x) * BM;
   const int head_idx = blockIdx.y;  // query head (pack == 1) or kv head (packed GQA)
   const int b = blockIdx.z / a.splits;
   const int split = blockIdx.z - b * a.splits;

@@ -23,6 +23,7 @@ template <int kTile, bool kBf16>
 gpuError_t launch_fwd(const FwdArgs& a, dim3 grid, gpuStream_t stream);
 
 gpuError_t launch_merge(const MergeArgs& a, gpuStream_t stream);
+gpuError_t launch_merge_bwd(const MergeBwdArgs& a, gpuStream_t stream);
 gpuError_t launch_append(const AppendArgs& a, bool bf16, gpuStream_t stream);
 
 // Number of kernel template instances the build compiles (printed by CMake, checked by a test).

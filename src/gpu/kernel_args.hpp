@@ -53,6 +53,20 @@ struct MergeArgs {
   bool out_packed = false, lse_packed = false;
 };
 
+// Backward of the merge: d_part_s = w_s * dout, d_lse_s = w_s * (dlse + <dout, part_s - out>),
+// w_s = exp(lse_s - lse) (0 where either is -inf). Strides as in MergeArgs (no packed output).
+struct MergeBwdArgs {
+  MergeArgs fwd;             // part, lse_part, out (read), lse (read), shapes and strides
+  const void* dout = nullptr;
+  const float* dlse = nullptr;
+  void* d_part = nullptr;
+  float* d_lse_part = nullptr;
+  int64_t dout_stride[4] = {0, 0, 0, 0};
+  int64_t dlse_stride[3] = {0, 0, 0};
+  int64_t d_part_stride[5] = {0, 0, 0, 0, 0};
+  int64_t d_lse_part_stride[4] = {0, 0, 0, 0};
+};
+
 // KV-cache append (with rotary) and rotary of q into the workspace.
 struct AppendArgs {
   SeqInfo seq;

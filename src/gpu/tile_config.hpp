@@ -20,6 +20,10 @@ struct TileConfig {
   constexpr int smem_bytes() const { return (block_m + 2 * block_n * stages) * head_dim * 2; }
 };
 
+#ifndef FLASHPORT_FWD_TILE_VARIANT
+#define FLASHPORT_FWD_TILE_VARIANT 0
+#endif
+
 // Indices into kTileConfigs; also the Plan::kernel_id (times 2, + 1 for bf16).
 enum TileId : int {
   kPrefill64 = 0,
@@ -32,9 +36,25 @@ enum TileId : int {
 };
 
 inline constexpr TileConfig kTileConfigs[kNumTileIds] = {
+#if FLASHPORT_FWD_TILE_VARIANT == 1  // experiments only (scripts/device_gpu.sh variants)
+    {64, 128, 128, 4, 2, 1, "prefill_d64_m128n128w4"},
+#elif FLASHPORT_FWD_TILE_VARIANT == 2
+    {64, 64, 64, 4, 3, 1, "prefill_d64_m64n64w4"},
+#elif FLASHPORT_FWD_TILE_VARIANT == 3
+    {64, 128, 64, 8, 2, 1, "prefill_d64_m128n64w8"},
+#elif FLASHPORT_FWD_TILE_VARIANT == 4
+    {64, 128, 64, 4, 2, 2, "prefill_d64_m128n64w4s2"},
+#else
     {64, 128, 64, 4, 2, 1, "prefill_d64_m128n64w4"},
+#endif
+#if FLASHPORT_FWD_TILE_VARIANT == 4
+    {128, 128, 64, 4, 2, 2, "prefill_d128_m128n64w4s2"},
+#else
     {128, 128, 64, 4, 2, 1, "prefill_d128_m128n64w4"},
-    {256, 128, 64, 8, 1, 1, "prefill_d256_m128n64w8"},
+#endif
+    // 64 x 64 with 4 warps, two blocks per SM, measured 0.86-1.03x FA2 against 0.75-0.93x for
+    // FA2's own 128 x 64 x 8-warp shape (gpu_bench_v4*.md).
+    {256, 64, 64, 4, 2, 1, "prefill_d256_m64n64w4"},
     {64, 64, 64, 4, 3, 3, "decode_d64_m64n64w4s3"},
     {128, 64, 64, 4, 2, 3, "decode_d128_m64n64w4s3"},
     {256, 64, 64, 4, 2, 2, "decode_d256_m64n64w4s2"},

@@ -135,7 +135,7 @@ __device__ __forceinline__ FragA acc_to_a(const FragC& lo, const FragC& hi) {
 // --- asynchronous global -> shared copies ---------------------------------------------------
 // 16 bytes; src_bytes 0 fills the destination with zeros (rows past the end).
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)),
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)),
                "l"(gmem), "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }

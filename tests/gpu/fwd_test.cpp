@@ -307,6 +307,53 @@ TEST(CudaMerge, MatchesReference) {
   }
 }
 
+TEST(CudaMerge, BackwardMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 4, b = 2, s = 19, h = 3, dv = 40;
+  HostTensor parts(FP_F32, {n, b, s, h, dv}), lses(FP_F32, {n, b, h, s});
+  parts.fill_normal();
+  lses.fill_uniform(-2, 2);
+  for (int64_t i = 0; i < s; i += 4) lses.set({2, 1, 0, i}, -INFINITY);
+  HostTensor out(FP_F32, {b, s, h, dv}), lse(FP_F32, {b, h, s}), dout(FP_F32, {b, s, h, dv}),
+      dlse(FP_F32, {b, h, s});
+  dout.fill_normal();
+  dlse.fill_normal();
+  // Forward on the reference (fp32 tensors) gives out/lse for both backward runs.
+  fp_merge_params f;
+  fp_merge_params_init(&f);
+  f.backend = FP_BACKEND_REFERENCE;
+  f.out_partials = parts.view(), f.lse_partials = lses.view(), f.out = out.view(), f.lse = lse.view();
+  ASSERT_EQ(fp_merge_fwd(&f), FP_OK) << fp_last_error();
+  HostTensor dp_ref(FP_F32, parts.shape()), dl_ref(FP_F32, lses.shape());
+  fp_merge_bwd_params r;
+  fp_merge_bwd_params_init(&r);
+  r.fwd = f;
+  r.dout = dout.view(), r.dlse = dlse.view();
+  r.d_out_partials = dp_ref.view(), r.d_lse_partials = dl_ref.view();
+  ASSERT_EQ(fp_merge_bwd(&r), FP_OK) << fp_last_error();
+
+  DevBuf d_parts, d_lses, d_out, d_lse, d_dout, d_dlse, d_dp, d_dl;
+  HostTensor dp(FP_F32, parts.shape()), dl(FP_F32, lses.shape());
+  dp.fill_poison();
+  dl.fill_poison();
+  d_parts.upload(parts), d_lses.upload(lses), d_out.upload(out), d_lse.upload(lse);
+  d_dout.upload(dout), d_dlse.upload(dlse), d_dp.upload(dp), d_dl.upload(dl);
+  fp_merge_bwd_params g;
+  fp_merge_bwd_params_init(&g);
+  g.fwd.backend = FP_BACKEND_CUDA;
+  g.fwd.out_partials = d_parts.view(parts), g.fwd.lse_partials = d_lses.view(lses);
+  g.fwd.out = d_out.view(out), g.fwd.lse = d_lse.view(lse);
+  g.dout = d_dout.view(dout), g.dlse = d_dlse.view(dlse);
+  g.d_out_partials = d_dp.view(dp), g.d_lse_partials = d_dl.view(dl);
+  ASSERT_EQ(fp_merge_bwd(&g), FP_OK) << fp_last_error();
+  CUDA_OK(cudaDeviceSynchronize());
+  d_dp.download(dp), d_dl.download(dl);
+  EXPECT_TRUE(close(dp, dp_ref, 1e-5, "d_out_partials"));
+  EXPECT_TRUE(close(dl, dl_ref, 1e-4, "d_lse_partials"));
+  EXPECT_TRUE(d_dp.sentinel_intact());
+  EXPECT_TRUE(d_dl.sentinel_intact());
+}
+
 // ---- CUDA graphs ---------------------------------------------------------------------------
 
 // Captures the call into a graph on a fresh stream, replays it twice and expects the bits of a

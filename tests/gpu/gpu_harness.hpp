@@ -398,8 +398,11 @@ inline void check_case(const Case& cs, fp_selection* sel_out = nullptr) {
   EXPECT_TRUE(got.out.all_written());
   EXPECT_TRUE(dev.out.sentinel_intact()) << "write past the end of out";
   if (cs.lse) {
+    // With rotary the GPU stores the rotated k (and q) in the storage dtype, as any cache must;
+    // the fp64 oracle keeps them exact, so scores differ by that rounding.
+    const double lse_tol = cs.rot_dim > 0 ? tol / 4 : 1e-4;
     EXPECT_TRUE(flashport::test::close(gather_rows(call, got.lse, true),
-                                       gather_rows(call, ref.lse, true), 1e-4, "lse"));
+                                       gather_rows(call, ref.lse, true), lse_tol, "lse"));
     EXPECT_TRUE(got.lse.all_written());
     EXPECT_TRUE(dev.lse.sentinel_intact()) << "write past the end of lse";
   }
