@@ -1,5 +1,5 @@
 // Forward attention tile on the AMD tile-MMA layer (tile_mma_amd.hpp): one workgroup computes
-// 16 * kAttnWaves query rows of one head against all their visible keys, FlashAttention-2 style,
+// 16 query rows per wave of one head against all their visible keys, FlashAttention-2 style,
 // from the same FwdArgs the CUDA main loop takes. It is written only against the layer's
 // operations (no lane arithmetic, wave size or accumulator layout of its own), so the one source
 // compiles to MFMA on gfx90a/gfx942, WMMA on gfx1100/gfx1201 and the plain path elsewhere.
@@ -18,12 +18,19 @@
 
 namespace flashport::gpu {
 
-constexpr int kAttnWaves = 4;    // waves per workgroup, 16 query rows each
-constexpr int kAttnBlockN = 64;  // keys per main-loop step
-
-template <int kD>
-constexpr int attn_tile_lds_bytes() { return LdsTile<kD>::bytes(16 * kAttnWaves + 2 * kAttnBlockN); }
-constexpr int attn_tile_rows() { return 16 * kAttnWaves; }  // query rows per workgroup
+// The tile of each head-dim bucket (64, 128, 256): waves per workgroup (16 query rows each) and
+// keys per main-loop step, sized so the Q, K and V tiles fit a workgroup's 64 KiB of LDS. Read by
+// the kernel and by the host (launch shape, LDS gate), so the two can't disagree.
+struct AmdTile {
+  int head_dim, waves, block_n;
+  constexpr int rows() const { return 16 * waves; }
+  constexpr int lds_bytes() const { return (rows() + 2 * block_n) * (head_dim + 8) * 2; }  // LdsTile rows
+};
+constexpr int amd_head_dim_bucket(int64_t d) { return d <= 64 ? 64 : (d <= 128 ? 128 : 256); }
+constexpr AmdTile amd_tile(int head_dim) {
+  return head_dim <= 64 ? AmdTile{64, 4, 64} : head_dim <= 128 ? AmdTile{128, 4, 64} : AmdTile{256, 2, 32};
+}
+static_assert(amd_tile(256).lds_bytes() <= 64 * 1024, "d256 tile fits 64 KiB of LDS");
 
 // The kernel arguments of a validated call (host side; shared by the HIP backend and the CPU
 // emulation test, so what is tested is what is launched).
@@ -59,8 +66,9 @@ inline FwdArgs amd_fwd_args(const Problem& p) {
   return a;
 }
 
-// Launches the tile for head_dim 64 or 128 (the bucket of max(d, dv)) with kAttnWaves waves of
-// the device's wave size; grid = (row blocks, query heads, batch). Defined in attn_tile_amd.hip.
+// Launches the tile of head-dim bucket `head_dim` (64, 128 or 256: the bucket of max(d, dv)) with
+// amd_tile(head_dim).waves waves of the device's wave size; grid = (row blocks, query heads,
+// batch). Defined in attn_tile_amd.hip.
 gpuError_t launch_attn_tile_amd(int head_dim, bool bf16, const FwdArgs& a, dim3 grid, int wave_size,
                                 gpuStream_t stream);
 
@@ -106,12 +114,15 @@ __device__ __forceinline__ void lds_chunk(uint16_t* dst, const uint16_t* src_row
 }  // namespace attn_detail
 
 template <int kD, typename Elem>
-__global__ void __launch_bounds__(kAttnWaves * kWarpSize) attn_tile_kernel(const FwdArgs a) {
+__global__ void __launch_bounds__(amd_tile(kD).waves * kWarpSize) attn_tile_kernel(const FwdArgs a) {
   using namespace attn_detail;
   using Tile = LdsTile<kD>;
-  constexpr int BM = 16 * kAttnWaves, BN = kAttnBlockN, NT = kAttnWaves * kWarpSize;
+  constexpr AmdTile kTile = amd_tile(kD);
+  static_assert(kTile.head_dim == kD, "one tile per head-dim bucket");
+  constexpr int BM = kTile.rows(), BN = kTile.block_n, NT = kTile.waves * kWarpSize;
   constexpr int kKeyTiles = BN / 16, kDimTiles = kD / 16;
-  if constexpr (attn_tile_lds_bytes<kD>() > amd::lds_bytes_per_workgroup(FP_AMD_GFX)) {
+  static_assert(Tile::bytes(BM + 2 * BN) == kTile.lds_bytes(), "host and kernel LDS agree");
+  if constexpr (kTile.lds_bytes() > amd::lds_bytes_per_workgroup(FP_AMD_GFX)) {
     FP_AMD_TRAP("attn_tile_kernel (LDS over the workgroup limit)");
   } else {
     __shared__ __attribute__((aligned(16))) uint16_t smem[(BM + 2 * BN) * Tile::kStride];

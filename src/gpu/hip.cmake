@@ -29,10 +29,10 @@ foreach(arch IN LISTS FLASHPORT_HIP_ARCHS)
   endif()
 endforeach()
 
-# Kernel instances: the AMD forward attention tile, head dims 64/128 x fp16/bf16.
+# Kernel instances: the AMD forward attention tile, head dims 64/128/256 x fp16/bf16.
 set(FLASHPORT_HIP_KERNEL_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/attn_tile_amd.hip)
 set(FLASHPORT_HIP_HOST_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/hip_backend.hip)
-set(FLASHPORT_HIP_INSTANCES 4)
+set(FLASHPORT_HIP_INSTANCES 6)
 list(LENGTH FLASHPORT_HIP_ARCHS _fp_hip_narch)
 message(STATUS "flashport HIP: ${FLASHPORT_HIP_INSTANCES} kernel instances x ${_fp_hip_narch} targets "
                "(${FLASHPORT_HIP_ARCHS}) with ${FLASHPORT_HIP_CLANG}; compile-verified, not run")

@@ -76,7 +76,7 @@ const char* unit_name(int gfx) {
   }
 }
 
-int tile_lds(int head_dim) { return head_dim == 64 ? attn_tile_lds_bytes<64>() : attn_tile_lds_bytes<128>(); }
+int tile_lds(int head_dim) { return amd_tile(head_dim).lds_bytes(); }
 
 class HipBackend final : public Backend {
  public:
@@ -106,11 +106,11 @@ class HipBackend final : public Backend {
     if (p.dtype != FP_F16 && p.dtype != FP_BF16)
       return unsupported("hip backend: dtype must be float16 or bfloat16");
     if (p.has_lse && p.lse_dtype != FP_F32) return unsupported("hip backend: lse must be float32");
-    if (std::max(p.d, p.dv) > 128) return unsupported("hip backend: head dim > 128 (the AMD tile covers 64 and 128)");
+    if (std::max(p.d, p.dv) > 256) return unsupported("hip backend: head dim > 256");
     if (p.num_splits >= 2) return unsupported("hip backend: split-KV is not ported to AMD yet (num_splits must be 0 or 1)");
     if (p.seq.snew > 0 || p.rotary_dim > 0)
       return unsupported("hip backend: KV-cache append / rotary is not ported to AMD yet");
-    const int head_dim = std::max(p.d, p.dv) <= 64 ? 64 : 128;
+    const int head_dim = amd_head_dim_bucket(std::max(p.d, p.dv));
     AmdDevice dev;
     FP_RETURN_IF_ERROR(check_device(p.device_index, tile_lds(head_dim), &dev));
     std::snprintf(plan->kernel, sizeof(plan->kernel), "hip:attn_tile_d%d:%s:%s:%s", head_dim,
@@ -128,7 +128,8 @@ class HipBackend final : public Backend {
       return {FP_ERR_RUNTIME, "hip backend: plan does not match the call (re-select after changing it)"};
     DeviceGuard guard(p.device_index);
     const FwdArgs a = amd_fwd_args(p);
-    const int64_t row_blocks = (p.seq.sq + attn_tile_rows() - 1) / attn_tile_rows();
+    const int rows = amd_tile(plan.kernel_id).rows();
+    const int64_t row_blocks = (p.seq.sq + rows - 1) / rows;
     if (row_blocks > 0x7fffffff || p.hq > 65535 || p.seq.batch > 65535)
       return unsupported("hip backend: grid too large (heads and batch <= 65535)");
     if (row_blocks == 0 || p.seq.batch == 0) return Status::ok();

@@ -135,19 +135,23 @@ Tensors build(Case& c) {
 // Every workgroup of the launch the HIP backend would make, one after another.
 void run_emulated(const Problem& p) {
   const gpu::FwdArgs a = gpu::amd_fwd_args(p);
-  const int head_dim = std::max(p.d, p.dv) <= 64 ? 64 : 128;
+  const int head_dim = gpu::amd_head_dim_bucket(std::max(p.d, p.dv));
   const bool bf16 = p.dtype == FP_BF16;
-  const int64_t row_blocks = (p.seq.sq + gpu::attn_tile_rows() - 1) / gpu::attn_tile_rows();
+  const int rows = gpu::amd_tile(head_dim).rows();
+  const int64_t row_blocks = (p.seq.sq + rows - 1) / rows;
   for (int64_t b = 0; b < p.seq.batch; ++b)
     for (int64_t h = 0; h < p.hq; ++h)
       for (int64_t m = 0; m < row_blocks; ++m)
-        simt::run_block(gpu::kAttnWaves * kWarpSize, {unsigned(m), unsigned(h), unsigned(b)}, [&] {
+        simt::run_block(gpu::amd_tile(head_dim).waves * kWarpSize, {unsigned(m), unsigned(h), unsigned(b)}, [&] {
           if (head_dim == 64) {
             if (bf16) gpu::attn_tile_kernel<64, gpu::BFloat16>(a);
             else gpu::attn_tile_kernel<64, gpu::Half>(a);
-          } else {
+          } else if (head_dim == 128) {
             if (bf16) gpu::attn_tile_kernel<128, gpu::BFloat16>(a);
             else gpu::attn_tile_kernel<128, gpu::Half>(a);
+          } else {
+            if (bf16) gpu::attn_tile_kernel<256, gpu::BFloat16>(a);
+            else gpu::attn_tile_kernel<256, gpu::Half>(a);
           }
         });
 }
@@ -209,6 +213,12 @@ TEST(AmdTileEmulated, TopLeftWindowSoftcapAlibiSinks) {
 TEST(AmdTileEmulated, Dropout) {
   Case c = base(FP_F16, 64, 33, 97);
   c.dropout = 0.25f, c.causal = true;
+  check(c);
+}
+
+TEST(AmdTileEmulated, HeadDim256AndDvSmaller) {
+  Case c = base(FP_BF16, 256, 45, 70);  // the 256 bucket: 2 waves, 32 keys a step
+  c.dv = 200, c.causal = true, c.softcap = 20.0f;
   check(c);
 }
 
