@@ -147,6 +147,8 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--ops", default="fwd,bwd")
     ap.add_argument("--skip-single", action="store_true", help="skip the 1-thread CPU-time table")
+    ap.add_argument("--skip-decode", action="store_true", help="skip the decode (split-KV) table")
+    ap.add_argument("--skip-grid", action="store_true", help="skip the main fwd/bwd grid")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "cpu_bench"))
     ap.add_argument("--mem-child", nargs=7, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -164,7 +166,7 @@ def main():
           f"{peak_wall:.1f} wall clock now", flush=True)
 
     rows = []
-    for op in args.ops.split(","):
+    for op in ([] if args.skip_grid else args.ops.split(",")):
         for (dtype, b, h, s, d, causal) in grid(args.quick):
             fp_best, fp_cpu, th_best, kernel = float("inf"), float("inf"), float("inf"), ""
             for _ in range(args.rounds):
@@ -210,6 +212,37 @@ def main():
                                   f"of peak, torch {st_rows[-1]['torch_pct_peak']:.0f}%)", flush=True)
         torch.set_num_threads(args.threads)
 
+    # Decode: one query row per sequence against a long cache (GQA 32/8), the split-KV path.
+    dec_rows = []
+    if not args.skip_decode:
+        import torch.nn.functional as F
+        for dtype in ("f32", "bf16"):
+            for (b, sk) in ((1, 4096), (1, 32768), (4, 8192)):
+                hq, hkv, d = 32, 8, 128
+                fp_best, th_best, kernel = float("inf"), float("inf"), ""
+                dt = torch.float32 if dtype == "f32" else torch.bfloat16
+                q = torch.randn(b, hq, 1, d).to(dt)
+                k, v = (torch.randn(b, hkv, sk, d).to(dt) for _ in range(2))
+
+                def run():
+                    with torch.no_grad():
+                        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+                for _ in range(args.rounds):
+                    r = driver(exe, "attn", "--op", "fwd", "--dtype", dtype, "--b", b, "--h", hq, "--hkv", hkv,
+                               "--sq", 1, "--s", sk, "--d", d, "--threads", args.threads, "--reps", 5)
+                    fp_best, kernel = min(fp_best, r["best_s"]), r["kernel"]
+                    run()
+                    for _ in range(5):
+                        t0 = time.perf_counter()
+                        run()
+                        th_best = min(th_best, time.perf_counter() - t0)
+                kv_bytes = 2 * b * hkv * sk * d * (4 if dtype == "f32" else 2)
+                dec_rows.append(dict(dtype=dtype, b=b, hq=hq, hkv=hkv, sk=sk, d=d, kernel=kernel,
+                                     flashport_us=fp_best * 1e6, torch_us=th_best * 1e6, speedup=th_best / fp_best,
+                                     flashport_gbs=kv_bytes / fp_best * 1e-9))
+                print(f"decode {dtype} B={b} Sk={sk}: flashport {fp_best*1e6:.0f} us ({kernel}), "
+                      f"torch {th_best*1e6:.0f} us, x{th_best/fp_best:.2f}", flush=True)
+
     mem_rows = []
     mem_pts = [(op, dt, 1, 8, 4096, 128, 0) for op in args.ops.split(",") for dt in ("f32", "bf16")]
     mem_pts += [(op, "f32", 4, 16, 1024, 64, 1) for op in args.ops.split(",")]
@@ -227,17 +260,17 @@ def main():
         print(f"mem {op} {dtype} B={b} H={h} S={s} D={d}: flashport +{r['extra_peak_bytes']/2**20:.1f} MiB, "
               f"torch +{tm/2**20:.1f} MiB", flush=True)
 
-    write_report(args, peak, peak_wall, rows, st_rows, mem_rows)
+    write_report(args, peak, peak_wall, rows, st_rows, dec_rows, mem_rows)
 
 
-def write_report(args, peak, peak_wall, rows, st_rows, mem_rows):
+def write_report(args, peak, peak_wall, rows, st_rows, dec_rows, mem_rows):
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     import torch
     meta = dict(date=datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"), machine=cpu_model(),
                 threads=args.threads, torch=torch.__version__, fma_peak_gflops=peak,
                 command="python3 bench/cpu/bench_cpu.py " + " ".join(sys.argv[1:]))
     with open(args.out + ".json", "w") as f:
-        json.dump(dict(meta=meta, rows=rows, single_thread=st_rows, memory=mem_rows), f, indent=1)
+        json.dump(dict(meta=meta, rows=rows, single_thread=st_rows, decode=dec_rows, memory=mem_rows), f, indent=1)
     L = []
     L.append("# flashport CPU backend vs PyTorch CPU SDPA\n")
     L.append(f"- Command: `{meta['command']}` (flashport through its C API via bench/cpu/bench_cpu_driver.cpp; "
@@ -279,6 +312,14 @@ def write_report(args, peak, peak_wall, rows, st_rows, mem_rows):
             L.append(f"| {r['op']} | {r['dtype']} | {r['s']} | {r['d']} | {r['causal']} | {r['flashport_cpu_ms']:.1f} | "
                      f"{r['torch_cpu_ms']:.1f} | {r['speedup']:.2f}x | {r['flashport_pct_peak']:.0f}% | "
                      f"{r['torch_pct_peak']:.0f}% |")
+        L.append("")
+    if dec_rows:
+        L.append(f"## Decode (Sq = 1, Hq = 32, Hkv = 8, D = 128, {args.threads} threads; torch with enable_gqa=True)\n")
+        L.append("| dtype | B | Sk | flashport us | torch us | speedup | flashport K+V GB/s | kernel |")
+        L.append("|---|---|---|---|---|---|---|---|")
+        for r in dec_rows:
+            L.append(f"| {r['dtype']} | {r['b']} | {r['sk']} | {r['flashport_us']:.0f} | {r['torch_us']:.0f} | "
+                     f"{r['speedup']:.2f}x | {r['flashport_gbs']:.1f} | {r['kernel']} |")
         L.append("")
     if mem_rows:
         L.append("## Peak memory added by one call (MiB; inputs excluded)\n")

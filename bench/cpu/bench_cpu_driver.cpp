@@ -2,7 +2,7 @@
 // JSON line. bench_cpu.py runs it next to PyTorch's CPU SDPA (the Python bindings are not used, so
 // this measures the C API alone). Modes:
 //   bench_cpu_driver attn --op fwd|bwd --dtype f32|bf16 --b B --h H --s S --d D [--causal]
-//                    [--threads N] [--reps R] [--mem]
+//                    [--sq Sq] [--hkv Hkv] [--threads N] [--reps R] [--mem]
 //   bench_cpu_driver fma-peak [--threads N]     measured fp32 FMA peak (GFLOP/s) of this machine
 // --mem reports the peak resident memory the timed call adds (VmHWM reset through
 // /proc/self/clear_refs after the inputs are allocated and touched).
@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
   }
   const std::string mode = argv[1];
   std::string op = "fwd", dts = "f32";
-  int64_t B = 1, H = 8, S = 1024, D = 64;
+  int64_t B = 1, H = 8, S = 1024, D = 64, Sq = -1, Hkv = -1;
   int causal = 0, threads = 0, reps = 3;
   bool mem = false;
   for (int i = 2; i < argc; ++i) {
@@ -144,6 +144,8 @@ int main(int argc, char** argv) {
     else if (a == "--h") H = std::atoll(next().c_str());
     else if (a == "--s") S = std::atoll(next().c_str());
     else if (a == "--d") D = std::atoll(next().c_str());
+    else if (a == "--sq") Sq = std::atoll(next().c_str());    // queries (default S)
+    else if (a == "--hkv") Hkv = std::atoll(next().c_str());  // kv heads (default H)
     else if (a == "--causal") causal = 1;
     else if (a == "--threads") threads = std::atoi(next().c_str());
     else if (a == "--reps") reps = std::atoi(next().c_str());
@@ -156,9 +158,11 @@ int main(int argc, char** argv) {
   if (mode == "fma-peak") return fma_peak(threads > 0 ? threads : 1);
 
   const fp_dtype dt = dts == "bf16" ? FP_BF16 : FP_F32;
+  if (Sq < 0) Sq = S;
+  if (Hkv < 0) Hkv = H;
   std::mt19937 rng(1234);
-  Buf q(dt, {B, S, H, D}, rng, true), k(dt, {B, S, H, D}, rng, true), v(dt, {B, S, H, D}, rng, true);
-  Buf out(dt, {B, S, H, D}, rng, false), lse(FP_F32, {B, H, S}, rng, false);
+  Buf q(dt, {B, Sq, H, D}, rng, true), k(dt, {B, S, Hkv, D}, rng, true), v(dt, {B, S, Hkv, D}, rng, true);
+  Buf out(dt, {B, Sq, H, D}, rng, false), lse(FP_F32, {B, H, Sq}, rng, false);
   fp_attn_params p;
   fp_attn_params_init(&p);
   p.q = q.t;
@@ -179,8 +183,9 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "fwd failed: %s\n", fp_last_error());
       return 1;
     }
-    grads.emplace_back(dt, std::vector<int64_t>{B, S, H, D}, rng, true);  // dout
-    for (int i = 0; i < 3; ++i) grads.emplace_back(dt, std::vector<int64_t>{B, S, H, D}, rng, false);
+    grads.emplace_back(dt, std::vector<int64_t>{B, Sq, H, D}, rng, true);  // dout
+    grads.emplace_back(dt, std::vector<int64_t>{B, Sq, H, D}, rng, false);  // dq
+    for (int i = 0; i < 2; ++i) grads.emplace_back(dt, std::vector<int64_t>{B, S, Hkv, D}, rng, false);
     for (auto& g : grads) std::memset(g.bytes.data(), 0, g.bytes.size());  // touch every page
     std::normal_distribution<float> nd;
     bp.fwd = p;
@@ -222,10 +227,10 @@ int main(int argc, char** argv) {
   const double best = times.empty() ? 0.0 : times.front();
   const double med = times.empty() ? 0.0 : times[times.size() / 2];
   std::printf(
-      "{\"impl\":\"flashport\",\"op\":\"%s\",\"dtype\":\"%s\",\"b\":%lld,\"h\":%lld,\"s\":%lld,"
+      "{\"impl\":\"flashport\",\"op\":\"%s\",\"dtype\":\"%s\",\"b\":%lld,\"h\":%lld,\"hkv\":%lld,\"sq\":%lld,\"s\":%lld,"
       "\"d\":%lld,\"causal\":%d,\"threads\":%d,\"kernel\":\"%s\",\"best_s\":%.6f,\"median_s\":%.6f,"
       "\"best_cpu_s\":%.6f,\"extra_peak_bytes\":%ld}\n",
-      op.c_str(), dts.c_str(), (long long)B, (long long)H, (long long)S, (long long)D, causal,
+      op.c_str(), dts.c_str(), (long long)B, (long long)H, (long long)Hkv, (long long)Sq, (long long)S, (long long)D, causal,
       threads, sel.kernel, best, med, best_cpu, mem_kb < 0 ? -1L : mem_kb * 1024L);
   return 0;
 }
