@@ -384,13 +384,6 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, bool lse_required
                  shape_str(p.rotary_sin) + " vs " + shape_str(p.rotary_cos));
     if (rows < s.sk)
       return bad("rotary_cos", "S_ro (rows) must cover the cache capacity " + std::to_string(s.sk), shape_str(p.rotary_cos));
-    // Causal/windowed q rows rotate at seqused_k + i, up to (capacity - Snew) + Sq - 1.
-    const bool q_per_row = p.causal || p.window_left >= 0 || p.window_right >= 0;
-    if (q_per_row && s.sq > s.snew && rows < s.sk - s.snew + s.sq)
-      return bad("rotary_cos",
-                 "S_ro (rows) must cover the query positions seqused_k + i: capacity - Snew + Sq = " +
-                     std::to_string(s.sk - s.snew + s.sq),
-                 shape_str(p.rotary_cos));
   }
 
   // Scalars.
@@ -450,6 +443,12 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, bool lse_required
           return bad("seqused_k", "seqused_k + Snew must fit the cache capacity",
                      "seqused_k[" + std::to_string(b) + "] = " + std::to_string(used) + " + Snew " +
                          std::to_string(s.snew) + " > capacity " + std::to_string(cap));
+        // Causal/windowed q rows rotate at seqused_k + i (GPU kernels clamp to the last row).
+        const bool q_per_row = p.causal || p.window_left >= 0 || p.window_right >= 0;
+        if (given(p.rotary_cos) && q_per_row && used + s.sq > p.rotary_cos.shape[0])
+          return bad("rotary_cos", "S_ro (rows) must cover the query positions seqused_k + i",
+                     "seqused_k[" + std::to_string(b) + "] = " + std::to_string(used) + " + Sq " +
+                         std::to_string(s.sq) + " > S_ro " + std::to_string(p.rotary_cos.shape[0]));
       }
     }
     if (s.kv == KvLayout::Paged) {

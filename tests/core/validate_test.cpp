@@ -581,7 +581,7 @@ TEST(ValidateFwd, RotaryRowsCoverCapacity) {
   EXPECT_FWD_INVALID(c, "rotary_cos: S_ro (rows) must cover the cache capacity 12");
 }
 TEST(ValidateFwd, RotaryRowsCoverCausalQueryPositions) {
-  PagedCall c;  // capacity 12, Snew 1: causal q rows rotate up to (12 - 1) + Sq - 1
+  PagedCall c;  // seqused_k = {5, 2}; causal q rows rotate at seqused_k + i, i < Sq = 3
   HostTensor q(FP_F32, {c.B, 3, c.Hq, c.D}), out(FP_F32, {c.B, 3, c.Hq, c.Dv});
   q.fill_normal();
   out.fill_poison();
@@ -589,14 +589,14 @@ TEST(ValidateFwd, RotaryRowsCoverCausalQueryPositions) {
   c.p.out = out.view();
   c.p.lse = fp_tensor{};
   c.p.causal = 1;
-  HostTensor cos(FP_F32, {13, 2}), sin(FP_F32, {13, 2});
+  int32_t* used = static_cast<int32_t*>(c.seqused.storage());
+  used[0] = 10;  // 10 + 1 new key fits the capacity 12, but q rows reach position 10 + 2 = 12
+  HostTensor cos(FP_F32, {12, 2}), sin(FP_F32, {12, 2});
   c.p.rotary_cos = cos.view();
   c.p.rotary_sin = sin.view();
   EXPECT_FWD_INVALID(c, "rotary_cos: S_ro (rows) must cover the query positions seqused_k + i");
   EXPECT_EQ(out.poisoned_count(), out.numel());
-  HostTensor cos14(FP_F32, {14, 2}), sin14(FP_F32, {14, 2});
-  c.p.rotary_cos = cos14.view();
-  c.p.rotary_sin = sin14.view();
+  used[0] = 9;
   Problem prob;
   EXPECT_TRUE(resolves(c.p, &prob));
 }
