@@ -62,6 +62,11 @@ int64_t max_keys(const Problem& p) {
   return m;
 }
 
+// Decode: each kv head's query rows (Sq x group) fit one row block, so a task can walk a key
+// range once for all kv heads of a sequence (row j of every head is contiguous in memory) and
+// the keys are split across threads instead of the heads.
+bool decode_mode(const Problem& p) { return p.seq.sq * p.group <= kBlockQ; }
+
 float folded_q_scale(const ScoreRules& r) {
   return r.softcap > 0.0f ? r.scale / r.softcap : r.scale;
 }
@@ -178,7 +183,8 @@ class CpuBackend final : public Backend {
     FP_RETURN_IF_ERROR(check_fwd_support(p));
     const cpu::KernelTable& k = select_kernels();
     const int threads = cpu::resolve_threads(p.raw ? p.raw->num_threads : 0);
-    const int64_t tiles = p.seq.batch * p.hkv * ceil_div(p.seq.sq * p.group, kBlockQ);
+    const int64_t tiles = decode_mode(p) ? p.seq.batch
+                                         : p.seq.batch * p.hkv * ceil_div(p.seq.sq * p.group, kBlockQ);
     const int64_t key_blocks = ceil_div(max_keys(p), kBlockK);
     const int splits = resolve_num_splits(p.num_splits, tiles, key_blocks, threads,
                                           std::min(128, 4 * threads));
@@ -186,7 +192,8 @@ class CpuBackend final : public Backend {
     plan->num_threads = threads;
     plan->num_splits = splits;
     plan->workspace_bytes = 0;  // scratch is thread-local and split partials are allocated per call
-    name_kernel(plan, "fwd", k.isa, p, splits > 1 ? "_splitkv" : "");
+    name_kernel(plan, "fwd", k.isa, p,
+                decode_mode(p) ? (splits > 1 ? "_decode_splitkv" : "_decode") : (splits > 1 ? "_splitkv" : ""));
     return Status::ok();
   }
 
@@ -212,10 +219,11 @@ class CpuBackend final : public Backend {
     const int64_t heads = p.seq.batch * p.hkv * plan.num_splits;
     const int64_t rb_max = std::max<int64_t>(1, ceil_div(p.seq.sq * p.group, kBlockQ));
     call.num_chunks = static_cast<int>(std::min(rb_max, std::max<int64_t>(1, ceil_div(4 * threads, heads))));
+    call.decode = decode_mode(p);
     std::vector<cpu::FwdTask> tasks;
     for (int64_t b = 0; b < p.seq.batch; ++b)
-      for (int64_t hk = 0; hk < p.hkv; ++hk)
-        for (int64_t c = 0; c < call.num_chunks; ++c)
+      for (int64_t hk = 0; hk < (call.decode ? 1 : p.hkv); ++hk)
+        for (int64_t c = 0; c < (call.decode ? 1 : call.num_chunks); ++c)
           for (int64_t s = 0; s < plan.num_splits; ++s) tasks.push_back({b, hk, c, s});
     // Largest tasks first (causal: later row blocks see more keys) for a better dynamic balance.
     cpu::parallel_for(static_cast<int64_t>(tasks.size()), threads,

@@ -32,6 +32,7 @@ struct FwdCall {
   const Problem* p = nullptr;
   int num_splits = 1;
   int num_chunks = 1;        // row chunks per (batch, kv head)
+  bool decode = false;       // tasks are (batch, split) and walk all kv heads at once
   float qscale = 1.0f;       // folded into Q: softmax_scale (/ softcap when softcap is on)
   float* part_out = nullptr; // splits > 1: [split][total_q_rows][hq][dv], normalised partial out
   float* part_lse = nullptr; // splits > 1: [split][total_q_rows][hq], without the sink
