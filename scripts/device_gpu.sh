@@ -58,7 +58,7 @@ fi
 if [ "$mode" = all ] || [ "$mode" = full ] || [ "$mode" = bench ]; then
   echo "== benchmark"
   PYTHONUNBUFFERED=1 timeout 400 python3 bench/gpu/bench_fwd.py --lib build-dev/bench/gpu/libfpbench.so \
-    --out "$OUT" "$@" > "$OUT/bench.log" 2>&1
+    --out "$OUT" ${FP_BENCH_ARGS:-} "$@" > "$OUT/bench.log" 2>&1
   echo "bench rc=$?"
   tail -5 "$OUT/bench.log" | grep -i error
 fi

@@ -132,6 +132,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="prefill,decode,longkv")
     ap.add_argument("--dims", default="64,128,256", help="prefill head dims")
+    ap.add_argument("--split-sweep", action="store_true", help="decode B=1: time forced split counts")
     args = ap.parse_args()
     torch.manual_seed(0)
     lib = load_lib(args.lib)
@@ -184,6 +185,7 @@ def main():
                 torch.cuda.empty_cache()
         emit()
 
+    sweeps = []
     if "decode" in sections:
         emit("## Decode, Sq = 1, Hq = 32, Hkv = 8, D = 128, bf16 (TB/s of KV read; us)\n")
         emit(f"| B | Sk | flashport | torch flash | cuDNN | % of copy BW | vs cuDNN | splits | kernel |")
@@ -207,9 +209,19 @@ def main():
                  f"{f.used_splits} | {f.kernel} (err {err:.1e}) |")
             csv.append(f"decode,128,{Sk},{B},32,0,{tb(t_fp):.3f},{tb(t_fa):.3f},{tb(t_cd):.3f},TB/s,{f.kernel},"
                        f"{f.used_splits},{err:.2e}")
+            if B == 1 and args.split_sweep:
+                sweep = []
+                for ns in (8, 16, 32, 48, 64, 96, 128):
+                    g = fp.prepare(q, k, v, out, False, ns)
+                    sweep.append(f"{ns}: {time_graph_ms(g) * 1e3:.1f} us")
+                sweeps.append(f"B={B} Sk={Sk} forced splits -> " + ", ".join(sweep))
             del q, k, v, out
             torch.cuda.empty_cache()
         emit()
+        for line in sweeps:
+            emit(line + "  ")
+        if sweeps:
+            emit()
 
     if "longkv" in sections:
         emit("## Long KV, bf16, non-causal: split-KV (auto) vs no split (ms)\n")
