@@ -118,11 +118,12 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
 #else
   constexpr BwdTile C = kBwdTiles[kTile];
   constexpr int D = C.head_dim, BM = C.block_m, BN = C.block_n, NT = C.threads(), W = C.warps;
+  constexpr int KR = C.key_tiles, QR = C.dq_tiles;  // 16-row tiles per warp (keys; dQ rows)
   constexpr int KW = C.key_groups(), QW = C.col_groups();
-  static_assert(KW * QW == W && BN == 16 * KW, "warps = key groups x column groups");
+  static_assert(KW * QW == W && BN == 16 * KR * KW, "warps = key groups x column groups");
   constexpr int SC = BM / QW, ST = SC / 8;  // stage 1: query columns per warp, 8-col tiles
   constexpr int DC = D / QW, DT = DC / 8;   // stage 2: dK/dV columns per warp
-  constexpr int MR = BM / 16, CW = W / MR;  // stage 3: dQ row groups x column groups
+  constexpr int MR = BM / (16 * QR), CW = W / MR;  // stage 3: dQ row groups x column groups
   constexpr int QC = D / CW, QT = QC / 8;
   static_assert(ST % 2 == 0 && DT % 2 == 0 && QT % 2 == 0 && MR * CW == W, "tile shape");
   constexpr int kChunks = D / 8;
@@ -164,11 +165,15 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
   const int kg = warp % KW, qg = warp / KW;  // stages 1-2
   const int mg = warp % MR, cg = warp / MR;  // stage 3
 
-  FragC acc_dk[DT], acc_dv[DT];
+  const int key0 = kg * 16 * KR;  // first key (in the block) of this warp's stage-1/2 rows
+  const int qrow0 = mg * 16 * QR; // first query row (in the step) of this warp's dQ rows
+  FragC acc_dk[KR][DT], acc_dv[KR][DT];
 #pragma unroll
-  for (int t = 0; t < DT; ++t)
+  for (int kr = 0; kr < KR; ++kr)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc_dk[t].r[e] = 0.0f, acc_dv[t].r[e] = 0.0f;
+    for (int t = 0; t < DT; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_dk[kr][t].r[e] = 0.0f, acc_dv[kr][t].r[e] = 0.0f;
 
   if (n0 < lk && lq > 0) {
     const int n1 = n0 + BN < lk ? n0 + BN : lk;
@@ -242,11 +247,13 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
         const float* tDs = sDs + buf * BM;
 
         // ---- stage 1: S^T = K Q^T, dP^T = V dO^T --------------------------------------------
-        FragC acc_s[ST], acc_dp[ST];
+        FragC acc_s[KR][ST], acc_dp[KR][ST];
 #pragma unroll
-        for (int t = 0; t < ST; ++t)
+        for (int kr = 0; kr < KR; ++kr)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc_s[t].r[e] = 0.0f, acc_dp[t].r[e] = 0.0f;
+          for (int t = 0; t < ST; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_s[kr][t].r[e] = 0.0f, acc_dp[kr][t].r[e] = 0.0f;
         // kFull (head dims filling the bucket, the common case): straight-line loops the scheduler
         // can pipeline; otherwise the steps past d / dv are skipped.
         auto stage1 = [&](auto full_tag) {
@@ -254,25 +261,33 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
           if (kFull || ks < q_ksteps) {
-            FragA ka;
-            load_a<D>(ka, sK, kg * 16, ks * 16, lane);
+            FragA ka[KR];
+#pragma unroll
+            for (int kr = 0; kr < KR; ++kr) load_a<D>(ka[kr], sK, key0 + kr * 16, ks * 16, lane);
 #pragma unroll
             for (int np = 0; np < ST / 2; ++np) {
               FragBPair qb;
               load_b_rows<D>(qb, tQ, qg * SC + np * 16, ks * 16, lane);
-              mma<Elem>(acc_s[2 * np], ka, qb.r[0], qb.r[1]);
-              mma<Elem>(acc_s[2 * np + 1], ka, qb.r[2], qb.r[3]);
+#pragma unroll
+              for (int kr = 0; kr < KR; ++kr) {
+                mma<Elem>(acc_s[kr][2 * np], ka[kr], qb.r[0], qb.r[1]);
+                mma<Elem>(acc_s[kr][2 * np + 1], ka[kr], qb.r[2], qb.r[3]);
+              }
             }
           }
           if (kFull || ks < v_ksteps) {
-            FragA va;
-            load_a<D>(va, sV, kg * 16, ks * 16, lane);
+            FragA va[KR];
+#pragma unroll
+            for (int kr = 0; kr < KR; ++kr) load_a<D>(va[kr], sV, key0 + kr * 16, ks * 16, lane);
 #pragma unroll
             for (int np = 0; np < ST / 2; ++np) {
               FragBPair ob;
               load_b_rows<D>(ob, tdO, qg * SC + np * 16, ks * 16, lane);
-              mma<Elem>(acc_dp[2 * np], va, ob.r[0], ob.r[1]);
-              mma<Elem>(acc_dp[2 * np + 1], va, ob.r[2], ob.r[3]);
+#pragma unroll
+              for (int kr = 0; kr < KR; ++kr) {
+                mma<Elem>(acc_dp[kr][2 * np], va[kr], ob.r[0], ob.r[1]);
+                mma<Elem>(acc_dp[kr][2 * np + 1], va[kr], ob.r[2], ob.r[3]);
+              }
             }
           }
         }
@@ -285,13 +300,15 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
         const bool softcap = a.softcap_in > 0.0f;
         const float slope_log2 = R.alibi ? -R.alibi_slope(b, h) * kBwdLog2e : 0.0f;
 #pragma unroll
+        for (int kr = 0; kr < KR; ++kr)
+#pragma unroll
         for (int t = 0; t < ST; ++t)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int jl = kg * 16 + c_row(lane, e);
+            const int jl = key0 + kr * 16 + c_row(lane, e);
             const int il = qg * SC + t * 8 + c_col(lane, e);
             const int j = n0 + jl, i = i0 + il;
-            float sc = acc_s[t].r[e];
+            float sc = acc_s[kr][t].r[e];
             float dtanh = 1.0f;
             if (softcap) {
               const float th = bwd_tanh(sc * a.softcap_in);
@@ -310,20 +327,21 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
             if (R.dropout_p > 0.0f)
               keep = dropout_keep(R.dropout_seed, R.dropout_offset, R.dropout_threshold, b, a.hq, h, i, j)
                          ? keep_scale : 0.0f;
-            acc_dp[t].r[e] = p * (acc_dp[t].r[e] * keep - tDs[il]) * dtanh;
-            acc_s[t].r[e] = p * keep;
+            acc_dp[kr][t].r[e] = p * (acc_dp[kr][t].r[e] * keep - tDs[il]) * dtanh;
+            acc_s[kr][t].r[e] = p * keep;
           }
-        {
-          const int r0 = kg * 16 + (lane >> 2);
+#pragma unroll
+        for (int kr = 0; kr < KR; ++kr) {
+          const int r0 = key0 + kr * 16 + (lane >> 2);
 #pragma unroll
           for (int t = 0; t < ST; ++t) {
             const int col = qg * SC + t * 8 + (lane & 3) * 2;
             const int o0 = SmemTile<BM>::offset(r0, col >> 3) + (col & 7);
             const int o1 = SmemTile<BM>::offset(r0 + 8, col >> 3) + (col & 7);
-            *reinterpret_cast<uint32_t*>(sP + o0) = Elem::pack(acc_s[t].r[0], acc_s[t].r[1]);
-            *reinterpret_cast<uint32_t*>(sP + o1) = Elem::pack(acc_s[t].r[2], acc_s[t].r[3]);
-            *reinterpret_cast<uint32_t*>(sdS + o0) = Elem::pack(acc_dp[t].r[0], acc_dp[t].r[1]);
-            *reinterpret_cast<uint32_t*>(sdS + o1) = Elem::pack(acc_dp[t].r[2], acc_dp[t].r[3]);
+            *reinterpret_cast<uint32_t*>(sP + o0) = Elem::pack(acc_s[kr][t].r[0], acc_s[kr][t].r[1]);
+            *reinterpret_cast<uint32_t*>(sP + o1) = Elem::pack(acc_s[kr][t].r[2], acc_s[kr][t].r[3]);
+            *reinterpret_cast<uint32_t*>(sdS + o0) = Elem::pack(acc_dp[kr][t].r[0], acc_dp[kr][t].r[1]);
+            *reinterpret_cast<uint32_t*>(sdS + o1) = Elem::pack(acc_dp[kr][t].r[2], acc_dp[kr][t].r[3]);
           }
         }
         __syncthreads();  // P^T, dS^T complete
@@ -333,23 +351,32 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
           constexpr bool kFull = decltype(full_tag)::value;
 #pragma unroll
         for (int ks = 0; ks < BM / 16; ++ks) {
-          FragA pa, da;
-          load_a<BM>(pa, sP, kg * 16, ks * 16, lane);
-          load_a<BM>(da, sdS, kg * 16, ks * 16, lane);
+          FragA pa[KR], da[KR];
+#pragma unroll
+          for (int kr = 0; kr < KR; ++kr) {
+            load_a<BM>(pa[kr], sP, key0 + kr * 16, ks * 16, lane);
+            load_a<BM>(da[kr], sdS, key0 + kr * 16, ks * 16, lane);
+          }
 #pragma unroll
           for (int dp = 0; dp < DT / 2; ++dp) {
             const int col = qg * DC + dp * 16;
             if (kFull || col < a.dv) {
               FragBPair ob;
               load_b_trans<D>(ob, tdO, ks * 16, col, lane);
-              mma<Elem>(acc_dv[2 * dp], pa, ob.r[0], ob.r[1]);
-              mma<Elem>(acc_dv[2 * dp + 1], pa, ob.r[2], ob.r[3]);
+#pragma unroll
+              for (int kr = 0; kr < KR; ++kr) {
+                mma<Elem>(acc_dv[kr][2 * dp], pa[kr], ob.r[0], ob.r[1]);
+                mma<Elem>(acc_dv[kr][2 * dp + 1], pa[kr], ob.r[2], ob.r[3]);
+              }
             }
             if (kFull || col < a.d) {
               FragBPair qb;
               load_b_trans<D>(qb, tQ, ks * 16, col, lane);
-              mma<Elem>(acc_dk[2 * dp], da, qb.r[0], qb.r[1]);
-              mma<Elem>(acc_dk[2 * dp + 1], da, qb.r[2], qb.r[3]);
+#pragma unroll
+              for (int kr = 0; kr < KR; ++kr) {
+                mma<Elem>(acc_dk[kr][2 * dp], da[kr], qb.r[0], qb.r[1]);
+                mma<Elem>(acc_dk[kr][2 * dp + 1], da[kr], qb.r[2], qb.r[3]);
+              }
             }
           }
         }
@@ -357,25 +384,31 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
         if (full) stage2(std::true_type{}); else stage2(std::false_type{});
 
         // ---- stage 3: dQ += dS K -------------------------------------------------------------
-        FragC acc_dq[QT];
+        FragC acc_dq[QR][QT];
 #pragma unroll
-        for (int t = 0; t < QT; ++t)
+        for (int qr = 0; qr < QR; ++qr)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc_dq[t].r[e] = 0.0f;
+          for (int t = 0; t < QT; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_dq[qr][t].r[e] = 0.0f;
         auto stage3 = [&](auto full_tag) {
           constexpr bool kFull = decltype(full_tag)::value;
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ++ks) {
-          FragA sa;
-          load_a_trans<BM>(sa, sdS, mg * 16, ks * 16, lane);
+          FragA sa[QR];
+#pragma unroll
+          for (int qr = 0; qr < QR; ++qr) load_a_trans<BM>(sa[qr], sdS, qrow0 + qr * 16, ks * 16, lane);
 #pragma unroll
           for (int np = 0; np < QT / 2; ++np) {
             const int col = cg * QC + np * 16;
             if (kFull || col < a.d) {
               FragBPair kb;
               load_b_trans<D>(kb, sK, ks * 16, col, lane);
-              mma<Elem>(acc_dq[2 * np], sa, kb.r[0], kb.r[1]);
-              mma<Elem>(acc_dq[2 * np + 1], sa, kb.r[2], kb.r[3]);
+#pragma unroll
+              for (int qr = 0; qr < QR; ++qr) {
+                mma<Elem>(acc_dq[qr][2 * np], sa[qr], kb.r[0], kb.r[1]);
+                mma<Elem>(acc_dq[qr][2 * np + 1], sa[qr], kb.r[2], kb.r[3]);
+              }
             }
           }
         }
@@ -395,14 +428,16 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
         {
           float* dq_base = a.ws_dq + (int64_t(h) * a.total_rows + ws_row0) * a.dacc;
 #pragma unroll
+          for (int qr = 0; qr < QR; ++qr)
+#pragma unroll
           for (int hf = 0; hf < 2; ++hf) {
-            const int i = i0 + mg * 16 + (lane >> 2) + hf * 8;
+            const int i = i0 + qrow0 + qr * 16 + (lane >> 2) + hf * 8;
             if (i < lq) {
               float* row = dq_base + int64_t(i) * a.dacc;
 #pragma unroll
               for (int t = 0; t < QT; ++t) {
                 const int col = cg * QC + t * 8 + (lane & 3) * 2;
-                if (col < a.d) bwd_add_pair(row + col, acc_dq[t].r[hf * 2], acc_dq[t].r[hf * 2 + 1]);
+                if (col < a.d) bwd_add_pair(row + col, acc_dq[qr][t].r[hf * 2], acc_dq[qr][t].r[hf * 2 + 1]);
               }
             }
           }
@@ -420,16 +455,18 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
   const BwdKvRows dvrows(a.seq, a.dv_addr, b, kvh);
   using T = typename Elem::T;
 #pragma unroll
+  for (int kr = 0; kr < KR; ++kr)
+#pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
-    const int j = n0 + kg * 16 + (lane >> 2) + hf * 8;
+    const int j = n0 + key0 + kr * 16 + (lane >> 2) + hf * 8;
     if (j >= row_limit) continue;
     T* dk_row = reinterpret_cast<T*>(a.dk_ptr) + dkrows.at(j);
     T* dv_row = reinterpret_cast<T*>(a.dv_ptr) + dvrows.at(j);
 #pragma unroll
     for (int t = 0; t < DT; ++t) {
       const int col = qg * DC + t * 8 + (lane & 3) * 2;
-      const float k0 = acc_dk[t].r[hf * 2] * a.scale, k1 = acc_dk[t].r[hf * 2 + 1] * a.scale;
-      const float v0 = acc_dv[t].r[hf * 2], v1 = acc_dv[t].r[hf * 2 + 1];
+      const float k0 = acc_dk[kr][t].r[hf * 2] * a.scale, k1 = acc_dk[kr][t].r[hf * 2 + 1] * a.scale;
+      const float v0 = acc_dv[kr][t].r[hf * 2], v1 = acc_dv[kr][t].r[hf * 2 + 1];
       if (a.kv_out_vec_ok && col + 1 < a.d) {
         *reinterpret_cast<uint32_t*>(dk_row + col) = Elem::pack(k0, k1);
       } else {

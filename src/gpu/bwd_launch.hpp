@@ -26,10 +26,12 @@ struct BwdTile {
   int block_n;     // keys per block (16 per key group of warps)
   int warps;
   int min_blocks;  // __launch_bounds__ blocks per SM
+  int key_tiles;   // 16-key tiles per warp in S/dP/dK/dV (2: 32-key warp tiles, fewer smem reads)
+  int dq_tiles;    // 16-row tiles per warp in dQ
   const char* name;
 
   constexpr int threads() const { return warps * 32; }
-  constexpr int key_groups() const { return block_n / 16; }
+  constexpr int key_groups() const { return block_n / (16 * key_tiles); }
   constexpr int col_groups() const { return warps / key_groups(); }
   // K, V; Q and dO double-buffered; P^T and dS^T; LSE and D double-buffered.
   constexpr int smem_bytes() const {
@@ -40,20 +42,28 @@ struct BwdTile {
 
 enum BwdTileId : int { kBwd64 = 0, kBwd128, kBwd256, kNumBwdTiles };
 
-// FLASHPORT_BWD_WARPS (experiments only): 8 gives D64/D128 one key group of 16 keys per warp over
-// all 64 query columns (larger warp tiles, fewer warps).
-#ifndef FLASHPORT_BWD_WARPS
-#define FLASHPORT_BWD_WARPS 16
+// The default tiles are the measured best on an H100 (bench/results/gpu_bwd_notes.md).
+// FLASHPORT_BWD_TILES (experiments only): 2 = v2 (16-key warp tiles, 64-row query blocks at every
+// head dim); 3 = FA2's warp tiling (8 warps of 32 keys x 32 queries, 255 registers): fewer
+// shared-memory reads per mma but slower here (fewer warps to hide latency).
+#ifndef FLASHPORT_BWD_TILES
+#define FLASHPORT_BWD_TILES 1
 #endif
 inline constexpr BwdTile kBwdTiles[kNumBwdTiles] = {
-#if FLASHPORT_BWD_WARPS == 8
-    {64, 64, 128, 8, 1, "bwd_d64_m64n128w8"},
-    {128, 64, 128, 8, 1, "bwd_d128_m64n128w8"},
+#if FLASHPORT_BWD_TILES == 2
+    {64, 64, 128, 16, 1, 1, 1, "bwd_d64_m64n128w16"},
+    {128, 64, 128, 16, 1, 1, 1, "bwd_d128_m64n128w16"},
+    {256, 64, 64, 16, 1, 1, 1, "bwd_d256_m64n64w16"},
+#elif FLASHPORT_BWD_TILES == 3
+    {64, 64, 128, 8, 1, 2, 2, "bwd_d64_m64n128w8k2"},
+    {128, 64, 128, 8, 1, 2, 2, "bwd_d128_m64n128w8k2"},
+    {256, 64, 64, 8, 1, 2, 2, "bwd_d256_m64n64w8k2"},
 #else
-    {64, 64, 128, 16, 1, "bwd_d64_m64n128w16"},
-    {128, 64, 128, 16, 1, "bwd_d128_m64n128w16"},
+    // 16 warps of 16 keys; D64 takes 128-row query blocks (its accumulators fit 128 registers).
+    {64, 128, 128, 16, 1, 1, 1, "bwd_d64_m128n128w16"},
+    {128, 64, 128, 16, 1, 1, 1, "bwd_d128_m64n128w16"},
+    {256, 64, 64, 16, 1, 1, 1, "bwd_d256_m64n64w16"},
 #endif
-    {256, 64, 64, 16, 1, "bwd_d256_m64n64w16"},
 };
 
 constexpr BwdTileId bwd_tile_for(int64_t head_dim) {
