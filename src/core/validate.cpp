@@ -4,7 +4,6 @@
 #include "validate.hpp"
 
 #include <cmath>
-#include <sstream>
 #include <string>
 
 #include "dtype.hpp"
@@ -15,21 +14,19 @@ namespace {
 
 // ---- Formatting --------------------------------------------------------------------------------
 
+// Plain string building, no iostreams: the library is linked into extensions that may carry
+// their own libstdc++, and stream locale state across two copies crashed (seen on the H200 build).
 std::string shape_str(const fp_tensor& t) {
-  std::ostringstream os;
-  os << t.ndim << "-D [";
-  for (int i = 0; i < t.ndim && i < FP_MAX_DIMS; ++i) os << (i ? ", " : "") << t.shape[i];
-  os << "]";
-  return os.str();
+  std::string s = std::to_string(t.ndim) + "-D [";
+  for (int i = 0; i < t.ndim && i < FP_MAX_DIMS; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+  return s + "]";
 }
 
 std::string dims_str(std::initializer_list<int64_t> dims) {
-  std::ostringstream os;
-  os << "[";
+  std::string s = "[";
   int i = 0;
-  for (int64_t d : dims) os << (i++ ? ", " : "") << d;
-  os << "]";
-  return os.str();
+  for (int64_t d : dims) s += (i++ ? ", " : "") + std::to_string(d);
+  return s + "]";
 }
 
 const char* device_type_name(fp_device_type d) {
