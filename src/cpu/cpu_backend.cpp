@@ -71,19 +71,18 @@ float folded_q_scale(const ScoreRules& r) {
   return r.softcap > 0.0f ? r.scale / r.softcap : r.scale;
 }
 
+const char* short_dtype(fp_dtype t) {
+  switch (t) {
+    case FP_F16: return "f16";
+    case FP_BF16: return "bf16";
+    case FP_F32: return "f32";
+    default: return dtype_name(t);
+  }
+}
+
 void name_kernel(Plan* plan, const char* op, const char* isa, const Problem& p, const char* tail) {
   std::snprintf(plan->kernel, sizeof(plan->kernel), "cpu_%s_%s_%s_d%lld%s", op, isa,
-                dtype_name(p.dtype) + (p.dtype == FP_F32 ? 5 : 0) /* "32" -> "f32" below */,
-                static_cast<long long>(p.d), tail);
-  // dtype_name gives "float32"/"bfloat16"/"float16": use the short forms in kernel names.
-  std::string k = plan->kernel;
-  const char* longs[] = {"_32_", "_bfloat16_", "_float16_"};
-  const char* shorts[] = {"_f32_", "_bf16_", "_f16_"};
-  for (int x = 0; x < 3; ++x) {
-    const size_t at = k.find(longs[x]);
-    if (at != std::string::npos) k.replace(at, std::strlen(longs[x]), shorts[x]);
-  }
-  std::snprintf(plan->kernel, sizeof(plan->kernel), "%s", k.c_str());
+                short_dtype(p.dtype), static_cast<long long>(p.d), tail);
 }
 
 // KV-cache append: rows seqused_k[b] + j of the cache receive k_new/v_new row j (k rotated).
@@ -96,20 +95,7 @@ void append_kv(const Problem& p, int threads) {
     for (int64_t j = 0; j < snew; ++j)
       for (int64_t h = 0; h < p.hkv; ++h) {
         cpu::load_row(t, p.k_new_ptr, p.k_new.at(b, 0, j, h), p.d, row.data());
-        if (p.rotary_dim > 0) {
-          int64_t pos = base + j;
-          if (pos >= p.rotary_rows) pos = p.rotary_rows - 1;
-          const int64_t half = p.rotary_dim / 2;
-          for (int64_t x = 0; x < half; ++x) {
-            const double c = load_as_double(p.rotary_cos, p.rotary_dtype, pos * p.rotary_row_stride + x);
-            const double s = load_as_double(p.rotary_sin, p.rotary_dtype, pos * p.rotary_row_stride + x);
-            const int64_t a = p.rotary_interleaved ? 2 * x : x;
-            const int64_t bb = p.rotary_interleaved ? 2 * x + 1 : x + half;
-            const float x0 = row[a], x1 = row[bb];
-            row[a] = static_cast<float>(x0 * c - x1 * s);
-            row[bb] = static_cast<float>(x0 * s + x1 * c);
-          }
-        }
+        if (p.rotary_dim > 0) cpu::rotate_row(p, base + j, row.data());
         cpu::store_row(t, p.k_ptr, p.k.at(p.seq, b, base + j, h), p.d, row.data(), 1.0f);
         cpu::load_row(t, p.v_new_ptr, p.v_new.at(b, 0, j, h), p.dv, row.data());
         cpu::store_row(t, p.v_ptr, p.v.at(p.seq, b, base + j, h), p.dv, row.data(), 1.0f);

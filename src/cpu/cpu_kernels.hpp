@@ -77,6 +77,8 @@ int64_t q_row_offset(const RowAddr& a, const SeqGeom& g, int64_t b, int64_t i, i
 // Global row index into split partials: b*sq + i (batched) or q_start + i (packed).
 int64_t q_global_row(const Problem& p, const SeqGeom& g, int64_t b, int64_t i);
 int64_t lse_offset(const LseAddr& a, const SeqGeom& g, int64_t b, int64_t h, int64_t i);
+// Rotary on the first rotary_dim elements of a row at position pos (clamped to the table).
+void rotate_row(const Problem& p, int64_t pos, float* x);
 // Query row as fp32, with rotary applied (append-then-attend) and rounded to q's dtype.
 void load_q_row(const Problem& p, const SeqGeom& g, int64_t b, int64_t i, int64_t h, float* dst);
 void load_row(fp_dtype t, const void* base, int64_t off, int64_t n, float* dst);
