@@ -3,7 +3,8 @@
     from flashport.jax import flash_attn_func, flash_attn_varlen_func
 
 Same arguments as flashport.torch / flash_attn 2.8 where they make sense; works under jax.jit and
-jax.grad (custom_vjp). The handlers take their workspace from XLA's scratch allocator, read no
+jax.grad (custom_vjp). The handlers take their workspace from a result buffer sized at trace time
+(GPU) or from XLA's scratch allocator (CPU), read no
 device buffer on the host and return every failure as an FFI error (no C++ exception crosses the
 boundary). Differences from the torch API:
   * dropout takes a PRNG key: ``dropout_key=jax.random.key(0)`` (required when dropout_p > 0).
@@ -91,6 +92,26 @@ def _lse_dtype(q):
     return jnp.float64 if q.dtype == jnp.float64 else jnp.float32
 
 
+def _workspace_types(op, cfg, named):
+    """On GPUs, the workspace is a result buffer sized here, at trace time: XLA's scratch
+    allocator is unavailable inside command buffers, and GPU planning reads no device memory, so
+    shapes alone give the exact size. On CPU the handler uses XLA's scratch allocator."""
+    if jax.default_backend() != "gpu":
+        return ()
+    meta = {n: (jnp.dtype(x.dtype).name, tuple(int(d) for d in x.shape))
+            for n, x in named.items() if x is not None}
+    scalars = dict(softmax_scale=cfg.softmax_scale, causal=int(cfg.causal),
+                   causal_align=cfg.causal_align, window_left=cfg.window_left,
+                   window_right=cfg.window_right, softcap=cfg.softcap, dropout_p=cfg.dropout_p,
+                   num_splits=cfg.num_splits, backend=cfg.backend)
+    if named.get("cu_seqlens_q") is not None:
+        scalars.update(max_seqlen_q=cfg.max_seqlen_q, max_seqlen_k=cfg.max_seqlen_k)
+    if op == "bwd":
+        scalars.update(deterministic=int(cfg.deterministic))
+    nbytes = _C.gpu_workspace_bytes(op, meta, scalars)
+    return (jax.ShapeDtypeStruct((nbytes,), jnp.uint8),) if nbytes else ()
+
+
 def _forward(cfg, q, k, v, cu_q, cu_k, alibi, sinks, rng):
     out_type = jax.ShapeDtypeStruct((*q.shape[:-1], v.shape[-1]), q.dtype)
     if cu_q is None:
@@ -98,9 +119,13 @@ def _forward(cfg, q, k, v, cu_q, cu_k, alibi, sinks, rng):
     else:
         lse_shape = (q.shape[1], q.shape[0])
     lse_type = jax.ShapeDtypeStruct(lse_shape, _lse_dtype(q))
-    call = jax.ffi.ffi_call("flashport_fwd", (out_type, lse_type), vmap_method="sequential")
-    return call(q, k, v, *_extras(cu_q, cu_k, alibi, sinks, rng),
-                **_attrs(cfg, _flags(cu_q, alibi, sinks, rng)))
+    ws = _workspace_types("fwd", cfg, dict(q=q, k=k, v=v, out=out_type, lse=lse_type,
+                                          cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                          alibi_slopes=alibi, sinks=sinks))
+    call = jax.ffi.ffi_call("flashport_fwd", (out_type, lse_type, *ws), vmap_method="sequential")
+    res = call(q, k, v, *_extras(cu_q, cu_k, alibi, sinks, rng),
+               **_attrs(cfg, _flags(cu_q, alibi, sinks, rng)))
+    return res[0], res[1]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -127,6 +152,10 @@ def _attention_bwd(cfg, res, cotangents):
     types = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
     if sinks is not None:
         types.append(jax.ShapeDtypeStruct(sinks.shape, jnp.float32))
+    types += _workspace_types("bwd", cfg, dict(q=q, k=k, v=v, out=out, lse=lse, dout=out,
+                                               dq=q, dk=k, dv=v, cu_seqlens_q=cu_q,
+                                               cu_seqlens_k=cu_k, alibi_slopes=alibi, sinks=sinks,
+                                               d_sinks=sinks))
     call = jax.ffi.ffi_call("flashport_bwd", tuple(types), vmap_method="sequential")
     grads = call(q, k, v, out, lse, dout.astype(out.dtype),
                  *_extras(cu_q, cu_k, alibi, sinks, rng),

@@ -125,9 +125,21 @@ ffi::Error fill_common(fp_attn_params& p, const ScalarAttrs& a, ffi::RemainingAr
   return ffi::Error::Success();
 }
 
-ffi::Error run_with_workspace(ffi::ScratchAllocator& scratch, size_t bytes, void** ws) {
+// The workspace: a trailing u8 result that flashport.jax sizes at trace time on GPUs (XLA's
+// scratch allocator is not available inside command buffers), else XLA's scratch allocator.
+// Never malloc'ed here.
+ffi::Error take_workspace(ffi::ScratchAllocator& scratch, ffi::RemainingRets& rets, size_t index,
+                          size_t bytes, void** ws) {
   *ws = nullptr;
   if (bytes == 0) return ffi::Error::Success();
+  if (rets.size() > index) {
+    auto buf = rets.get<ffi::AnyBuffer>(index);
+    if (buf.has_error()) return buf.error();
+    if ((*buf)->size_bytes() >= bytes) {
+      *ws = (*buf)->untyped_data();
+      return ffi::Error::Success();
+    }  // sized for another platform's plan: fall back to the scratch allocator
+  }
   auto mem = scratch.Allocate(bytes, 256);
   if (!mem.has_value())
     return ffi::Error(ffi::ErrorCode::kResourceExhausted,
@@ -139,7 +151,8 @@ ffi::Error run_with_workspace(ffi::ScratchAllocator& scratch, size_t bytes, void
 ffi::Error fwd_impl(fp_device_type dev, void* stream, int32_t ordinal,
                     ffi::ScratchAllocator& scratch, ffi::AnyBuffer q, ffi::AnyBuffer k,
                     ffi::AnyBuffer v, ffi::RemainingArgs extra, ffi::Result<ffi::AnyBuffer> out,
-                    ffi::Result<ffi::AnyBuffer> lse, const ScalarAttrs& a) {
+                    ffi::Result<ffi::AnyBuffer> lse, ffi::RemainingRets extra_rets,
+                    const ScalarAttrs& a) {
   try {
     fp_attn_params p;
     fp_attn_params_init(&p);
@@ -154,7 +167,7 @@ ffi::Error fwd_impl(fp_device_type dev, void* stream, int32_t ordinal,
     fp_selection sel;
     fp_status s = fp_attn_fwd_select(&p, &sel);
     if (s != FP_OK) return status_error(s);
-    FP_TRY(run_with_workspace(scratch, sel.workspace_bytes, &p.workspace));
+    FP_TRY(take_workspace(scratch, extra_rets, 0, sel.workspace_bytes, &p.workspace));
     p.workspace_bytes = sel.workspace_bytes;
     s = fp_attn_fwd(&p);
     if (s != FP_OK) return status_error(s);
@@ -196,7 +209,8 @@ ffi::Error bwd_impl(fp_device_type dev, void* stream, int32_t ordinal,
     fp_selection sel;
     fp_status s = fp_attn_bwd_select(&p, &sel);
     if (s != FP_OK) return status_error(s);
-    FP_TRY(run_with_workspace(scratch, sel.workspace_bytes, &p.fwd.workspace));
+    FP_TRY(take_workspace(scratch, extra_rets, (a.flags & kHasSinks) ? 1 : 0, sel.workspace_bytes,
+                          &p.fwd.workspace));
     p.fwd.workspace_bytes = sel.workspace_bytes;
     s = fp_attn_bwd(&p);
     if (s != FP_OK) return status_error(s);
@@ -232,16 +246,18 @@ ffi::Error bwd_impl(fp_device_type dev, void* stream, int32_t ordinal,
 
 ffi::Error fwd_cpu(ffi::ScratchAllocator scratch, ffi::AnyBuffer q, ffi::AnyBuffer k,
                    ffi::AnyBuffer v, ffi::RemainingArgs extra, ffi::Result<ffi::AnyBuffer> out,
-                   ffi::Result<ffi::AnyBuffer> lse, FP_SCALAR_ATTR_PARAMS) {
-  return fwd_impl(FP_DEVICE_CPU, nullptr, 0, scratch, q, k, v, extra, out, lse,
+                   ffi::Result<ffi::AnyBuffer> lse, ffi::RemainingRets extra_rets,
+                   FP_SCALAR_ATTR_PARAMS) {
+  return fwd_impl(FP_DEVICE_CPU, nullptr, 0, scratch, q, k, v, extra, out, lse, extra_rets,
                   FP_SCALAR_ATTRS_INIT);
 }
 
 ffi::Error fwd_cuda(void* stream, int32_t ordinal, ffi::ScratchAllocator scratch,
                     ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                     ffi::RemainingArgs extra, ffi::Result<ffi::AnyBuffer> out,
-                    ffi::Result<ffi::AnyBuffer> lse, FP_SCALAR_ATTR_PARAMS) {
-  return fwd_impl(FP_DEVICE_CUDA, stream, ordinal, scratch, q, k, v, extra, out, lse,
+                    ffi::Result<ffi::AnyBuffer> lse, ffi::RemainingRets extra_rets,
+                    FP_SCALAR_ATTR_PARAMS) {
+  return fwd_impl(FP_DEVICE_CUDA, stream, ordinal, scratch, q, k, v, extra, out, lse, extra_rets,
                   FP_SCALAR_ATTRS_INIT);
 }
 
@@ -274,7 +290,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FlashportFwdCpu, fwd_cpu,
                                   .Arg<ffi::AnyBuffer>()
                                   .RemainingArgs()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>() FP_BIND_SCALAR_ATTRS);
+                                  .Ret<ffi::AnyBuffer>()
+                                  .RemainingRets() FP_BIND_SCALAR_ATTRS);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FlashportFwdCuda, fwd_cuda,
                               ffi::Ffi::Bind()
@@ -286,7 +303,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FlashportFwdCuda, fwd_cuda,
                                   .Arg<ffi::AnyBuffer>()
                                   .RemainingArgs()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>() FP_BIND_SCALAR_ATTRS);
+                                  .Ret<ffi::AnyBuffer>()
+                                  .RemainingRets() FP_BIND_SCALAR_ATTRS);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FlashportBwdCpu, bwd_cpu,
                               ffi::Ffi::Bind()

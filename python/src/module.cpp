@@ -230,6 +230,58 @@ void attn_bwd(nb::dict tensors, nb::dict scalars, uintptr_t stream, nb::handle a
   if (s != FP_OK) raise_status(s);
 }
 
+// ---- workspace from shapes alone (JAX on GPU) ------------------------------------------------
+// XLA sizes buffers at trace time, before any data exists. GPU planning reads no device memory
+// (a library rule), so a call described by shapes with placeholder pointers selects exactly as
+// the real call will; flashport.jax turns the answer into a workspace result buffer.
+bool dtype_from_name(const std::string& n, fp_dtype* t) {
+  if (n == "float16") *t = FP_F16;
+  else if (n == "bfloat16") *t = FP_BF16;
+  else if (n == "float32") *t = FP_F32;
+  else if (n == "float64") *t = FP_F64;
+  else if (n == "int32") *t = FP_I32;
+  else return false;
+  return true;
+}
+
+size_t gpu_workspace_bytes(const std::string& op, nb::dict meta, nb::dict scalars,
+                           int32_t device_index) {
+  if (op != "fwd" && op != "bwd") throw nb::value_error("flashport: op must be 'fwd' or 'bwd'");
+  fp_attn_bwd_params p;
+  fp_attn_bwd_params_init(&p);
+  for (auto [key, val] : meta) {
+    const std::string n = nb::cast<std::string>(key);
+    fp_tensor* f = op == "fwd" ? fwd_tensor_field(p.fwd, n) : bwd_tensor_field(p, n);
+    if (!f) unknown("tensor argument", n);
+    nb::tuple spec = nb::cast<nb::tuple>(val);  // (dtype name, shape)
+    std::memset(f, 0, sizeof(*f));
+    if (!dtype_from_name(nb::cast<std::string>(spec[0]), &f->dtype))
+      throw nb::value_error(("flashport: argument '" + n + "' has an unsupported dtype").c_str());
+    nb::tuple shape = nb::cast<nb::tuple>(spec[1]);
+    if (shape.size() == 0 || shape.size() > FP_MAX_DIMS)
+      throw nb::value_error(("flashport: argument '" + n + "' has a bad rank").c_str());
+    f->ndim = static_cast<int32_t>(shape.size());
+    int64_t stride = 1;
+    for (int i = f->ndim - 1; i >= 0; --i) {
+      f->shape[i] = nb::cast<int64_t>(shape[i]);
+      f->stride[i] = stride;
+      stride *= f->shape[i] > 0 ? f->shape[i] : 1;
+    }
+    f->data = reinterpret_cast<void*>(uintptr_t(256));  // never dereferenced by planning
+    f->device_type = FP_DEVICE_CUDA;
+    f->device_index = device_index;
+  }
+  for (auto [key, val] : scalars) {
+    const std::string n = nb::cast<std::string>(key);
+    if (op == "bwd" && n == "deterministic") p.deterministic = nb::cast<int32_t>(val);
+    else if (!set_fwd_scalar(p.fwd, n, val)) unknown("scalar argument", n);
+  }
+  fp_selection sel;
+  const fp_status s = op == "fwd" ? fp_attn_fwd_select(&p.fwd, &sel) : fp_attn_bwd_select(&p, &sel);
+  if (s != FP_OK) raise_status(s);
+  return sel.workspace_bytes;
+}
+
 // ---- merge --------------------------------------------------------------------------------
 fp_tensor* merge_field(fp_merge_bwd_params& p, const std::string& n) {
   if (n == "out_partials") return &p.fwd.out_partials;
@@ -291,6 +343,9 @@ nb::dict jax_ffi_targets();  // jax_ffi.cpp
 
 NB_MODULE(_C, m) {
   m.doc() = "flashport C API over DLPack (framework-independent)";
+  m.def("gpu_workspace_bytes", &gpu_workspace_bytes, nb::arg("op"), nb::arg("meta"),
+        nb::arg("scalars"), nb::arg("device_index") = 0,
+        "Workspace bytes a CUDA call of these shapes needs: meta {name: (dtype, shape)}.");
   m.def("attn_fwd_select", &attn_fwd_select, nb::arg("tensors"), nb::arg("scalars"),
         nb::arg("stream") = 0);
   m.def("attn_fwd", &attn_fwd, nb::arg("tensors"), nb::arg("scalars"), nb::arg("stream") = 0,
