@@ -10,6 +10,7 @@
 #include "core/backend.hpp"
 #include "core/heuristics.hpp"
 #include "bwd_launch.hpp"
+#include "fwd_hopper.hpp"
 #include "fwd_launch.hpp"
 
 namespace flashport {
@@ -151,6 +152,13 @@ Status decide(const Problem& p, const DeviceInfo& dev, Decision* out) {
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
 bool mult8(int64_t x) { return (x & 7) == 0; }
 
+// The sm_90a wgmma prefill kernel (fwd_hopper.cu) runs the call when its capability check
+// passes; otherwise the mma.sync plan below does, and the reason is the check's string.
+constexpr int32_t kHopperKernelId = 1 << 20;
+std::string hopper_reason(const Problem& p, const DeviceInfo& dev, const Decision& d) {
+  return hopper_fwd_check(p, dev.arch, dev.smem_optin, d.tile >= kDecode64, d.pack, d.splits);
+}
+
 class CudaBackend final : public Backend {
  public:
   fp_backend id() const override { return FP_BACKEND_CUDA; }
@@ -186,6 +194,14 @@ class CudaBackend final : public Backend {
     FP_RETURN_IF_ERROR(check_device(p.device_index, &dev));
     Decision d;
     FP_RETURN_IF_ERROR(decide(p, dev, &d));
+    if (hopper_reason(p, dev, d).empty()) {
+      std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:sm90_wgmma_prefill_d%d_m128n128_cpasync:%s",
+                    int(p.d), p.dtype == FP_BF16 ? "bf16" : "fp16");
+      plan->workspace_bytes = d.ws_total;  // 0: no split, no rotary
+      plan->num_splits = 1;
+      plan->kernel_id = kHopperKernelId;
+      return Status::ok();
+    }
     const TileConfig& C = kTileConfigs[d.tile];
     if (C.smem_bytes() > dev.smem_optin)
       return unsupported(std::string("cuda backend: ") + C.name + " needs " +
@@ -284,6 +300,25 @@ class CudaBackend final : public Backend {
       a.ws_o = reinterpret_cast<float*>(ws + d.ws_o_offset);
       a.ws_lse = reinterpret_cast<float*>(ws + d.ws_lse_offset);
       a.ws_rows = d.ws_rows;
+    }
+    if (plan.kernel_id == kHopperKernelId) {
+#if defined(FLASHPORT_WITH_HOPPER_FWD)
+      if (!hopper_reason(p, dev, d).empty())
+        return {FP_ERR_RUNTIME, "cuda backend: plan does not match the call (re-select after changing it)"};
+      const dim3 hgrid(unsigned((p.seq.sq + HopperTile::kBlockM - 1) / HopperTile::kBlockM), unsigned(p.hq),
+                       unsigned(p.seq.batch));
+      if (hgrid.x > 0 && p.seq.batch > 0) {
+        gpuError_t e = p.d == 64 ? (bf16 ? launch_hopper_fwd<64, true>(a, hgrid, stream)
+                                         : launch_hopper_fwd<64, false>(a, hgrid, stream))
+                                 : (bf16 ? launch_hopper_fwd<128, true>(a, hgrid, stream)
+                                         : launch_hopper_fwd<128, false>(a, hgrid, stream));
+        if (e != gpuSuccess)
+          return {FP_ERR_RUNTIME, std::string("cuda backend: sm90 wgmma prefill launch: ") + gpuGetErrorString(e)};
+      }
+      return Status::ok();
+#else
+      return {FP_ERR_RUNTIME, "cuda backend: plan names the Hopper kernel, which is not built"};
+#endif
     }
     const dim3 grid(unsigned(d.m_blocks), unsigned(d.heads_grid), unsigned(p.seq.batch * d.splits));
     if (d.m_blocks > 0 && p.seq.batch > 0) {

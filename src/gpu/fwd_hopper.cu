@@ -1,0 +1,380 @@
+// Hopper (sm_90a) forward prefill: the FlashAttention-2 loop of fwd_kernel.cuh with both
+// products on wgmma (HGMMA) instead of mma.sync. Compiled only for sm_90a (its own object
+// library in CMakeLists.txt); scope and capability check in fwd_hopper.hpp.
+//
+// Block: 2 warpgroups, each owns 64 query rows (BM = 128); keys in steps of BN = 128.
+//   S = Q K^T : wgmma m64n128k16, Q and K from shared memory (both K-major).
+//   online softmax in registers (exp2, scale folded), same feature hooks as the mma.sync loop;
+//   O += P V  : wgmma m64n64k16 per 64-column panel of the head dim, P from registers (the
+//               accumulator layout is the A-fragment layout), V from shared memory MN-major.
+// Shared tiles are stored in 64-column panels of 128-byte rows, 16-byte chunks XOR-swizzled by
+// row % 8: the 128B-swizzle canonical layout wgmma's descriptors describe. K/V stream through a
+// 2-slot ring with cp.async (the load of tile n-1 overlaps the math of tile n).
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <type_traits>
+
+#include "fwd_hopper.hpp"
+#include "fwd_hopper_wgmma.hpp"
+#include "tile_mma.hpp"
+
+namespace flashport::gpu {
+namespace sm90 {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+__device__ __forceinline__ float tanh_accurate(float x) {
+  const float e = __expf(-2.0f * fabsf(x));
+  return copysignf((1.0f - e) / (1.0f + e), x);
+}
+
+// Element offset of (row, 16-byte chunk) in a tile of `rows` rows stored as 64-column panels.
+__device__ __forceinline__ int panel_offset(int rows, int row, int chunk) {
+  return (chunk >> 3) * rows * 64 + row * 64 + (((chunk & 7) ^ (row & 7)) << 3);
+}
+
+// wgmma shared-memory descriptor, 128-byte swizzle (layout type 1 in bits 62-63).
+__device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  uint64_t d = 0;
+  d |= uint64_t((smem_addr & 0x3FFFF) >> 4);
+  d |= uint64_t((lbo_bytes & 0x3FFFF) >> 4) << 16;
+  d |= uint64_t((sbo_bytes & 0x3FFFF) >> 4) << 32;
+  d |= uint64_t(1) << 62;
+  return d;
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Keeps the compiler from moving accumulator reads across the wait.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+template <int D, typename Elem>
+__global__ void __launch_bounds__(HopperTile::kThreads, 1) fwd_hopper_kernel(const __grid_constant__ FwdArgs a) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BM = HopperTile::kBlockM, BN = HopperTile::kBlockN, NT = HopperTile::kThreads;
+  constexpr int kChunks = D / 8;     // 16-byte chunks per row
+  constexpr int kPanels = D / 64;    // 64-column panels
+  constexpr int kNTiles = BN / 8;    // 8-key accumulator tiles per step
+  constexpr bool kBf16 = Elem::kIsBf16;
+  constexpr int kTileElems = BN * D;
+
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw_u32 = smem_u32(smem_raw);
+  const uint32_t base_u32 = (raw_u32 + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
+  uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw + (base_u32 - raw_u32));
+  uint16_t* sKV = sQ + BM * D;  // slot s: K at sKV + 2*s*kTileElems, V right after
+  const uint32_t sQ_u32 = base_u32;
+  const uint32_t sKV_u32 = base_u32 + BM * D * 2;
+
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int wg = tid >> 7;             // warpgroup: rows [64 wg, 64 wg + 64) of the block
+  const int wwarp = (tid >> 5) & 3;    // warp inside the warpgroup: 16 rows each
+  const int m0 = (gridDim.x - 1 - blockIdx.x) * BM;  // heaviest (causal) blocks first
+  const int head = blockIdx.y;
+  const int b = blockIdx.z;
+  const ScoreRules& R = a.rules;
+
+  int lq = static_cast<int>(a.seq.q_len(b));
+  if (lq > a.seq.sq) lq = static_cast<int>(a.seq.sq);
+  int64_t lk64 = a.seq.k_len(b);
+  if (a.k_rows_cap > 0 && lk64 > a.k_rows_cap) lk64 = a.k_rows_cap;
+  const int lk = lk64 < 0 ? 0 : static_cast<int>(lk64);
+  if (m0 >= lq) return;
+  const int64_t q_start = a.seq.q_start(b);
+  const int kvh = head / a.group;
+  const int shift = R.top_left ? 0 : lk - lq;
+  const int wl = static_cast<int>(R.window_left), wr = static_cast<int>(R.window_right);
+  auto vis_lo = [&](int i) -> int { const int lo = wl >= 0 ? i + shift - wl : 0; return lo < 0 ? 0 : lo; };
+  auto vis_hi = [&](int i) -> int {
+    const int hi = wr >= 0 ? i + shift + wr + 1 : lk;
+    return hi > lk ? lk : (hi < 0 ? 0 : hi);
+  };
+  const int i_min = m0;
+  const int i_max = (m0 + BM < lq ? m0 + BM : lq) - 1;
+  const int key_lo = vis_lo(i_min);
+  const int key_hi = vis_hi(i_max);
+  const int n_lo = key_lo / BN;
+  const int n_hi = key_hi > key_lo ? (key_hi + BN - 1) / BN : n_lo;
+
+  // This thread's two rows (accumulator halves hf = 0, 1).
+  const int row_loc0 = wg * 64 + wwarp * 16 + (lane >> 2);
+  const int col_base = (lane & 3) * 2;
+
+  float o_acc[kPanels][32];
+#pragma unroll
+  for (int p = 0; p < kPanels; ++p)
+#pragma unroll
+    for (int e = 0; e < 32; ++e) o_acc[p][e] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+
+  if (n_lo < n_hi) {
+    // K/V row base of this (sequence, kv head): batched or packed (the capability check
+    // declines paged and cache layouts).
+    const int64_t k_base = (a.k_addr.layout == KvLayout::Packed ? a.seq.k_start(b) * a.k_addr.s0
+                                                                : int64_t(b) * a.k_addr.s0) + kvh * a.k_addr.s2;
+    const int64_t v_base = (a.v_addr.layout == KvLayout::Packed ? a.seq.k_start(b) * a.v_addr.s0
+                                                                : int64_t(b) * a.v_addr.s0) + kvh * a.v_addr.s2;
+    const int64_t k_rs = a.k_addr.layout == KvLayout::Packed ? a.k_addr.s0 : a.k_addr.s1;
+    const int64_t v_rs = a.v_addr.layout == KvLayout::Packed ? a.v_addr.s0 : a.v_addr.s1;
+
+    // Each thread copies one 16-byte column chunk of every (NT / kChunks)-th row; that row step
+    // is a multiple of 8, so the swizzled shared offset advances by a constant.
+    constexpr int kRowStep = NT / kChunks;
+    static_assert(kRowStep % 8 == 0 && BN % kRowStep == 0 && BM % kRowStep == 0, "load mapping");
+    const int ld_row = tid / kChunks, ld_chunk = tid % kChunks;
+    const int ld_soff = panel_offset(BN, ld_row, ld_chunk);
+    const uint16_t* k_src = a.k + k_base + ld_chunk * 8;
+    const uint16_t* v_src = a.v + v_base + ld_chunk * 8;
+    auto load_kv = [&](int slot, int nb) {
+      uint16_t* sK = sKV + 2 * slot * kTileElems + ld_soff;
+      uint16_t* sV = sK + kTileElems;
+      const int j0 = nb * BN + ld_row;
+#pragma unroll
+      for (int k = 0; k < BN / kRowStep; ++k) {
+        const int j = j0 + k * kRowStep;
+        const bool in = j < lk;
+        const int64_t jj = in ? j : 0;
+        cp_async_16(sK + k * kRowStep * 64, k_src + jj * k_rs, in ? 16 : 0);
+        cp_async_16(sV + k * kRowStep * 64, v_src + jj * v_rs, in ? 16 : 0);
+      }
+    };
+    // Q tile (rows past the sequence are zeros).
+    {
+      const int q_soff = panel_offset(BM, ld_row, ld_chunk);
+#pragma unroll
+      for (int k = 0; k < BM / kRowStep; ++k) {
+        const int m = m0 + ld_row + k * kRowStep;
+        const bool in = m < lq;
+        const int64_t off = a.q_addr.at(b, q_start, in ? m : 0, head) + ld_chunk * 8;
+        cp_async_16(sQ + q_soff + k * kRowStep * 64, a.q + off, in ? 16 : 0);
+      }
+    }
+    load_kv(0, n_hi - 1);
+    cp_async_commit();
+
+    const bool transformed = a.softcap_in > 0.0f || R.alibi != nullptr || !(a.scale_log2 > 0.0f);
+    const float mul = transformed ? 1.0f : a.scale_log2;
+    const float slope = R.alibi ? -R.alibi_slope(b, head) * kLog2e : 0.0f;
+
+    int slot = 0;
+    for (int nb = n_hi - 1; nb >= n_lo; --nb) {
+      cp_async_wait<0>();
+      fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
+      __syncthreads();      // tile nb landed everywhere; every warpgroup is done with the other slot
+      if (nb > n_lo) {
+        load_kv(slot ^ 1, nb - 1);
+        cp_async_commit();
+      }
+      const uint32_t sK_u32 = sKV_u32 + uint32_t(2 * slot * kTileElems * 2);
+      const uint32_t sV_u32 = sK_u32 + uint32_t(kTileElems * 2);
+
+      // S = Q K^T
+      float s[BN / 2];
+      wg_fence();
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const uint32_t koff = uint32_t((ks & 3) * 32);  // 16 columns = 32 bytes inside the 128-byte row
+        const uint64_t da = make_desc(sQ_u32 + (ks >> 2) * (BM * 128) + wg * (64 * 128) + koff, 16, 1024);
+        const uint64_t db = make_desc(sK_u32 + (ks >> 2) * (BN * 128) + koff, 16, 1024);
+        if constexpr (BN == 128) wgmma_ss_m64n128k16<kBf16>(s, da, db, ks > 0 ? 1 : 0);
+        else wgmma_ss_m64n64k16<kBf16>(s, da, db, ks > 0 ? 1 : 0);
+      }
+      wg_commit();
+      wg_wait0();
+      fence_regs(s);
+
+      // Feature hooks (block-uniform branches), as in the mma.sync loop.
+      const int n0 = nb * BN;
+      const bool need_mask = n0 + BN > lk || (wr >= 0 && n0 + BN - 1 > i_min + shift + wr) ||
+                             (wl >= 0 && n0 < i_max + shift - wl);
+      if (transformed) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int i = m0 + row_loc0 + hf * 8;
+          const int base = i + shift - n0;
+#pragma unroll
+          for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+            for (int e2 = 0; e2 < 2; ++e2) {
+              float& v = s[4 * t + 2 * hf + e2];
+              v = a.softcap_in > 0.0f ? a.softcap_out * tanh_accurate(v * a.softcap_in) : v * a.scale_log2;
+              const int dist = base - (t * 8 + col_base + e2);
+              v += slope * float(dist < 0 ? -dist : dist);
+            }
+        }
+      }
+      if (need_mask) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int i = m0 + row_loc0 + hf * 8;
+          const int lo = vis_lo(i) - n0, hi = vis_hi(i) - n0;
+#pragma unroll
+          for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+            for (int e2 = 0; e2 < 2; ++e2) {
+              const int j = t * 8 + col_base + e2;
+              if (j < lo || j >= hi) s[4 * t + 2 * hf + e2] = -INFINITY;
+            }
+        }
+      }
+
+      // Online softmax (base 2).
+      float corr[2];
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int t = 0; t < kNTiles; ++t) mx = fmaxf(mx, fmaxf(s[4 * t + 2 * hf], s[4 * t + 2 * hf + 1]));
+        mx = fmaxf(mx, shfl_xor(mx, 1));
+        mx = fmaxf(mx, shfl_xor(mx, 2));
+        const float m_new = fmaxf(row_max[hf], mx * mul);
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+        corr[hf] = fast_exp2(row_max[hf] - m_use);
+        row_max[hf] = m_new;
+        float sum = 0.0f;
+#pragma unroll
+        for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+          for (int e2 = 0; e2 < 2; ++e2) {
+            float& v = s[4 * t + 2 * hf + e2];
+            v = fast_exp2(fmaf(v, mul, -m_use));
+            sum += v;
+          }
+        row_sum[hf] = row_sum[hf] * corr[hf] + sum;
+      }
+#pragma unroll
+      for (int p = 0; p < kPanels; ++p)
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+          o_acc[p][4 * t + 0] *= corr[0];
+          o_acc[p][4 * t + 1] *= corr[0];
+          o_acc[p][4 * t + 2] *= corr[1];
+          o_acc[p][4 * t + 3] *= corr[1];
+        }
+
+      // P to 16-bit A fragments: k-step ks takes the accumulator tiles 2ks and 2ks + 1.
+      uint32_t pa[BN / 16][4];
+#pragma unroll
+      for (int ks = 0; ks < BN / 16; ++ks) {
+        pa[ks][0] = Elem::pack(s[8 * ks + 0], s[8 * ks + 1]);
+        pa[ks][1] = Elem::pack(s[8 * ks + 2], s[8 * ks + 3]);
+        pa[ks][2] = Elem::pack(s[8 * ks + 4], s[8 * ks + 5]);
+        pa[ks][3] = Elem::pack(s[8 * ks + 6], s[8 * ks + 7]);
+      }
+
+      // O += P V: V is [key][d], i.e. MN-major for B; 16 keys = 2048 bytes per k-step.
+      wg_fence();
+#pragma unroll
+      for (int ks = 0; ks < BN / 16; ++ks)
+#pragma unroll
+        for (int p = 0; p < kPanels; ++p) {
+          const uint64_t db = make_desc(sV_u32 + p * (BN * 128) + ks * 2048, BN * 128, 1024);
+          wgmma_rs_m64n64k16_tb<kBf16>(o_acc[p], pa[ks], db, 1);
+        }
+      wg_commit();
+      wg_wait0();
+#pragma unroll
+      for (int p = 0; p < kPanels; ++p) fence_regs(o_acc[p]);
+      slot ^= 1;
+    }
+  }
+
+  // Epilogue: finish the row sums, add the sink, normalise, store.
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int i = m0 + row_loc0 + hf * 8;
+    float l = row_sum[hf];
+    l += shfl_xor(l, 1);
+    l += shfl_xor(l, 2);
+    float mx = row_max[hf];
+    if (i >= lq) continue;
+    float o_scale = 1.0f;
+    if (R.sinks != nullptr) {
+      const float sink = R.sinks[head] * kLog2e;
+      const float m_f = fmaxf(mx, sink);
+      o_scale = fast_exp2(mx - m_f);
+      l = l * o_scale + fast_exp2(sink - m_f);
+      mx = m_f;
+    }
+    const float inv = l > 0.0f ? o_scale / l : 0.0f;
+    const float lse = l > 0.0f ? (mx + __log2f(l)) * kLn2 : -INFINITY;
+    typename Elem::T* dst = static_cast<typename Elem::T*>(a.out) + a.out_addr.at(b, q_start, i, head);
+#pragma unroll
+    for (int p = 0; p < kPanels; ++p)
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        const int col = p * 64 + t * 8 + col_base;
+        const float v0 = o_acc[p][4 * t + 2 * hf] * inv, v1 = o_acc[p][4 * t + 2 * hf + 1] * inv;
+        if (a.out_vec_ok) {
+          *reinterpret_cast<uint32_t*>(dst + col) = Elem::pack(v0, v1);
+        } else {
+          dst[col] = Elem::from_float(v0);
+          dst[col + 1] = Elem::from_float(v1);
+        }
+      }
+    if (a.lse != nullptr && (lane & 3) == 0) a.lse[a.lse_addr.at(b, q_start, head, i)] = lse;
+  }
+#else
+  if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0)
+    printf("flashport: the Hopper forward kernel needs sm_90a\n");
+  __trap();
+#endif
+}
+
+}  // namespace sm90
+
+constexpr int kMaxHopperDevices = 64;
+
+template <int D, bool kBf16>
+KernelInfo hopper_fwd_kernel_info(int device) {
+  using Elem = std::conditional_t<kBf16, BFloat16, Half>;
+  static KernelInfo cache[kMaxHopperDevices];
+  static std::atomic<bool> ready[kMaxHopperDevices];
+  if (device < 0 || device >= kMaxHopperDevices) return KernelInfo{gpuErrorInvalidDevice};
+  if (ready[device].load(std::memory_order_acquire)) return cache[device];
+  KernelInfo info;
+  gpuFuncAttributes attr;
+  const int smem = HopperTile::smem_bytes(D);
+  info.status = gpuFuncGetAttributes(&attr, sm90::fwd_hopper_kernel<D, Elem>);
+  if (info.status == gpuSuccess) {
+    info.num_regs = attr.numRegs;
+    info.local_bytes = static_cast<int>(attr.localSizeBytes);
+    info.status = gpuFuncSetAttribute(sm90::fwd_hopper_kernel<D, Elem>,
+                                      gpuFuncAttributeMaxDynamicSharedMemorySize, smem);
+  }
+  if (info.status == gpuSuccess)
+    info.status = gpuOccupancyMaxActiveBlocksPerMultiprocessor(
+        &info.blocks_per_sm, sm90::fwd_hopper_kernel<D, Elem>, HopperTile::kThreads, smem);
+  gpuGetLastError();
+  cache[device] = info;
+  ready[device].store(true, std::memory_order_release);
+  return info;
+}
+
+template <int D, bool kBf16>
+gpuError_t launch_hopper_fwd(const FwdArgs& a, dim3 grid, gpuStream_t stream) {
+  using Elem = std::conditional_t<kBf16, BFloat16, Half>;
+  sm90::fwd_hopper_kernel<D, Elem><<<grid, HopperTile::kThreads, HopperTile::smem_bytes(D), stream>>>(a);
+  return gpuGetLastError();
+}
+
+template KernelInfo hopper_fwd_kernel_info<64, false>(int);
+template KernelInfo hopper_fwd_kernel_info<64, true>(int);
+template KernelInfo hopper_fwd_kernel_info<128, false>(int);
+template KernelInfo hopper_fwd_kernel_info<128, true>(int);
+template gpuError_t launch_hopper_fwd<64, false>(const FwdArgs&, dim3, gpuStream_t);
+template gpuError_t launch_hopper_fwd<64, true>(const FwdArgs&, dim3, gpuStream_t);
+template gpuError_t launch_hopper_fwd<128, false>(const FwdArgs&, dim3, gpuStream_t);
+template gpuError_t launch_hopper_fwd<128, true>(const FwdArgs&, dim3, gpuStream_t);
+
+}  // namespace flashport::gpu
