@@ -108,7 +108,12 @@ def _workspace_types(op, cfg, named):
         scalars.update(max_seqlen_q=cfg.max_seqlen_q, max_seqlen_k=cfg.max_seqlen_k)
     if op == "bwd":
         scalars.update(deterministic=int(cfg.deterministic))
-    nbytes = _C.gpu_workspace_bytes(op, meta, scalars)
+    try:
+        nbytes = _C.gpu_workspace_bytes(op, meta, scalars)
+    except (ValueError, RuntimeError):
+        # Not a call the CUDA backend plans (e.g. arrays placed on the CPU of a GPU machine):
+        # the handler then takes scratch memory, and a real CUDA error surfaces at run time.
+        return ()
     return (jax.ShapeDtypeStruct((nbytes,), jnp.uint8),) if nbytes else ()
 
 
