@@ -195,8 +195,9 @@ class CudaBackend final : public Backend {
     Decision d;
     FP_RETURN_IF_ERROR(decide(p, dev, &d));
     if (hopper_reason(p, dev, d).empty()) {
-      std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:sm90_wgmma_prefill_d%d_m128n128_cpasync:%s",
-                    int(p.d), p.dtype == FP_BF16 ? "bf16" : "fp16");
+      std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:sm90_wgmma_prefill_d%d_m128n%d_cpasync%s:%s",
+                    int(p.d), HopperTile::block_n(int(p.d), hopper_overlap_schedule()), hopper_overlap_schedule() ? "_ovl" : "",
+                    p.dtype == FP_BF16 ? "bf16" : "fp16");
       plan->workspace_bytes = d.ws_total;  // 0: no split, no rotary
       plan->num_splits = 1;
       plan->kernel_id = kHopperKernelId;
@@ -308,10 +309,9 @@ class CudaBackend final : public Backend {
       const dim3 hgrid(unsigned((p.seq.sq + HopperTile::kBlockM - 1) / HopperTile::kBlockM), unsigned(p.hq),
                        unsigned(p.seq.batch));
       if (hgrid.x > 0 && p.seq.batch > 0) {
-        gpuError_t e = p.d == 64 ? (bf16 ? launch_hopper_fwd<64, true>(a, hgrid, stream)
-                                         : launch_hopper_fwd<64, false>(a, hgrid, stream))
-                                 : (bf16 ? launch_hopper_fwd<128, true>(a, hgrid, stream)
-                                         : launch_hopper_fwd<128, false>(a, hgrid, stream));
+        const gpuError_t e = hopper_overlap_schedule()
+                                 ? hopper_launch_for<true>(int(p.d), bf16, a, hgrid, stream)
+                                 : hopper_launch_for<false>(int(p.d), bf16, a, hgrid, stream);
         if (e != gpuSuccess)
           return {FP_ERR_RUNTIME, std::string("cuda backend: sm90 wgmma prefill launch: ") + gpuGetErrorString(e)};
       }

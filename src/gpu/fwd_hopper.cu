@@ -2,14 +2,18 @@
 // products on wgmma (HGMMA) instead of mma.sync. Compiled only for sm_90a (its own object
 // library in CMakeLists.txt); scope and capability check in fwd_hopper.hpp.
 //
-// Block: 2 warpgroups, each owns 64 query rows (BM = 128); keys in steps of BN = 128.
-//   S = Q K^T : wgmma m64n128k16, Q and K from shared memory (both K-major).
+// Block: 2 warpgroups, each owns 64 query rows (BM = 128); keys in steps of BN (128; 64 for
+// D256; 112 for D128 under schedule v2).
+//   S = Q K^T : wgmma m64nBNk16, Q and K from shared memory (both K-major).
 //   online softmax in registers (exp2, scale folded), same feature hooks as the mma.sync loop;
 //   O += P V  : wgmma m64n64k16 per 64-column panel of the head dim, P from registers (the
 //               accumulator layout is the A-fragment layout), V from shared memory MN-major.
 // Shared tiles are stored in 64-column panels of 128-byte rows, 16-byte chunks XOR-swizzled by
 // row % 8: the 128B-swizzle canonical layout wgmma's descriptors describe. K/V stream through a
-// 2-slot ring with cp.async (the load of tile n-1 overlaps the math of tile n).
+// 2-slot ring with cp.async, issued by all 256 threads (no producer warp, no TMA yet).
+// Schedules (template kOverlap): v1 (default) waits for each product in turn, one barrier per
+// tile, the load of tile n-1 overlapping tile n; v2 issues S of the next tile before P V of this
+// one (FA3's intra-warpgroup overlap) -- correct, but measured slower here (gpu_hopper_v2.md).
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -47,7 +51,8 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lbo_b
 
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 // Keeps the compiler from moving accumulator reads across the wait.
 template <int N>
 __device__ __forceinline__ void fence_regs(float (&r)[N]) {
@@ -58,10 +63,10 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-template <int D, typename Elem>
+template <int D, typename Elem, bool kOverlap>
 __global__ void __launch_bounds__(HopperTile::kThreads, 1) fwd_hopper_kernel(const __grid_constant__ FwdArgs a) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int BM = HopperTile::kBlockM, BN = HopperTile::kBlockN, NT = HopperTile::kThreads;
+  constexpr int BM = HopperTile::kBlockM, BN = HopperTile::block_n(D, kOverlap), NT = HopperTile::kThreads;
   constexpr int kChunks = D / 8;     // 16-byte chunks per row
   constexpr int kPanels = D / 64;    // 64-column panels
   constexpr int kNTiles = BN / 8;    // 8-key accumulator tiles per step
@@ -135,18 +140,22 @@ __global__ void __launch_bounds__(HopperTile::kThreads, 1) fwd_hopper_kernel(con
     const int ld_soff = panel_offset(BN, ld_row, ld_chunk);
     const uint16_t* k_src = a.k + k_base + ld_chunk * 8;
     const uint16_t* v_src = a.v + v_base + ld_chunk * 8;
-    auto load_kv = [&](int slot, int nb) {
-      uint16_t* sK = sKV + 2 * slot * kTileElems + ld_soff;
-      uint16_t* sV = sK + kTileElems;
+    // One tile of K (or V) rows into its slot: K of slot s at sKV + 2s tiles, V right after.
+    auto load_rows = [&](uint16_t* dst, const uint16_t* src, int64_t rs, int nb) {
       const int j0 = nb * BN + ld_row;
 #pragma unroll
       for (int k = 0; k < BN / kRowStep; ++k) {
         const int j = j0 + k * kRowStep;
         const bool in = j < lk;
         const int64_t jj = in ? j : 0;
-        cp_async_16(sK + k * kRowStep * 64, k_src + jj * k_rs, in ? 16 : 0);
-        cp_async_16(sV + k * kRowStep * 64, v_src + jj * v_rs, in ? 16 : 0);
+        cp_async_16(dst + k * kRowStep * 64, src + jj * rs, in ? 16 : 0);
       }
+    };
+    auto load_k = [&](int slot, int nb) { load_rows(sKV + 2 * slot * kTileElems + ld_soff, k_src, k_rs, nb); };
+    auto load_v = [&](int slot, int nb) { load_rows(sKV + (2 * slot + 1) * kTileElems + ld_soff, v_src, v_rs, nb); };
+    auto load_kv = [&](int slot, int nb) {
+      load_k(slot, nb);
+      load_v(slot, nb);
     };
     // Q tile (rows past the sequence are zeros).
     {
@@ -166,34 +175,43 @@ __global__ void __launch_bounds__(HopperTile::kThreads, 1) fwd_hopper_kernel(con
     const float mul = transformed ? 1.0f : a.scale_log2;
     const float slope = R.alibi ? -R.alibi_slope(b, head) * kLog2e : 0.0f;
 
-    int slot = 0;
-    for (int nb = n_hi - 1; nb >= n_lo; --nb) {
-      cp_async_wait<0>();
-      fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
-      __syncthreads();      // tile nb landed everywhere; every warpgroup is done with the other slot
-      if (nb > n_lo) {
-        load_kv(slot ^ 1, nb - 1);
-        cp_async_commit();
-      }
-      const uint32_t sK_u32 = sKV_u32 + uint32_t(2 * slot * kTileElems * 2);
-      const uint32_t sV_u32 = sK_u32 + uint32_t(kTileElems * 2);
-
-      // S = Q K^T
-      float s[BN / 2];
-      wg_fence();
+    auto slot_k = [&](int slot) -> uint32_t { return sKV_u32 + uint32_t(2 * slot * kTileElems * 2); };
+    // S = Q K^T for the tile in `slot` (issued, not waited for).
+    auto issue_s = [&](float (&s)[BN / 2], int slot) {
+      // Descriptors as base + offset (in 16-byte units); the opaque copy of the Q base keeps the
+      // compiler from hoisting D/16 loop-invariant 64-bit descriptors into registers.
+      uint64_t q_desc = make_desc(sQ_u32 + wg * (64 * 128), 16, 1024);
+      asm volatile("" : "+l"(q_desc));
+      uint64_t k_desc = make_desc(slot_k(slot), 16, 1024);
+      asm volatile("" : "+l"(k_desc));
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
         const uint32_t koff = uint32_t((ks & 3) * 32);  // 16 columns = 32 bytes inside the 128-byte row
-        const uint64_t da = make_desc(sQ_u32 + (ks >> 2) * (BM * 128) + wg * (64 * 128) + koff, 16, 1024);
-        const uint64_t db = make_desc(sK_u32 + (ks >> 2) * (BN * 128) + koff, 16, 1024);
+        const uint64_t da = q_desc + (((ks >> 2) * (BM * 128) + koff) >> 4);
+        const uint64_t db = k_desc + (((ks >> 2) * (BN * 128) + koff) >> 4);
         if constexpr (BN == 128) wgmma_ss_m64n128k16<kBf16>(s, da, db, ks > 0 ? 1 : 0);
+        else if constexpr (BN == 112) wgmma_ss_m64n112k16<kBf16>(s, da, db, ks > 0 ? 1 : 0);
         else wgmma_ss_m64n64k16<kBf16>(s, da, db, ks > 0 ? 1 : 0);
       }
       wg_commit();
-      wg_wait0();
-      fence_regs(s);
-
-      // Feature hooks (block-uniform branches), as in the mma.sync loop.
+    };
+    // O += P V for the tile in `slot` (issued, not waited for). V is [key][d]: MN-major for B;
+    // 16 keys = 2048 bytes per k-step.
+    auto issue_pv = [&](const uint32_t (&pa)[BN / 16][4], int slot) {
+      uint64_t v_desc = make_desc(slot_k(slot) + uint32_t(kTileElems * 2), BN * 128, 1024);
+      asm volatile("" : "+l"(v_desc));
+#pragma unroll
+      for (int ks = 0; ks < BN / 16; ++ks)
+#pragma unroll
+        for (int p = 0; p < kPanels; ++p) {
+          const uint64_t db = v_desc + ((p * (BN * 128) + ks * 2048) >> 4);
+          wgmma_rs_m64n64k16_tb<kBf16>(o_acc[p], pa[ks], db, 1);
+        }
+      wg_commit();
+    };
+    // Feature hooks, masking and the online softmax of tile nb (base 2); S becomes P (fp32),
+    // corr the factor the running O must be scaled by.
+    auto softmax = [&](float (&s)[BN / 2], int nb, float (&corr)[2]) {
       const int n0 = nb * BN;
       const bool need_mask = n0 + BN > lk || (wr >= 0 && n0 + BN - 1 > i_min + shift + wr) ||
                              (wl >= 0 && n0 < i_max + shift - wl);
@@ -227,9 +245,6 @@ __global__ void __launch_bounds__(HopperTile::kThreads, 1) fwd_hopper_kernel(con
             }
         }
       }
-
-      // Online softmax (base 2).
-      float corr[2];
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         float mx = -INFINITY;
@@ -252,6 +267,8 @@ __global__ void __launch_bounds__(HopperTile::kThreads, 1) fwd_hopper_kernel(con
           }
         row_sum[hf] = row_sum[hf] * corr[hf] + sum;
       }
+    };
+    auto rescale_o = [&](const float (&corr)[2]) {
 #pragma unroll
       for (int p = 0; p < kPanels; ++p)
 #pragma unroll
@@ -261,9 +278,9 @@ __global__ void __launch_bounds__(HopperTile::kThreads, 1) fwd_hopper_kernel(con
           o_acc[p][4 * t + 2] *= corr[1];
           o_acc[p][4 * t + 3] *= corr[1];
         }
-
-      // P to 16-bit A fragments: k-step ks takes the accumulator tiles 2ks and 2ks + 1.
-      uint32_t pa[BN / 16][4];
+    };
+    // P to 16-bit A fragments: k-step ks takes the accumulator tiles 2ks and 2ks + 1.
+    auto pack_p = [&](const float (&s)[BN / 2], uint32_t (&pa)[BN / 16][4]) {
 #pragma unroll
       for (int ks = 0; ks < BN / 16; ++ks) {
         pa[ks][0] = Elem::pack(s[8 * ks + 0], s[8 * ks + 1]);
@@ -271,21 +288,89 @@ __global__ void __launch_bounds__(HopperTile::kThreads, 1) fwd_hopper_kernel(con
         pa[ks][2] = Elem::pack(s[8 * ks + 4], s[8 * ks + 5]);
         pa[ks][3] = Elem::pack(s[8 * ks + 6], s[8 * ks + 7]);
       }
+    };
 
-      // O += P V: V is [key][d], i.e. MN-major for B; 16 keys = 2048 bytes per k-step.
-      wg_fence();
-#pragma unroll
-      for (int ks = 0; ks < BN / 16; ++ks)
-#pragma unroll
-        for (int p = 0; p < kPanels; ++p) {
-          const uint64_t db = make_desc(sV_u32 + p * (BN * 128) + ks * 2048, BN * 128, 1024);
-          wgmma_rs_m64n64k16_tb<kBf16>(o_acc[p], pa[ks], db, 1);
+    if constexpr (!kOverlap) {
+      // v1: per tile, S -> softmax -> P V, each product waited for before the next step.
+      int slot = 0;
+      for (int nb = n_hi - 1; nb >= n_lo; --nb) {
+        cp_async_wait<0>();
+        fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
+        __syncthreads();      // tile nb landed everywhere; every warpgroup is done with the other slot
+        if (nb > n_lo) {
+          load_kv(slot ^ 1, nb - 1);
+          cp_async_commit();
         }
-      wg_commit();
-      wg_wait0();
+        float s[BN / 2];
+        wg_fence();
+        issue_s(s, slot);
+        wg_wait<0>();
+        fence_regs(s);
+        float corr[2];
+        softmax(s, nb, corr);
+        rescale_o(corr);
+        uint32_t pa[BN / 16][4];
+        pack_p(s, pa);
+        wg_fence();
+        issue_pv(pa, slot);
+        wg_wait<0>();
+#pragma unroll
+        for (int p = 0; p < kPanels; ++p) fence_regs(o_acc[p]);
+        slot ^= 1;
+      }
+    } else {
+      // v2 (FA3's intra-warpgroup overlap): S of the next tile is issued before P V of this one,
+      // so the next tile's softmax runs while the tensor cores do this tile's P V. Tiles walk
+      // nb = n_hi-1 down to n_lo; tile t's K sits in K slot t & 1, its V in V slot t & 1. At the
+      // top of step t (one barrier) K(t+1) and V(t) have landed, K(t) (read by S(t), waited in
+      // step t-1) and V(t-1) (read by P V(t-1), waited in step t-1) are free: K(t+2) and V(t+1)
+      // are loaded into them, a whole step ahead of use.
+      const int count = n_hi - n_lo;
+      if (count > 1) load_k(1, n_hi - 2);
+      cp_async_commit();
+      cp_async_wait<1>();  // Q, K(0), V(0) landed (K(1) may be in flight)
+      fence_proxy_async();
+      __syncthreads();
+      float s[BN / 2];
+      wg_fence();
+      issue_s(s, 0);
+      wg_wait<0>();
+      fence_regs(s);
+      float corr[2];
+      softmax(s, n_hi - 1, corr);  // O is zero: no rescale
+      uint32_t pa[BN / 16][4];
+      pack_p(s, pa);
+      // Steps 0 .. count-2 have a next tile: the same wgmma sequence every time (ptxas must see
+      // a fixed group structure to keep the products asynchronous). The last step is peeled.
+      int t = 0;
+      for (; t + 1 < count; ++t) {
+        const int slot = t & 1;
+        cp_async_wait<0>();  // K(t+1), V(t): this thread's copies
+        fence_proxy_async();
+        __syncthreads();     // ... everyone's; K(t) and V(t-1) are free everywhere
+        if (t + 2 < count) load_k(slot, n_hi - 3 - t);
+        load_v(slot ^ 1, n_hi - 2 - t);
+        cp_async_commit();
+        wg_fence();
+        issue_s(s, slot ^ 1);
+        issue_pv(pa, slot);
+        wg_wait<1>();  // S(t+1) done; P V(t) may still run
+        fence_regs(s);
+        softmax(s, n_hi - 2 - t, corr);
+        wg_wait<0>();  // P V(t) done
+#pragma unroll
+        for (int p = 0; p < kPanels; ++p) fence_regs(o_acc[p]);
+        rescale_o(corr);
+        pack_p(s, pa);
+      }
+      cp_async_wait<0>();  // V(last)
+      fence_proxy_async();
+      __syncthreads();
+      wg_fence();
+      issue_pv(pa, t & 1);
+      wg_wait<0>();
 #pragma unroll
       for (int p = 0; p < kPanels; ++p) fence_regs(o_acc[p]);
-      slot ^= 1;
     }
   }
 
@@ -335,46 +420,47 @@ __global__ void __launch_bounds__(HopperTile::kThreads, 1) fwd_hopper_kernel(con
 
 constexpr int kMaxHopperDevices = 64;
 
-template <int D, bool kBf16>
+template <int D, bool kBf16, bool kOverlap>
 KernelInfo hopper_fwd_kernel_info(int device) {
   using Elem = std::conditional_t<kBf16, BFloat16, Half>;
+  constexpr auto kernel = sm90::fwd_hopper_kernel<D, Elem, kOverlap>;
   static KernelInfo cache[kMaxHopperDevices];
   static std::atomic<bool> ready[kMaxHopperDevices];
   if (device < 0 || device >= kMaxHopperDevices) return KernelInfo{gpuErrorInvalidDevice};
   if (ready[device].load(std::memory_order_acquire)) return cache[device];
   KernelInfo info;
   gpuFuncAttributes attr;
-  const int smem = HopperTile::smem_bytes(D);
-  info.status = gpuFuncGetAttributes(&attr, sm90::fwd_hopper_kernel<D, Elem>);
+  const int smem = HopperTile::smem_bytes(D, kOverlap);
+  info.status = gpuFuncGetAttributes(&attr, kernel);
   if (info.status == gpuSuccess) {
     info.num_regs = attr.numRegs;
     info.local_bytes = static_cast<int>(attr.localSizeBytes);
-    info.status = gpuFuncSetAttribute(sm90::fwd_hopper_kernel<D, Elem>,
-                                      gpuFuncAttributeMaxDynamicSharedMemorySize, smem);
+    info.status = gpuFuncSetAttribute(kernel, gpuFuncAttributeMaxDynamicSharedMemorySize, smem);
   }
   if (info.status == gpuSuccess)
-    info.status = gpuOccupancyMaxActiveBlocksPerMultiprocessor(
-        &info.blocks_per_sm, sm90::fwd_hopper_kernel<D, Elem>, HopperTile::kThreads, smem);
+    info.status = gpuOccupancyMaxActiveBlocksPerMultiprocessor(&info.blocks_per_sm, kernel,
+                                                                HopperTile::kThreads, smem);
   gpuGetLastError();
   cache[device] = info;
   ready[device].store(true, std::memory_order_release);
   return info;
 }
 
-template <int D, bool kBf16>
+template <int D, bool kBf16, bool kOverlap>
 gpuError_t launch_hopper_fwd(const FwdArgs& a, dim3 grid, gpuStream_t stream) {
   using Elem = std::conditional_t<kBf16, BFloat16, Half>;
-  sm90::fwd_hopper_kernel<D, Elem><<<grid, HopperTile::kThreads, HopperTile::smem_bytes(D), stream>>>(a);
+  sm90::fwd_hopper_kernel<D, Elem, kOverlap><<<grid, HopperTile::kThreads, HopperTile::smem_bytes(D, kOverlap), stream>>>(a);
   return gpuGetLastError();
 }
 
-template KernelInfo hopper_fwd_kernel_info<64, false>(int);
-template KernelInfo hopper_fwd_kernel_info<64, true>(int);
-template KernelInfo hopper_fwd_kernel_info<128, false>(int);
-template KernelInfo hopper_fwd_kernel_info<128, true>(int);
-template gpuError_t launch_hopper_fwd<64, false>(const FwdArgs&, dim3, gpuStream_t);
-template gpuError_t launch_hopper_fwd<64, true>(const FwdArgs&, dim3, gpuStream_t);
-template gpuError_t launch_hopper_fwd<128, false>(const FwdArgs&, dim3, gpuStream_t);
-template gpuError_t launch_hopper_fwd<128, true>(const FwdArgs&, dim3, gpuStream_t);
+#define FP_INSTANTIATE_HOPPER(D, bf16, ovl)                        \
+  template KernelInfo hopper_fwd_kernel_info<D, bf16, ovl>(int); \
+  template gpuError_t launch_hopper_fwd<D, bf16, ovl>(const FwdArgs&, dim3, gpuStream_t);
+#define FP_INSTANTIATE_HOPPER_D(D)                                                 \
+  FP_INSTANTIATE_HOPPER(D, false, false) FP_INSTANTIATE_HOPPER(D, true, false)     \
+  FP_INSTANTIATE_HOPPER(D, false, true) FP_INSTANTIATE_HOPPER(D, true, true)
+FP_INSTANTIATE_HOPPER_D(64)
+FP_INSTANTIATE_HOPPER_D(128)
+FP_INSTANTIATE_HOPPER_D(256)
 
 }  // namespace flashport::gpu

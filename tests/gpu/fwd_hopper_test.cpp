@@ -1,4 +1,5 @@
-// The sm_90a wgmma prefill kernel (src/gpu/fwd_hopper.cu) against the fp64 reference: odd
+// The sm_90a wgmma prefill kernel (src/gpu/fwd_hopper.cu; schedule v1 by default, v2 with
+// FLASHPORT_HOPPER_SCHED=2 -- scripts/device_hopper.sh runs both) against the fp64 reference: odd
 // lengths, causal in both alignments, windows, GQA, varlen, LSE, softcap/ALiBi/sinks, strided
 // tensors, rows without keys; and the selection itself: taken on sm_90 where the capability check
 // allows it, declined (and the mma.sync kernel still correct) where it does not.
@@ -42,7 +43,7 @@ void check_hopper(const Case& c, bool expect_hopper) {
 
 TEST(CudaHopperFwd, HeadDimsDtypesAndOddLengths) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128})
+  for (int64_t d : {64, 128, 256})
     for (fp_dtype t : {FP_BF16, FP_F16})
       for (auto [sq, sk] : {std::pair<int64_t, int64_t>{1, 1}, {3, 113}, {113, 3}, {129, 257}, {1025, 77},
                             {77, 1025}, {256, 256}, {300, 1000}}) {
@@ -58,7 +59,7 @@ TEST(CudaHopperFwd, HeadDimsDtypesAndOddLengths) {
 TEST(CudaHopperFwd, CausalBothAlignmentsAndWindows) {
   SKIP_WITHOUT_GPU();
   struct W { bool causal, top_left; int wl, wr; };
-  for (int64_t d : {64, 128})
+  for (int64_t d : {64, 128, 256})
     for (W w : {W{true, false, -1, -1}, W{true, true, -1, -1}, W{false, false, 100, 0}, W{false, false, 37, 200},
                 W{false, true, 0, 0}, W{false, false, -1, 5}, W{true, false, 300, -1}})
       for (auto [sq, sk] : {std::pair<int64_t, int64_t>{1025, 1025}, {200, 700}, {700, 200}, {129, 131}}) {
@@ -72,7 +73,7 @@ TEST(CudaHopperFwd, CausalBothAlignmentsAndWindows) {
 
 TEST(CudaHopperFwd, GqaVarlenAndNoLse) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128})
+  for (int64_t d : {64, 128, 256})
     for (auto [hq, hkv] : {std::pair<int64_t, int64_t>{8, 1}, {8, 2}, {6, 3}, {4, 4}}) {
       Case c;
       c.dtype = rand_dtype();
@@ -81,7 +82,7 @@ TEST(CudaHopperFwd, GqaVarlenAndNoLse) {
       c.lse = rand_int(0, 1);
       check_hopper(c, true);
     }
-  for (int64_t d : {64, 128}) {
+  for (int64_t d : {64, 128, 256}) {
     Case c;
     c.dtype = rand_dtype();
     c.varlen = true;
@@ -99,7 +100,7 @@ TEST(CudaHopperFwd, GqaVarlenAndNoLse) {
 
 TEST(CudaHopperFwd, ScoreFeaturesAndStrides) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128}) {
+  for (int64_t d : {64, 128, 256}) {
     Case c;
     c.dtype = rand_dtype();
     c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = d, c.sq = 300, c.sk = 257;
@@ -126,7 +127,7 @@ TEST(CudaHopperFwd, ScoreFeaturesAndStrides) {
 
 TEST(CudaHopperFwd, RowsWithoutKeys) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128}) {
+  for (int64_t d : {64, 128, 256}) {
     Case c;  // bottom-right causal with Sq > Sk: the first Sq - Sk rows see no key
     c.dtype = rand_dtype();
     c.hq = 2, c.hkv = 2, c.d = d, c.dv = d, c.sq = 400, c.sk = 130, c.causal = true;
@@ -146,7 +147,7 @@ TEST(CudaHopperFwd, DeclinedCallsFallBack) {
     c.dropout = 0.2f;
     check_hopper(c, false);
   }
-  for (int64_t d : {96, 256, 32}) {
+  for (int64_t d : {96, 32, 192}) {
     Case c = base;
     c.d = d, c.dv = d;
     check_hopper(c, false);
@@ -185,12 +186,24 @@ TEST(CudaHopperFwd, DeclinedCallsFallBack) {
   }
 }
 
+TEST(CudaHopperFwd, LongKeysManyTiles) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t d : {64, 128, 256}) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.hq = 2, c.hkv = 1, c.d = d, c.dv = d, c.sq = 130, c.sk = 2500;
+    check_hopper(c, true);
+    c.causal = true, c.top_left = true;
+    check_hopper(c, true);
+  }
+}
+
 TEST(CudaHopperFwd, RandomizedMix) {
   SKIP_WITHOUT_GPU();
   for (int it = 0; it < 24; ++it) {
     Case c;
     c.dtype = rand_dtype();
-    c.d = rand_int(0, 1) ? 64 : 128;
+    c.d = std::vector<int64_t>{64, 128, 256}[rand_int(0, 2)];
     c.dv = c.d;
     const int64_t g = std::vector<int64_t>{1, 2, 4}[rand_int(0, 2)];
     c.hkv = rand_int(1, 2), c.hq = c.hkv * g;
