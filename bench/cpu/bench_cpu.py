@@ -330,6 +330,10 @@ def write_report(args, peak, peak_wall, rows, st_rows, dec_rows, mem_rows):
                      f"{m['flashport_extra_mib']:.1f} | {m['torch_extra_mib']:.1f} | {m['qkv_mib']:.1f} | "
                      f"{m['scores_mib']:.0f} |")
         L.append("")
+    notes = os.path.join(HERE, "cpu_bench_notes.md")  # hand-written reading of the results
+    if os.path.exists(notes):
+        with open(notes) as f:
+            L.append(f.read())
     with open(args.out + ".md", "w") as f:
         f.write("\n".join(L) + "\n")
     print(f"wrote {args.out}.md")
