@@ -129,6 +129,15 @@ std::vector<Case> feature_cases() {
   add("splits5_causal_sinks", [](Case& c) { c.splits = 5; c.bwd = false; c.sk = 333; c.causal = 1; c.sinks = true; });
   add("splits_heuristic_decode", [](Case& c) { c.splits = 0; c.bwd = false; c.sq = 1; c.sk = 1000; c.b = 1; c.hq = 8; c.hkv = 1; });
   add("splits_many_dropout_window", [](Case& c) { c.splits = 40; c.bwd = false; c.sk = 500; c.wl = 100; c.dropout = 0.3f; });
+  // Decode mode (Sq x group <= 64 rows): one task walks a key split for all kv heads at once.
+  add("decode_heads_interleaved_features", [](Case& c) {
+    c.b = 3; c.sq = 2; c.sk = 700; c.hq = 12; c.hkv = 4; c.causal = 1; c.alibi = 2; c.softcap = 6.0f;
+    c.sinks = true; c.dropout = 0.1f; c.splits = 0; c.bwd = false;
+  });
+  add("decode_bf16_varlen_splits3", [](Case& c) {
+    c.dt = FP_BF16; c.varlen = true; c.b = 3; c.sq = 4; c.sk = 400; c.hq = 8; c.hkv = 4; c.wl = 150;
+    c.splits = 3; c.bwd = false;
+  });
   return v;
 }
 
