@@ -19,6 +19,7 @@
 
 #include "bwd_launch.hpp"
 #include "core/philox.hpp"
+#include "tile_io.cuh"
 #include "tile_mma.hpp"
 
 namespace flashport::gpu {
@@ -56,32 +57,6 @@ __device__ __forceinline__ void bwd_add_pair(float* dst, float x, float y) {
   atomicAdd(dst, x);
   atomicAdd(dst + 1, y);
 #endif
-}
-
-// tanh through exp (relative error ~1e-6, like the forward's; fast-math's MUFU tanh is ~1e-3).
-__device__ __forceinline__ float bwd_tanh(float x) {
-  const float e = __expf(-2.0f * fabsf(x));
-  return copysignf((1.0f - e) / (1.0f + e), x);
-}
-
-// One 16-byte chunk (8 elements from column c*8) of a row into a swizzled shared tile; rows past
-// the end (src == nullptr) and columns past `limit` are zeros; unaligned tensors go scalar.
-__device__ __forceinline__ void bwd_load_chunk(uint16_t* dst, const uint16_t* src_row, int c,
-                                               int limit, bool vec_ok) {
-  const int col = c * 8;
-  if (src_row != nullptr && vec_ok && col + 8 <= limit) {
-    cp_async_16(dst, src_row + col, 16);
-    return;
-  }
-  uint16_t e[8];
-#pragma unroll
-  for (int t = 0; t < 8; ++t) e[t] = (src_row != nullptr && col + t < limit) ? src_row[col + t] : 0;
-  uint4 w;
-  w.x = e[0] | (uint32_t(e[1]) << 16);
-  w.y = e[2] | (uint32_t(e[3]) << 16);
-  w.z = e[4] | (uint32_t(e[5]) << 16);
-  w.w = e[6] | (uint32_t(e[7]) << 16);
-  *reinterpret_cast<uint4*>(dst) = w;
 }
 
 // A fragment of rows [row0, row0+16) x k columns [k0, k0+16) of the TRANSPOSE of a row-major
@@ -192,8 +167,8 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
       for (int idx = tid; idx < BN * kChunks; idx += NT) {
         const int r = idx / kChunks, c = idx % kChunks;
         const int j = n0 + r;
-        bwd_load_chunk(sK + SmemTile<D>::offset(r, c), j < lk ? a.k + krows.at(j) : nullptr, c, a.d, a.vec_ok);
-        bwd_load_chunk(sV + SmemTile<D>::offset(r, c), j < lk ? a.v + vrows.at(j) : nullptr, c, a.dv, a.vec_ok);
+        load_chunk(sK + SmemTile<D>::offset(r, c), j < lk ? a.k + krows.at(j) : nullptr, c, a.d, a.vec_ok);
+        load_chunk(sV + SmemTile<D>::offset(r, c), j < lk ? a.v + vrows.at(j) : nullptr, c, a.dv, a.vec_ok);
       }
       // Q, dO, LSE, D of step s into buffer `buf`.
       auto load_step = [&](int s, int buf) {
@@ -206,8 +181,8 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
           const int i = m * BM + r;
           const uint16_t* qs = i < lq ? a.q + a.q_addr.at(b, q_start, i, h) : nullptr;
           const uint16_t* os = i < lq ? a.dout + a.dout_addr.at(b, q_start, i, h) : nullptr;
-          bwd_load_chunk(q_dst + SmemTile<D>::offset(r, c), qs, c, a.d, a.vec_ok);
-          bwd_load_chunk(o_dst + SmemTile<D>::offset(r, c), os, c, a.dv, a.vec_ok);
+          load_chunk(q_dst + SmemTile<D>::offset(r, c), qs, c, a.d, a.vec_ok);
+          load_chunk(o_dst + SmemTile<D>::offset(r, c), os, c, a.dv, a.vec_ok);
         }
         // Rows past Lq get lse 0 and D 0: with their q and dO rows zero, their P is finite and
         // their dS and dV contributions are exactly 0 (dO = 0, dP = 0, D = 0).
@@ -311,7 +286,7 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
             float sc = acc_s[kr][t].r[e];
             float dtanh = 1.0f;
             if (softcap) {
-              const float th = bwd_tanh(sc * a.softcap_in);
+              const float th = tanh_accurate(sc * a.softcap_in);
               sc = a.softcap_out * th;
               dtanh = 1.0f - th * th;
             } else {

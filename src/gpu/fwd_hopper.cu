@@ -21,6 +21,7 @@
 
 #include "fwd_hopper.hpp"
 #include "fwd_hopper_wgmma.hpp"
+#include "tile_io.cuh"
 #include "tile_mma.hpp"
 
 namespace flashport::gpu {
@@ -28,11 +29,6 @@ namespace sm90 {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-
-__device__ __forceinline__ float tanh_accurate(float x) {
-  const float e = __expf(-2.0f * fabsf(x));
-  return copysignf((1.0f - e) / (1.0f + e), x);
-}
 
 // Element offset of (row, 16-byte chunk) in a tile of `rows` rows stored as 64-column panels.
 __device__ __forceinline__ int panel_offset(int rows, int row, int chunk) {

@@ -17,6 +17,7 @@
 #include "fwd_launch.hpp"
 #include "kernel_args.hpp"
 #include "tile_config.hpp"
+#include "tile_io.cuh"
 #include "tile_mma.hpp"
 
 namespace flashport::gpu {
@@ -24,39 +25,6 @@ namespace flashport::gpu {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// Element offset of key row j of sequence b, head kvh (batched/packed: one multiply-add; paged:
-// one page-table read, page ids clamped into the pool).
-// tanh through exp (relative error ~1e-6; the MUFU tanh of fast-math is ~1e-3, too coarse for
-// softcaps of 30-50 where it scales the score error).
-__device__ __forceinline__ float tanh_accurate(float x) {
-  const float e = __expf(-2.0f * fabsf(x));
-  return copysignf((1.0f - e) / (1.0f + e), x);
-}
-
-// One 16-byte chunk (8 elements from column c*8) of a row into a swizzled shared tile. Rows past
-// the end (src == nullptr) and columns past `limit` are zeros; unaligned tensors take the scalar
-// path.
-__device__ __forceinline__ void load_chunk(uint16_t* dst, const uint16_t* src_row, int c,
-                                           int limit, bool vec_ok) {
-  const int col = c * 8;
-  if (src_row != nullptr && vec_ok && col + 8 <= limit) {
-    cp_async_16(dst, src_row + col, 16);
-    return;
-  }
-  uint16_t e[8];
-#pragma unroll
-  for (int t = 0; t < 8; ++t) e[t] = (src_row != nullptr && col + t < limit) ? src_row[col + t] : 0;
-  uint4 w;
-  w.x = e[0] | (uint32_t(e[1]) << 16);
-  w.y = e[2] | (uint32_t(e[3]) << 16);
-  w.z = e[4] | (uint32_t(e[5]) << 16);
-  w.w = e[6] | (uint32_t(e[7]) << 16);
-  *reinterpret_cast<uint4*>(dst) = w;
-}
-
-// S += Q K^T for this warp's rows over the first `ksteps` 16-column steps of the head dim.
-// kGuard = false: all D/16 steps, one straight-line block the scheduler can pipeline (the common
-// case); true: head dims below the bucket, the tail steps skipped.
 // Loads key/value tiles of one (sequence, kv head) into a swizzled shared tile. Each thread owns
 // one 16-byte column chunk and every (threads / chunks)-th row, so the common case (batched or
 // packed layout, 16-byte aligned, whole chunk inside the head dim) is a straight line of cp.async
@@ -125,6 +93,9 @@ struct KvTileLoader {
   }
 };
 
+// S += Q K^T for this warp's rows over the first `ksteps` 16-column steps of the head dim.
+// kGuard = false: all D/16 steps, one straight-line block the scheduler can pipeline (the common
+// case); true: head dims below the bucket, the tail steps skipped.
 template <int D, int BN, int MT, typename Elem, bool kGuard>
 __device__ __forceinline__ void gemm_qk(FragC (&acc)[MT][BN / 8], const uint16_t* sQ,
                                         const uint16_t* sK, int warp_row0, int lane, int ksteps) {
