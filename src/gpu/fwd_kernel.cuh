@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kTileConfigs[kTile].threads(), kTileConfigs[kT
   uint16_t* sK = sQ + BM * D;
   uint16_t* sV = sK + BN * D;
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, lane = int(threadIdx.x % kWarpSize), warp = int(threadIdx.x / kWarpSize);
   // Heaviest query blocks first (causal: the last rows see the most keys), lighter ones fill the tail.
   const int m0 = (gridDim.x - 1 - blockIdx.x) * BM;
   const int head_idx = blockIdx.y;  // query head (pack == 1) or kv head (packed GQA)
@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(kTileConfigs[kTile].threads(), kTileConfigs[kT
 #pragma unroll
     for (int t = 0; t < kDTiles; ++t)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc_o[mt][t].r[e] = 0.0f;
+      for (int e = 0; e < kAccElems; ++e) acc_o[mt][t].r[e] = 0.0f;
   float row_max[MT][2], row_sum[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(kTileConfigs[kTile].threads(), kTileConfigs[kT
 
   const int warp_row0 = warp * 16 * MT;  // first row of this warp inside the block
   // Packed row of (m-tile, half) for this lane.
-  auto lane_row = [&](int mt, int hf) -> int { return m0 + warp_row0 + mt * 16 + (lane >> 2) + hf * 8; };
+  auto lane_row = [&](int mt, int hf) -> int { return m0 + warp_row0 + mt * 16 + c_row(lane, 2 * hf); };
   const bool warp_active = m0 + warp_row0 < m_rows;  // warps past the last row skip the math
 
   if (n_lo < n_hi) {
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(kTileConfigs[kTile].threads(), kTileConfigs[kT
 #pragma unroll
         for (int t = 0; t < kNTiles; ++t)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc_s[mt][t].r[e] = 0.0f;
+          for (int e = 0; e < kAccElems; ++e) acc_s[mt][t].r[e] = 0.0f;
       if (warp_active) {
         // S = Q K^T
         if (q_ksteps == D / 16) gemm_qk<D, BN, MT, Elem, false>(acc_s, sQ, sK, warp_row0, lane, q_ksteps);
@@ -308,8 +308,7 @@ __global__ void __launch_bounds__(kTileConfigs[kTile].threads(), kTileConfigs[kT
 #pragma unroll
             for (int t = 0; t < kNTiles; ++t)
               mx = fmaxf(mx, fmaxf(acc_s[mt][t].r[hf * 2], acc_s[mt][t].r[hf * 2 + 1]));
-            mx = fmaxf(mx, shfl_xor(mx, 1));
-            mx = fmaxf(mx, shfl_xor(mx, 2));
+            mx = query_max(mx);
             const float m_new = fmaxf(row_max[mt][hf], mx * mul);
             any_moved |= m_new != row_max[mt][hf];
             const float m_use = m_new == -INFINITY ? 0.0f : m_new;
@@ -437,8 +436,7 @@ __global__ void __launch_bounds__(kTileConfigs[kTile].threads(), kTileConfigs[kT
     for (int hf = 0; hf < 2; ++hf) {
       const int m = lane_row(mt, hf);
       float l = row_sum[mt][hf];
-      l += shfl_xor(l, 1);
-      l += shfl_xor(l, 2);
+      l = query_sum(l);
       float mx = row_max[mt][hf];
       if (m >= m_rows) continue;
       const int i = row_i(m);
@@ -462,7 +460,7 @@ __global__ void __launch_bounds__(kTileConfigs[kTile].threads(), kTileConfigs[kT
           if (col < a.dv) dst[col] = acc_o[mt][t].r[hf * 2] * inv;
           if (col + 1 < a.dv) dst[col + 1] = acc_o[mt][t].r[hf * 2 + 1] * inv;
         }
-        if ((lane & 3) == 0) a.ws_lse[int64_t(split) * a.ws_rows + row] = lse;
+        if (query_leader(lane)) a.ws_lse[int64_t(split) * a.ws_rows + row] = lse;
       } else {
         typename Elem::T* dst =
             static_cast<typename Elem::T*>(a.out) + a.out_addr.at(b, q_start, i, h);
@@ -477,7 +475,7 @@ __global__ void __launch_bounds__(kTileConfigs[kTile].threads(), kTileConfigs[kT
             if (col + 1 < a.dv) dst[col + 1] = Elem::from_float(v1);
           }
         }
-        if (a.lse != nullptr && (lane & 3) == 0) a.lse[a.lse_addr.at(b, q_start, h, i)] = lse;
+        if (a.lse != nullptr && query_leader(lane)) a.lse[a.lse_addr.at(b, q_start, h, i)] = lse;
       }
     }
 #endif

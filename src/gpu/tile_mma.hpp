@@ -47,6 +47,20 @@ struct FragC { float r[4]; };
 // Accumulator element e (0..3) of this lane sits at (row, col) of the 16x8 tile.
 __device__ __forceinline__ int c_row(int lane, int e) { return (lane >> 2) + ((e >> 1) << 3); }
 __device__ __forceinline__ int c_col(int lane, int e) { return ((lane & 3) << 1) + (e & 1); }
+constexpr int kAccElems = 4;  // fp32 accumulators a lane holds per 16x8 tile
+
+// The lanes that hold one accumulator row (one query row of S and O) are the 4 of a quad. The
+// main loop reduces row statistics and picks the lane that writes per-row results through these,
+// so another layout plugs in by name (tile_mma_amd.hpp: 16-lane columns, XOR 16 and 32).
+__device__ __forceinline__ float query_max(float x) {
+  x = fmaxf(x, shfl_xor(x, 1));
+  return fmaxf(x, shfl_xor(x, 2));
+}
+__device__ __forceinline__ float query_sum(float x) {
+  x += shfl_xor(x, 1);
+  return x + shfl_xor(x, 2);
+}
+__device__ __forceinline__ bool query_leader(int lane) { return (lane & 3) == 0; }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
