@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds everything and runs every test: the C++ suites (CTest), the CUDA build for sm_80/sm_90
-# (compiled here; its tests run only where a GPU is present), and the Python suite (pytest).
+# (compiled here; its tests run only where a GPU is present), the AMD build and its ISA check
+# (compile only), and the Python suite (pytest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh --python
@@ -20,6 +21,9 @@ if command -v nvcc >/dev/null; then
   # GPU tests skip themselves where no device is present; here they prove the binary links and runs.
   if [ -x build-cuda/tests/gpu/gpu_tests ]; then ./build-cuda/tests/gpu/gpu_tests; fi
 fi
+
+echo "== AMD (HIP) build for gfx90a/gfx942/gfx1100/gfx1201 and the ISA check (compile only)"
+bash scripts/check_amd_isa.sh build-hip-isa
 
 if [ -f pyproject.toml ]; then
   echo "== Python package (pip install .) and pytest"
