@@ -171,7 +171,7 @@ class CpuBackend final : public Backend {
     const int threads = cpu::resolve_threads(p.raw ? p.raw->num_threads : 0);
     const int64_t tiles = decode_mode(p) ? p.seq.batch
                                          : p.seq.batch * p.hkv * ceil_div(p.seq.sq * p.group, kBlockQ);
-    const int64_t key_blocks = ceil_div(max_keys(p), kBlockK);
+    const int64_t key_blocks = ceil_div(max_keys(p), decode_mode(p) ? cpu::kBlockKDecode : kBlockK);
     const int splits = resolve_num_splits(p.num_splits, tiles, key_blocks, threads,
                                           std::min(128, 4 * threads));
     *plan = Plan{};
@@ -206,6 +206,7 @@ class CpuBackend final : public Backend {
     const int64_t rb_max = std::max<int64_t>(1, ceil_div(p.seq.sq * p.group, kBlockQ));
     call.num_chunks = static_cast<int>(std::min(rb_max, std::max<int64_t>(1, ceil_div(4 * threads, heads))));
     call.decode = decode_mode(p);
+    call.block_k = call.decode ? cpu::kBlockKDecode : kBlockK;
     std::vector<cpu::FwdTask> tasks;
     for (int64_t b = 0; b < p.seq.batch; ++b)
       for (int64_t hk = 0; hk < (call.decode ? 1 : p.hkv); ++hk)
