@@ -3,7 +3,9 @@
 # builds the HIP sources for gfx90a, gfx942 (MFMA) and gfx1100, gfx1201 (WMMA) with
 # -DFLASHPORT_HIP=ON, then reads the device ISA. Fails unless every attention kernel contains
 # v_mfma instructions on gfx90a/gfx942 and v_wmma instructions on gfx1100/gfx1201 (and none of the
-# other family). Prints instruction counts, VGPRs/AGPRs/SGPRs, LDS, scratch and spills per kernel.
+# other family) and no scratch (VGPR spills or stack arrays). Prints instruction counts,
+# VGPRs/AGPRs/SGPRs, static LDS, scratch and spills per kernel. The attention kernels are the
+# forward main loop shared with CUDA (src/gpu/fwd_kernel.cuh).
 # Usage: scripts/check_amd_isa.sh [BUILD_DIR]        (default build-hip-isa)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,8 +23,8 @@ python3 - "$build/hip_isa" "$archs" <<'EOF'
 import glob, os, re, subprocess, sys
 
 isa_dir, archs = sys.argv[1], sys.argv[2].split(";")
-# Attention kernels: the AMD forward tile now, the shared CUDA/HIP main loop once it builds for HIP.
-ATTENTION = re.compile(r"attn_tile_kernel|fwd_kernel")
+# Attention kernels: the forward main loop shared with CUDA (fwd_kernel.cuh, instances in fwd_amd.hip).
+ATTENTION = re.compile(r"fwd_kernel")
 FIELDS = ["vgpr_count", "agpr_count", "sgpr_count", "group_segment_fixed_size",
           "private_segment_fixed_size", "vgpr_spill_count", "sgpr_spill_count"]
 
@@ -78,13 +80,18 @@ for arch in archs:
                 failures.append(f"{arch}: {names[name]} has no v_{want} instruction")
             if other and k[other] != 0:
                 failures.append(f"{arch}: {names[name]} has v_{other} instructions")
+            if k.get("private_segment_fixed_size", 0) or k.get("vgpr_spill_count", 0):
+                failures.append(f"{arch}: {names[name]} uses scratch ({k.get('private_segment_fixed_size', 0)} "
+                                f"bytes, {k.get('vgpr_spill_count', 0)} VGPRs spilled)")
     if seen == 0:
         failures.append(f"{arch}: no attention kernel found")
 
+# lds: static LDS only; the main loop's tiles are dynamic LDS sized by tile_config.hpp's AMD rows.
 print(f"{'target':8} {'kernel':58} {'mfma':>5} {'wmma':>5} {'vgpr':>5} {'agpr':>5} {'sgpr':>5} "
       f"{'lds':>6} {'scratch':>7} {'vspill':>6} {'sspill':>6}")
 for arch, name, k in rows:
-    short = name.replace("flashport::gpu::", "").replace("(flashport::gpu::FwdArgs)", "")
+    short = (name.replace("flashport::gpu::", "").replace("amd_target::", "")
+             .replace("(FwdArgs)", "").replace("(flashport::gpu::FwdArgs)", ""))
     print(f"{arch:8} {short:58} {k['mfma']:5} {k['wmma']:5} {k.get('vgpr_count', 0):5} "
           f"{k.get('agpr_count', 0):5} {k.get('sgpr_count', 0):5} {k.get('group_segment_fixed_size', 0):6} "
           f"{k.get('private_segment_fixed_size', 0):7} {k.get('vgpr_spill_count', 0):6} "

@@ -98,6 +98,42 @@ template <int kWave>
 constexpr int column_group_masks() { return kWave == 64 ? 2 : 1; }
 constexpr int column_group_mask(int i) { return 16 << i; }
 
+// The forward main loop's view of an S^T / O^T accumulator (the AccLayout of tile_mma_amd.hpp;
+// the NVIDIA one is in tile_mma.hpp): rows are queries, columns keys or output columns. A lane
+// holds one query row per 16-row m-tile (its accumulator column) and, per 16-column tile, the
+// kCElems columns that are the accumulator's rows in this lane, at register index i.
+//
+// Whether elements 2p and 2p+1 are adjacent columns in every lane (one 32-bit pair store).
+template <typename L>
+constexpr bool attention_adjacent_pairs() {
+  for (int l = 0; l < L::kWaveSize; ++l)
+    for (int i = 0; i + 1 < L::kCElems; i += 2)
+      if (L::c_row(l, i + 1) != L::c_row(l, i) + 1) return false;
+  return true;
+}
+// The longest run r (4, 2 or 1) such that elements [q*r, q*r + r) lie in one aligned group of 4
+// columns in every lane: the elements that share one Philox call of the dropout rule.
+template <typename L>
+constexpr int attention_quad_run() {
+  for (int r = 4; r > 1; r /= 2) {
+    bool ok = L::kCElems % r == 0;
+    for (int l = 0; ok && l < L::kWaveSize; ++l)
+      for (int i = 0; ok && i < L::kCElems; ++i) ok = (L::c_row(l, i) >> 2) == (L::c_row(l, i - i % r) >> 2);
+    if (ok) return r;
+  }
+  return 1;
+}
+template <typename L>
+struct AttentionView {
+  static constexpr int kCols = 16;
+  static constexpr int kRowSlots = 1;
+  static constexpr int kSlotElems = L::kCElems;
+  static constexpr bool kAdjacentPairs = attention_adjacent_pairs<L>();
+  static constexpr int kQuadRun = attention_quad_run<L>();
+  static constexpr int row(int l, int) { return L::c_col(l, 0); }
+  static constexpr int col(int l, int i) { return L::c_row(l, i); }
+};
+
 // --- architecture names -------------------------------------------------------------------------
 // The matrix unit of a gfx target, from the device's gcnArchName ("gfx942:sramecc+:xnack-").
 enum class MatrixUnit : int { kNone = 0, kMfma = 1, kWmmaGfx11 = 2, kWmmaGfx12 = 3 };

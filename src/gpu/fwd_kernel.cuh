@@ -1,12 +1,21 @@
-// The forward main loop (FlashAttention-2 style), written once. Template arguments are only the
-// tile (head-dim bucket, block shape) and the storage type; every score feature is a runtime hook
-// taken by a block-uniform branch, so the plain path does no per-element feature work:
+// The forward main loop (FlashAttention-2 style), written once for NVIDIA (CUDA) and AMD (HIP).
+// Template arguments are only the tile (head-dim bucket, block shape) and the storage type; every
+// score feature is a runtime hook taken by a block-uniform branch, so the plain path does no
+// per-element feature work:
 //   - masking (key tail, causal/window edges) runs only on tiles that cut a row's visible range;
 //   - softcap / ALiBi run only when the call has them;
 //   - dropout (shared Philox rule) only when p > 0;
 //   - split-KV is the same loop over a key range, writing fp32 partials + LSE to the workspace.
 // Q sits in shared memory; K and V stream through their own shared buffers with cp.async: V's
 // copy overlaps S = Q K^T, the next K's copy overlaps the softmax and O += P V.
+//
+// What differs per vendor is below this file: the tile-MMA layer (tile_mma.hpp: mma.sync,
+// ldmatrix, 16x8 accumulators; tile_mma_amd.hpp: MFMA/WMMA, wave64/wave32, transposed products,
+// one query per lane), the load layer (tile_io.cuh: cp.async, or plain copies on AMD), the
+// warp vote and kernel spellings (vendor.hpp) and the tile rows (tile_config.hpp). The loop
+// only reads the layer's AccLayout (which accumulator elements a lane holds: kRowSlots rows of
+// each 16-row m-tile, kSlotElems columns of each row per kCols-column tile), its shared tile
+// (SmemTile), fragment loads, products and fences, and the row reductions query_max/query_sum.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -15,12 +24,13 @@
 
 #include "core/philox.hpp"
 #include "fwd_launch.hpp"
+#include "gpu_target.hpp"
 #include "kernel_args.hpp"
 #include "tile_config.hpp"
 #include "tile_io.cuh"
-#include "tile_mma.hpp"
 
 namespace flashport::gpu {
+FP_TARGET_NS_BEGIN
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -95,71 +105,74 @@ struct KvTileLoader {
 
 // S += Q K^T for this warp's rows over the first `ksteps` 16-column steps of the head dim.
 // kGuard = false: all D/16 steps, one straight-line block the scheduler can pipeline (the common
-// case); true: head dims below the bucket, the tail steps skipped.
+// case); true: head dims below the bucket, the tail steps skipped (where the layer does:
+// kSkipTailSteps; otherwise the tail runs on the zero-filled columns).
 template <int D, int BN, int MT, typename Elem, bool kGuard>
-__device__ __forceinline__ void gemm_qk(FragC (&acc)[MT][BN / 8], const uint16_t* sQ,
+__device__ __forceinline__ void gemm_qk(FragC (&acc)[MT][BN / AccLayout::kCols], const uint16_t* sQ,
                                         const uint16_t* sK, int warp_row0, int lane, int ksteps) {
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
     if (kGuard && ks >= ksteps) break;
-    FragA qa[MT];
+    QFrag qa[MT];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) load_a<D>(qa[mt], sQ, warp_row0 + mt * 16, ks * 16, lane);
+    for (int mt = 0; mt < MT; ++mt) load_q<D>(qa[mt], sQ, warp_row0 + mt * 16, ks * 16, lane);
 #pragma unroll
     for (int np = 0; np < BN / 16; ++np) {
-      FragBPair kb;
-      load_b_rows<D>(kb, sK, np * 16, ks * 16, lane);
+      KFrag kb;
+      load_k<D>(kb, sK, np * 16, ks * 16, lane);
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        mma<Elem>(acc[mt][2 * np], qa[mt], kb.r[0], kb.r[1]);
-        mma<Elem>(acc[mt][2 * np + 1], qa[mt], kb.r[2], kb.r[3]);
-      }
+      for (int mt = 0; mt < MT; ++mt) mma_qk<Elem>(acc[mt], np, qa[mt], kb);
     }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) mma_fence(acc[mt]);
   }
 }
 
 // O += P V over the first `dpairs` 16-column pairs of the output (kGuard as above).
 template <int D, int BN, int MT, typename Elem, bool kGuard>
-__device__ __forceinline__ void gemm_pv(FragC (&acc_o)[MT][D / 8], const FragC (&acc_s)[MT][BN / 8],
+__device__ __forceinline__ void gemm_pv(FragC (&acc_o)[MT][D / AccLayout::kCols],
+                                        const FragC (&acc_s)[MT][BN / AccLayout::kCols],
                                         const uint16_t* sV, int lane, int dpairs) {
 #pragma unroll
   for (int ks = 0; ks < BN / 16; ++ks) {
-    FragA pa[MT];
+    PFrag pa[MT];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) pa[mt] = acc_to_a<Elem>(acc_s[mt][2 * ks], acc_s[mt][2 * ks + 1]);
+    for (int mt = 0; mt < MT; ++mt) pa[mt] = p_frag<Elem>(acc_s[mt], ks, lane);
 #pragma unroll
     for (int dp = 0; dp < D / 16; ++dp) {
       if (kGuard && dp >= dpairs) break;
-      FragBPair vb;
-      load_b_trans<D>(vb, sV, ks * 16, dp * 16, lane);
+      VFrag vb;
+      load_v<D>(vb, sV, ks * 16, dp * 16, lane);
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        mma<Elem>(acc_o[mt][2 * dp], pa[mt], vb.r[0], vb.r[1]);
-        mma<Elem>(acc_o[mt][2 * dp + 1], pa[mt], vb.r[2], vb.r[3]);
-      }
+      for (int mt = 0; mt < MT; ++mt) mma_pv<Elem>(acc_o[mt], dp, pa[mt], vb);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) mma_fence(acc_o[mt], dp);
     }
   }
 }
 
 template <int kTile, typename Elem>
-__global__ void __launch_bounds__(kTileConfigs[kTile].threads(), kTileConfigs[kTile].min_blocks)
-    fwd_kernel(const __grid_constant__ FwdArgs a) {
+__global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileConfigs[kTile].min_blocks)
+    fwd_kernel(const FP_GRID_CONSTANT FwdArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   FP_REQUIRE_ARCH(kMinNvidiaArch);
 #else
   constexpr TileConfig C = kTileConfigs[kTile];
-  constexpr int D = C.head_dim, BM = C.block_m, BN = C.block_n, NT = C.threads();
+  constexpr int D = C.head_dim, BM = C.block_m, BN = C.block_n, NT = C.threads(kWarpSize);
   constexpr int MT = C.m_tiles();
   constexpr int kChunks = D / 8;
-  constexpr int kNTiles = BN / 8;  // 8-key accumulator tiles per step
-  constexpr int kDTiles = D / 8;   // 8-column output tiles
+  constexpr int kNTiles = BN / AccLayout::kCols;  // accumulator tiles of keys per step
+  constexpr int kDTiles = D / AccLayout::kCols;   // accumulator tiles of output columns
+  constexpr int kSlots = AccLayout::kRowSlots;    // rows of an m-tile a lane holds
+  constexpr int kSlotElems = AccLayout::kSlotElems;  // elements of each such row per tile
   constexpr int kStages = C.stages;
   using Tile = SmemTile<D>;
+  static_assert(Tile::kRowElems == D + C.smem_row_pad, "tile rows and the layer's shared tile agree");
 
-  extern __shared__ __align__(128) uint16_t smem[];
+  FP_EXTERN_SMEM(uint16_t, smem);
   uint16_t* sQ = smem;
-  uint16_t* sK = sQ + BM * D;
-  uint16_t* sV = sK + BN * D;
+  uint16_t* sK = sQ + BM * Tile::kRowElems;
+  uint16_t* sV = sK + BN * Tile::kRowElems;
 
   const int tid = threadIdx.x, lane = int(threadIdx.x % kWarpSize), warp = int(threadIdx.x / kWarpSize);
   // Heaviest query blocks first (causal: the last rows see the most keys), lighter ones fill the tail.
@@ -213,15 +226,15 @@ __global__ void __launch_bounds__(kTileConfigs[kTile].threads(), kTileConfigs[kT
     for (int t = 0; t < kDTiles; ++t)
 #pragma unroll
       for (int e = 0; e < kAccElems; ++e) acc_o[mt][t].r[e] = 0.0f;
-  float row_max[MT][2], row_sum[MT][2];
+  float row_max[MT][kSlots], row_sum[MT][kSlots];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) row_max[mt][hf] = -INFINITY, row_sum[mt][hf] = 0.0f;
+    for (int hf = 0; hf < kSlots; ++hf) row_max[mt][hf] = -INFINITY, row_sum[mt][hf] = 0.0f;
 
   const int warp_row0 = warp * 16 * MT;  // first row of this warp inside the block
-  // Packed row of (m-tile, half) for this lane.
-  auto lane_row = [&](int mt, int hf) -> int { return m0 + warp_row0 + mt * 16 + c_row(lane, 2 * hf); };
+  // Packed row of (m-tile, row slot) for this lane.
+  auto lane_row = [&](int mt, int hf) -> int { return m0 + warp_row0 + mt * 16 + AccLayout::row(lane, hf); };
   const bool warp_active = m0 + warp_row0 < m_rows;  // warps past the last row skip the math
 
   if (n_lo < n_hi) {
@@ -248,7 +261,7 @@ __global__ void __launch_bounds__(kTileConfigs[kTile].threads(), kTileConfigs[kT
           for (int e = 0; e < kAccElems; ++e) acc_s[mt][t].r[e] = 0.0f;
       if (warp_active) {
         // S = Q K^T
-        if (q_ksteps == D / 16) gemm_qk<D, BN, MT, Elem, false>(acc_s, sQ, sK, warp_row0, lane, q_ksteps);
+        if (!kSkipTailSteps || q_ksteps == D / 16) gemm_qk<D, BN, MT, Elem, false>(acc_s, sQ, sK, warp_row0, lane, q_ksteps);
         else gemm_qk<D, BN, MT, Elem, true>(acc_s, sQ, sK, warp_row0, lane, q_ksteps);
 
         // Scores to log2 units, then the feature hooks (block-uniform branches).
@@ -263,7 +276,7 @@ __global__ void __launch_bounds__(kTileConfigs[kTile].threads(), kTileConfigs[kT
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
+            for (int hf = 0; hf < kSlots; ++hf) {
               const int m = lane_row(mt, hf);
               // ALiBi distance |i + shift - j| with j = n0 + col: base - col, base = i + shift - n0.
               const int base = row_i(m) + shift - n0;
@@ -271,10 +284,10 @@ __global__ void __launch_bounds__(kTileConfigs[kTile].threads(), kTileConfigs[kT
 #pragma unroll
               for (int t = 0; t < kNTiles; ++t)
 #pragma unroll
-                for (int e2 = 0; e2 < 2; ++e2) {
-                  float& s = acc_s[mt][t].r[hf * 2 + e2];
+                for (int e2 = 0; e2 < kSlotElems; ++e2) {
+                  float& s = acc_s[mt][t].r[hf * kSlotElems + e2];
                   s = a.softcap_in > 0.0f ? a.softcap_out * tanh_accurate(s * a.softcap_in) : s * a.scale_log2;
-                  const int dist = base - (t * 8 + c_col(lane, e2));
+                  const int dist = base - (t * AccLayout::kCols + AccLayout::col(lane, e2));
                   s += slope * float(dist < 0 ? -dist : dist);
                 }
             }
@@ -283,31 +296,34 @@ __global__ void __launch_bounds__(kTileConfigs[kTile].threads(), kTileConfigs[kT
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
+            for (int hf = 0; hf < kSlots; ++hf) {
               const int i = row_i(lane_row(mt, hf));
               const int lo = vis_lo(i) - n0, hi = vis_hi(i) - n0;  // relative to the tile
 #pragma unroll
               for (int t = 0; t < kNTiles; ++t)
 #pragma unroll
-                for (int e2 = 0; e2 < 2; ++e2) {
-                  const int j = t * 8 + c_col(lane, e2);
-                  if (j < lo || j >= hi) acc_s[mt][t].r[hf * 2 + e2] = -INFINITY;
+                for (int e2 = 0; e2 < kSlotElems; ++e2) {
+                  const int j = t * AccLayout::kCols + AccLayout::col(lane, e2);
+                  if (j < lo || j >= hi) acc_s[mt][t].r[hf * kSlotElems + e2] = -INFINITY;
                 }
             }
         }
 
-        // Online softmax (base 2): new row max over the quad, rescale O and the running sum
-        // (skipped when no row max of the warp moved, the common case after the first tiles).
-        float corr[MT][2];
+        // Online softmax (base 2): new row max over the lanes sharing the row, rescale O and the
+        // running sum (skipped when no row max of the warp moved, the common case after the
+        // first tiles).
+        float corr[MT][kSlots];
         bool any_moved = false;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
+          for (int hf = 0; hf < kSlots; ++hf) {
             float mx = -INFINITY;
 #pragma unroll
             for (int t = 0; t < kNTiles; ++t)
-              mx = fmaxf(mx, fmaxf(acc_s[mt][t].r[hf * 2], acc_s[mt][t].r[hf * 2 + 1]));
+#pragma unroll
+              for (int e2 = 0; e2 < kSlotElems; e2 += 2)
+                mx = fmaxf(mx, fmaxf(acc_s[mt][t].r[hf * kSlotElems + e2], acc_s[mt][t].r[hf * kSlotElems + e2 + 1]));
             mx = query_max(mx);
             const float m_new = fmaxf(row_max[mt][hf], mx * mul);
             any_moved |= m_new != row_max[mt][hf];
@@ -318,52 +334,58 @@ __global__ void __launch_bounds__(kTileConfigs[kTile].threads(), kTileConfigs[kT
 #pragma unroll
             for (int t = 0; t < kNTiles; ++t)
 #pragma unroll
-              for (int e2 = 0; e2 < 2; ++e2) {
-                float& s = acc_s[mt][t].r[hf * 2 + e2];
+              for (int e2 = 0; e2 < kSlotElems; ++e2) {
+                float& s = acc_s[mt][t].r[hf * kSlotElems + e2];
                 s = fast_exp2(fmaf(s, mul, -m_use));
                 sum += s;
               }
             row_sum[mt][hf] = row_sum[mt][hf] * corr[mt][hf] + sum;
           }
-        if (__any_sync(0xffffffffu, any_moved)) {
+        if (warp_any(any_moved)) {
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int t = 0; t < kDTiles; ++t) {
-              acc_o[mt][t].r[0] *= corr[mt][0];
-              acc_o[mt][t].r[1] *= corr[mt][0];
-              acc_o[mt][t].r[2] *= corr[mt][1];
-              acc_o[mt][t].r[3] *= corr[mt][1];
-            }
+            for (int t = 0; t < kDTiles; ++t)
+#pragma unroll
+              for (int e = 0; e < kAccElems; ++e) acc_o[mt][t].r[e] *= corr[mt][e / kSlotElems];
         }
 
         // Dropout on P after the sum (the LSE is that of the undropped softmax). The Philox
         // words are made in a rolled loop into one keep-bit word per row (small code, few
-        // registers), then applied with constant indices.
+        // registers), then applied with constant indices. One Philox call covers an aligned
+        // group of 4 keys: kQuadRun consecutive elements of a row share it.
         if (R.dropout_p > 0.0f) {
-          static_assert(kNTiles * 2 <= 32, "one keep-bit word per row");
+          constexpr int kRun = AccLayout::kQuadRun;
+          static_assert(kNTiles * kSlotElems <= 32, "one keep-bit word per row");
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
+            for (int hf = 0; hf < kSlots; ++hf) {
               const int m = lane_row(mt, hf);
               const int i = row_i(m);
               const int h = row_h(m < m_rows ? m : m0);
               uint32_t keep = 0;
 #pragma unroll 1
               for (int t = 0; t < kNTiles; ++t) {
-                const int j0 = n0 + t * 8 + c_col(lane, 0);  // even: j0, j0 + 1 share one Philox call
-                const Philox4 w = dropout_words(R.dropout_seed, R.dropout_offset, b, a.hq, h, i, j0);
-                const uint32_t w0 = (j0 & 2) ? w.x[2] : w.x[0];
-                const uint32_t w1 = (j0 & 2) ? w.x[3] : w.x[1];
-                keep |= uint32_t(w0 >= R.dropout_threshold) << (2 * t);
-                keep |= uint32_t(w1 >= R.dropout_threshold) << (2 * t + 1);
+#pragma unroll
+                for (int q = 0; q < kSlotElems; q += kRun) {
+                  const int jq = n0 + t * AccLayout::kCols + AccLayout::col(lane, q);
+                  const Philox4 w = dropout_words(R.dropout_seed, R.dropout_offset, b, a.hq, h, i, jq);
+#pragma unroll
+                  for (int e2 = q; e2 < q + kRun; ++e2) {
+                    // Word (key % 4) by its two bits (selects keep w in registers). The key is jq
+                    // plus a constant whose bits are clear in jq % 4 (AccLayout::kQuadRun).
+                    const int c = (jq & 3) | (AccLayout::col(lane, e2) - AccLayout::col(lane, q));
+                    const uint32_t word = (c & 2) ? ((c & 1) ? w.x[3] : w.x[2]) : ((c & 1) ? w.x[1] : w.x[0]);
+                    keep |= uint32_t(word >= R.dropout_threshold) << (kSlotElems * t + e2);
+                  }
+                }
               }
 #pragma unroll
               for (int t = 0; t < kNTiles; ++t)
 #pragma unroll
-                for (int e2 = 0; e2 < 2; ++e2)
-                  if (!((keep >> (2 * t + e2)) & 1u)) acc_s[mt][t].r[hf * 2 + e2] = 0.0f;
+                for (int e2 = 0; e2 < kSlotElems; ++e2)
+                  if (!((keep >> (kSlotElems * t + e2)) & 1u)) acc_s[mt][t].r[hf * kSlotElems + e2] = 0.0f;
             }
         }
       }
@@ -372,7 +394,7 @@ __global__ void __launch_bounds__(kTileConfigs[kTile].threads(), kTileConfigs[kT
     auto accumulate = [&](const FragC (&acc_s)[MT][kNTiles], const uint16_t* sV) {
       if (warp_active) {
         // O += P V
-        if (v_dpairs == D / 16) gemm_pv<D, BN, MT, Elem, false>(acc_o, acc_s, sV, lane, v_dpairs);
+        if (!kSkipTailSteps || v_dpairs == D / 16) gemm_pv<D, BN, MT, Elem, false>(acc_o, acc_s, sV, lane, v_dpairs);
         else gemm_pv<D, BN, MT, Elem, true>(acc_o, acc_s, sV, lane, v_dpairs);
       }
     };
@@ -400,12 +422,12 @@ __global__ void __launch_bounds__(kTileConfigs[kTile].threads(), kTileConfigs[kT
     } else {
       // Ring of kStages (K, V) slots: tiles nb-1 .. nb-kStages+1 are in flight while nb is
       // processed (memory-bound decode: more bytes in flight per block).
-      auto slot_k = [&](int slot) { return sK + slot * 2 * BN * D; };
+      auto slot_k = [&](int slot) { return sK + slot * 2 * BN * Tile::kRowElems; };
 #pragma unroll
       for (int st = 0; st < kStages - 1; ++st) {
         if (n_hi - 1 - st >= n_lo) {
           kload.load(slot_k(st), n_hi - 1 - st, lk, a.d, a, a.k_addr, tid);
-          vload.load(slot_k(st) + BN * D, n_hi - 1 - st, lk, a.dv, a, a.v_addr, tid);
+          vload.load(slot_k(st) + BN * Tile::kRowElems, n_hi - 1 - st, lk, a.dv, a, a.v_addr, tid);
         }
         cp_async_commit();
       }
@@ -417,12 +439,12 @@ __global__ void __launch_bounds__(kTileConfigs[kTile].threads(), kTileConfigs[kT
         const int fslot = slot == 0 ? kStages - 1 : slot - 1;
         if (nf >= n_lo) {
           kload.load(slot_k(fslot), nf, lk, a.d, a, a.k_addr, tid);
-          vload.load(slot_k(fslot) + BN * D, nf, lk, a.dv, a, a.v_addr, tid);
+          vload.load(slot_k(fslot) + BN * Tile::kRowElems, nf, lk, a.dv, a, a.v_addr, tid);
         }
         cp_async_commit();
         FragC acc_s[MT][kNTiles];
         scores(acc_s, slot_k(slot), nb);
-        accumulate(acc_s, slot_k(slot) + BN * D);
+        accumulate(acc_s, slot_k(slot) + BN * Tile::kRowElems);
         slot = slot + 1 == kStages ? 0 : slot + 1;
       }
     }
@@ -433,7 +455,7 @@ __global__ void __launch_bounds__(kTileConfigs[kTile].threads(), kTileConfigs[kT
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
+    for (int hf = 0; hf < kSlots; ++hf) {
       const int m = lane_row(mt, hf);
       float l = row_sum[mt][hf];
       l = query_sum(l);
@@ -455,35 +477,44 @@ __global__ void __launch_bounds__(kTileConfigs[kTile].threads(), kTileConfigs[kT
         const int64_t row = (int64_t(b) * a.hq + h) * a.seq.sq + i;
         float* dst = a.ws_o + (int64_t(split) * a.ws_rows + row) * a.dv;
 #pragma unroll
-        for (int t = 0; t < kDTiles; ++t) {
-          const int col = t * 8 + c_col(lane, 0);
-          if (col < a.dv) dst[col] = acc_o[mt][t].r[hf * 2] * inv;
-          if (col + 1 < a.dv) dst[col + 1] = acc_o[mt][t].r[hf * 2 + 1] * inv;
-        }
+        for (int t = 0; t < kDTiles; ++t)
+#pragma unroll
+          for (int e2 = 0; e2 < kSlotElems; e2 += 2) {
+            const int col = t * AccLayout::kCols + AccLayout::col(lane, e2);
+            const int col1 = AccLayout::kAdjacentPairs ? col + 1 : t * AccLayout::kCols + AccLayout::col(lane, e2 + 1);
+            if (col < a.dv) dst[col] = acc_o[mt][t].r[hf * kSlotElems + e2] * inv;
+            if (col1 < a.dv) dst[col1] = acc_o[mt][t].r[hf * kSlotElems + e2 + 1] * inv;
+          }
         if (query_leader(lane)) a.ws_lse[int64_t(split) * a.ws_rows + row] = lse;
       } else {
         typename Elem::T* dst =
             static_cast<typename Elem::T*>(a.out) + a.out_addr.at(b, q_start, i, h);
 #pragma unroll
-        for (int t = 0; t < kDTiles; ++t) {
-          const int col = t * 8 + c_col(lane, 0);
-          const float v0 = acc_o[mt][t].r[hf * 2] * inv, v1 = acc_o[mt][t].r[hf * 2 + 1] * inv;
-          if (a.out_vec_ok && col + 1 < a.dv) {
-            *reinterpret_cast<uint32_t*>(dst + col) = Elem::pack(v0, v1);
-          } else {
-            if (col < a.dv) dst[col] = Elem::from_float(v0);
-            if (col + 1 < a.dv) dst[col + 1] = Elem::from_float(v1);
+        for (int t = 0; t < kDTiles; ++t)
+#pragma unroll
+          for (int e2 = 0; e2 < kSlotElems; e2 += 2) {
+            const int col = t * AccLayout::kCols + AccLayout::col(lane, e2);
+            const int col1 = AccLayout::kAdjacentPairs ? col + 1 : t * AccLayout::kCols + AccLayout::col(lane, e2 + 1);
+            const float v0 = acc_o[mt][t].r[hf * kSlotElems + e2] * inv;
+            const float v1 = acc_o[mt][t].r[hf * kSlotElems + e2 + 1] * inv;
+            if (AccLayout::kAdjacentPairs && a.out_vec_ok && col + 1 < a.dv) {
+              *reinterpret_cast<uint32_t*>(dst + col) = Elem::pack(v0, v1);
+            } else {
+              if (col < a.dv) dst[col] = Elem::from_float(v0);
+              if (col1 < a.dv) dst[col1] = Elem::from_float(v1);
+            }
           }
-        }
         if (a.lse != nullptr && query_leader(lane)) a.lse[a.lse_addr.at(b, q_start, h, i)] = lse;
       }
     }
 #endif
 }
 
+FP_TARGET_NS_END
 }  // namespace flashport::gpu
 
-// ---- host side: per-device setup and launch of one instance ---------------------------------
+// ---- host side: per-device setup and launch of one instance (CUDA; HIP: fwd_amd.hip) --------
+#if defined(FP_TARGET_NVIDIA)
 namespace flashport::gpu {
 
 constexpr int kMaxDevices = 64;
@@ -529,3 +560,4 @@ gpuError_t launch_fwd(const FwdArgs& a, dim3 grid, gpuStream_t stream) {
   template gpuError_t launch_fwd<tile, true>(const FwdArgs&, dim3, gpuStream_t);
 
 }  // namespace flashport::gpu
+#endif  // FP_TARGET_NVIDIA

@@ -1,6 +1,7 @@
 // Launch entry points of the GPU kernels (host side). Instances live in fwd_d{64,128,256}.cu,
 // one head-dim bucket each, so the CUDA build compiles them in parallel.
 #pragma once
+#include "gpu_target.hpp"
 #include "kernel_args.hpp"
 #include "tile_config.hpp"
 #include "vendor.hpp"
@@ -28,5 +29,17 @@ gpuError_t launch_append(const AppendArgs& a, bool bf16, gpuStream_t stream);
 
 // Number of kernel template instances the build compiles (printed by CMake, checked by a test).
 inline constexpr int kFwdInstances = kNumTileIds * 2;
+
+#if defined(FP_TARGET_AMD)
+FP_TARGET_NS_BEGIN
+// HIP: the same main loop's instances for the AMD tile rows (one per head-dim bucket: kPrefill64,
+// kPrefill128, kPrefill256) x {fp16, bf16}, launched with warps x `wave_size` threads (the
+// device's wave size; the gate has checked it is the one the code objects were built for).
+// Defined in fwd_amd.hip.
+inline constexpr int kAmdFwdInstances = 3 * 2;
+gpuError_t launch_fwd_amd(TileId tile, bool bf16, const FwdArgs& a, dim3 grid, int wave_size,
+                          gpuStream_t stream);
+FP_TARGET_NS_END
+#endif
 
 }  // namespace flashport::gpu

@@ -29,8 +29,9 @@ foreach(arch IN LISTS FLASHPORT_HIP_ARCHS)
   endif()
 endforeach()
 
-# Kernel instances: the AMD forward attention tile, head dims 64/128/256 x fp16/bf16.
-set(FLASHPORT_HIP_KERNEL_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/attn_tile_amd.hip)
+# Kernel instances: the forward main loop shared with CUDA (fwd_kernel.cuh) on the AMD tile rows,
+# head dims 64/128/256 x fp16/bf16 (fwd_launch.hpp: kAmdFwdInstances).
+set(FLASHPORT_HIP_KERNEL_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fwd_amd.hip)
 set(FLASHPORT_HIP_HOST_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/hip_backend.hip)
 set(FLASHPORT_HIP_INSTANCES 6)
 list(LENGTH FLASHPORT_HIP_ARCHS _fp_hip_narch)

@@ -4,8 +4,9 @@
 //
 // Host dispatch gates on the device's gcnArchName: a device whose gfx target is not among the
 // built targets (FLASHPORT_GPU_ARCHS) is refused with that reason before any launch. What runs is
-// the AMD forward attention tile (attn_tile_amd.cuh); the rest is refused by name until the CUDA
-// main loop, its split-KV combine and the KV-cache append are ported to the AMD tile-MMA layer.
+// the forward main loop shared with CUDA (fwd_kernel.cuh on the AMD tile-MMA layer, instances in
+// fwd_amd.hip), planned by amd_plan.hpp; what needs kernels not built for HIP (the split-KV combine,
+// the KV-cache append, the backward) is refused by name.
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -13,8 +14,9 @@
 #include <string>
 
 #include "amd_gate.hpp"
-#include "attn_tile_amd.cuh"
+#include "amd_plan.hpp"
 #include "core/backend.hpp"
+#include "fwd_launch.hpp"
 
 namespace flashport {
 namespace gpu {
@@ -76,7 +78,6 @@ const char* unit_name(int gfx) {
   }
 }
 
-int tile_lds(int head_dim) { return amd_tile(head_dim).lds_bytes(); }
 
 class HipBackend final : public Backend {
  public:
@@ -101,41 +102,38 @@ class HipBackend final : public Backend {
     return Status::ok();
   }
 
+  // Everything plan and run must agree on comes from amd_plan.hpp (tile row, packing, grid).
   Status plan_fwd(const Problem& p, Plan* plan) const override {
     if (p.device != FP_DEVICE_HIP) return unsupported("hip backend: tensors are not on a HIP device");
-    if (p.dtype != FP_F16 && p.dtype != FP_BF16)
-      return unsupported("hip backend: dtype must be float16 or bfloat16");
-    if (p.has_lse && p.lse_dtype != FP_F32) return unsupported("hip backend: lse must be float32");
-    if (std::max(p.d, p.dv) > 256) return unsupported("hip backend: head dim > 256");
-    if (p.num_splits >= 2) return unsupported("hip backend: split-KV is not ported to AMD yet (num_splits must be 0 or 1)");
-    if (p.seq.snew > 0 || p.rotary_dim > 0)
-      return unsupported("hip backend: KV-cache append / rotary is not ported to AMD yet");
-    const int head_dim = amd_head_dim_bucket(std::max(p.d, p.dv));
+    if (const std::string why = amd_fwd_refusal(p); !why.empty()) return unsupported("hip backend: " + why);
+    const AmdFwdLaunch l = amd_fwd_launch(p);
+    if (const std::string why = amd_grid_refusal(l); !why.empty()) return unsupported("hip backend: " + why);
+    const TileConfig& C = kTileConfigs[l.tile];
     AmdDevice dev;
-    FP_RETURN_IF_ERROR(check_device(p.device_index, tile_lds(head_dim), &dev));
-    std::snprintf(plan->kernel, sizeof(plan->kernel), "hip:attn_tile_d%d:%s:%s:%s", head_dim,
-                  p.dtype == FP_BF16 ? "bf16" : "fp16", unit_name(dev.gfx), dev.arch_name);
+    FP_RETURN_IF_ERROR(check_device(p.device_index, C.smem_bytes(), &dev));
+    std::snprintf(plan->kernel, sizeof(plan->kernel), "hip:%s:%s:%s:%s%s", C.name,
+                  p.dtype == FP_BF16 ? "bf16" : "fp16", unit_name(dev.gfx), dev.arch_name,
+                  l.pack > 1 ? ":packgqa" : "");
     plan->workspace_bytes = 0;
-    plan->num_splits = 1;
-    plan->kernel_id = head_dim;
+    plan->num_splits = 1;  // num_splits 0 (auto) runs one split: no combine on AMD yet
+    plan->kernel_id = l.tile * 2 + (p.dtype == FP_BF16 ? 1 : 0);
     return Status::ok();
   }
 
   Status run_fwd(const Problem& p, const Plan& plan, void*) const override {
-    AmdDevice dev;
-    FP_RETURN_IF_ERROR(check_device(p.device_index, tile_lds(plan.kernel_id), &dev));
-    if (plan.num_splits != 1 || plan.workspace_bytes != 0)
+    if (const std::string why = amd_fwd_refusal(p); !why.empty()) return unsupported("hip backend: " + why);
+    const AmdFwdLaunch l = amd_fwd_launch(p);
+    if (plan.num_splits != 1 || plan.workspace_bytes != 0 ||
+        plan.kernel_id != l.tile * 2 + (p.dtype == FP_BF16 ? 1 : 0))
       return {FP_ERR_RUNTIME, "hip backend: plan does not match the call (re-select after changing it)"};
+    AmdDevice dev;
+    FP_RETURN_IF_ERROR(check_device(p.device_index, kTileConfigs[l.tile].smem_bytes(), &dev));
     DeviceGuard guard(p.device_index);
-    const FwdArgs a = amd_fwd_args(p);
-    const int rows = amd_tile(plan.kernel_id).rows();
-    const int64_t row_blocks = (p.seq.sq + rows - 1) / rows;
-    if (row_blocks > 0x7fffffff || p.hq > 65535 || p.seq.batch > 65535)
-      return unsupported("hip backend: grid too large (heads and batch <= 65535)");
-    if (row_blocks == 0 || p.seq.batch == 0) return Status::ok();
-    const dim3 grid(unsigned(row_blocks), unsigned(p.hq), unsigned(p.seq.batch));
-    if (gpuError_t e = launch_attn_tile_amd(plan.kernel_id, p.dtype == FP_BF16, a, grid, dev.wave_size,
-                                            static_cast<gpuStream_t>(p.raw->stream));
+    if (l.m_blocks == 0 || l.batch == 0) return Status::ok();
+    const FwdArgs a = amd_fwd_args(p, l);
+    const dim3 grid(unsigned(l.m_blocks), unsigned(l.heads_grid), unsigned(l.batch));
+    if (gpuError_t e = launch_fwd_amd(l.tile, p.dtype == FP_BF16, a, grid, dev.wave_size,
+                                      static_cast<gpuStream_t>(p.raw->stream));
         e != gpuSuccess)
       return {FP_ERR_RUNTIME, std::string("hip backend: ") + plan.kernel + " launch: " + gpuGetErrorString(e)};
     return Status::ok();

@@ -1,23 +1,34 @@
 // The one tile table: read by the kernels (as template arguments) and by the host planner
-// (workspace, split heuristic, occupancy), so the two can never disagree.
+// (workspace, split heuristic, occupancy), so the two can never disagree. Its rows are per
+// target family (gpu_target.hpp): NVIDIA's below, AMD's at the end (64 KiB of LDS, no
+// asynchronous copies); the main loop that reads them is the same.
 #pragma once
 #include <cstdint>
 
+#include "gpu_target.hpp"
+
 namespace flashport::gpu {
+FP_TARGET_NS_BEGIN
 
 struct TileConfig {
   int head_dim;    // bucket: 64, 128 or 256 (smaller head dims run masked in the next bucket)
   int block_m;     // query rows per block (packed GQA rows in decode)
   int block_n;     // keys per main-loop step
-  int warps;       // each warp owns block_m / warps rows (16 per m-tile)
-  int min_blocks;  // __launch_bounds__ blocks per SM (register budget = 64K / (threads*min))
+  int warps;       // warps (AMD: waves) per block; each owns block_m / warps rows (16 per m-tile)
+  int min_blocks;  // NVIDIA: __launch_bounds__ blocks per SM (register budget = 64K / (threads*min))
   int stages;      // 1: FA2 schedule (one K, one V buffer); >= 2: ring of (K, V) slots
   const char* name;
+  int smem_row_pad = 0;  // 16-bit elements of padding after each shared-memory row (AMD: 8)
 
-  constexpr int threads() const { return warps * 32; }
+  // Threads of a block on a device whose warps (waves) are `wave_size` lanes: 32 on NVIDIA; 64
+  // (CDNA) or 32 (RDNA) on AMD, where the host reads it from the device.
+  constexpr int threads(int wave_size) const { return warps * wave_size; }
+#if defined(FP_TARGET_NVIDIA)
+  constexpr int threads() const { return threads(32); }
+#endif
   constexpr int m_tiles() const { return block_m / (16 * warps); }
   // Q tile + `stages` (K, V) tile pairs, 16-bit elements.
-  constexpr int smem_bytes() const { return (block_m + 2 * block_n * stages) * head_dim * 2; }
+  constexpr int smem_bytes() const { return (block_m + 2 * block_n * stages) * (head_dim + smem_row_pad) * 2; }
 };
 
 #ifndef FLASHPORT_FWD_TILE_VARIANT
@@ -35,6 +46,7 @@ enum TileId : int {
   kNumTileIds
 };
 
+#if defined(FP_TARGET_NVIDIA)
 inline constexpr TileConfig kTileConfigs[kNumTileIds] = {
 #if FLASHPORT_FWD_TILE_VARIANT == 1  // experiments only (scripts/device_gpu.sh variants)
     {64, 128, 128, 4, 2, 1, "prefill_d64_m128n128w4"},
@@ -59,14 +71,43 @@ inline constexpr TileConfig kTileConfigs[kNumTileIds] = {
     {128, 64, 64, 4, 2, 3, "decode_d128_m64n64w4s3"},
     {256, 64, 64, 4, 2, 2, "decode_d256_m64n64w4s2"},
 };
+#else
+// AMD (HIP): a workgroup may use 64 KiB of LDS, and global -> LDS copies are plain loads and
+// stores (tile_mma_amd.hpp), so a ring of stages buys nothing: every row has one K and one V
+// buffer. One 16-row m-tile per wave, the shapes the AMD tile ran before the loops were unified
+// (d256: 2 waves, 32 keys a step); shared rows padded by 8 elements (tile_mma_amd.hpp, SmemTile).
+// min_blocks is not used on AMD (FP_LAUNCH_BOUNDS). Decode-shaped calls run the prefill rows
+// (tile_id_for), so the decode rows are never instantiated; they repeat the prefill ones only to
+// keep the table indexable by every TileId.
+inline constexpr TileConfig kTileConfigs[kNumTileIds] = {
+    {64, 64, 64, 4, 1, 1, "amd_d64_m64n64w4", 8},
+    {128, 64, 64, 4, 1, 1, "amd_d128_m64n64w4", 8},
+    {256, 32, 32, 2, 1, 1, "amd_d256_m32n32w2", 8},
+    {64, 64, 64, 4, 1, 1, "amd_d64_m64n64w4", 8},
+    {128, 64, 64, 4, 1, 1, "amd_d128_m64n64w4", 8},
+    {256, 32, 32, 2, 1, 1, "amd_d256_m32n32w2", 8},
+};
+inline constexpr int kAmdLdsPerWorkgroup = 64 * 1024;
+static_assert(kTileConfigs[kPrefill64].smem_bytes() <= kAmdLdsPerWorkgroup &&
+                  kTileConfigs[kPrefill128].smem_bytes() <= kAmdLdsPerWorkgroup &&
+                  kTileConfigs[kPrefill256].smem_bytes() <= kAmdLdsPerWorkgroup,
+              "AMD rows fit a workgroup's LDS");
+#endif
 
 constexpr int head_dim_bucket(int64_t d) { return d <= 64 ? 64 : (d <= 128 ? 128 : 256); }
 
 constexpr TileId tile_id_for(int64_t head_dim, bool decode) {
   const int bucket = head_dim_bucket(head_dim);
+#if defined(FP_TARGET_AMD)
+  (void)decode;  // one row per head-dim bucket on AMD (see the table)
+  const int base = kPrefill64;
+#else
   const int base = decode ? kDecode64 : kPrefill64;
+#endif
   return static_cast<TileId>(base + (bucket == 64 ? 0 : bucket == 128 ? 1 : 2));
 }
+
+FP_TARGET_NS_END
 
 // Upper bound of split counts (partials in the workspace grow with it).
 inline constexpr int kMaxSplits = 128;

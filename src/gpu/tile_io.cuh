@@ -1,10 +1,18 @@
-// Small device helpers shared by the NVIDIA forward and backward main loops.
+// The load layer: small device helpers shared by the forward (every vendor) and the NVIDIA
+// backward main loops, on the tile-MMA layer of the target being compiled (tile_mma.hpp on NVIDIA,
+// tile_mma_amd.hpp on AMD: its cp_async_* are plain copies there).
 #pragma once
 #include <cstdint>
 
+#include "gpu_target.hpp"
+#if defined(FP_TARGET_AMD)
+#include "tile_mma_amd.hpp"
+#else
 #include "tile_mma.hpp"
+#endif
 
 namespace flashport::gpu {
+FP_TARGET_NS_BEGIN
 
 // tanh through exp (relative error ~1e-6; the MUFU tanh of fast-math is ~1e-3, too coarse for
 // softcaps of 30-50 where it scales the score error).
@@ -34,4 +42,5 @@ __device__ __forceinline__ void load_chunk(uint16_t* dst, const uint16_t* src_ro
   *reinterpret_cast<uint4*>(dst) = w;
 }
 
+FP_TARGET_NS_END
 }  // namespace flashport::gpu

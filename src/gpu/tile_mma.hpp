@@ -1,11 +1,14 @@
 // Tile-MMA layer: register fragment types for a warp's 16x16 A tile, 16x8 B tiles and 16x8 fp32
 // accumulators, their loads from swizzled shared memory, the multiply-accumulate, the
-// accumulator -> A-operand conversion (for P @ V) and the element coordinates of an accumulator,
-// which is all the attention main loop needs to know about the matrix unit.
+// accumulator -> A-operand conversion (for P @ V) and the element coordinates of an accumulator.
 //
-// One implementation per architecture. This file has the NVIDIA one (sm_80+: mma.sync
-// m16n8k16 with fp16/bf16 inputs and fp32 accumulate, ldmatrix, cp.async). An AMD one
-// (MFMA 16x16x16 on CDNA, WMMA on RDNA) provides the same names with its own register layout.
+// One implementation per architecture family. This file has the NVIDIA one (sm_80+: mma.sync
+// m16n8k16 with fp16/bf16 inputs and fp32 accumulate, ldmatrix, cp.async); tile_mma_amd.hpp has
+// the AMD one (MFMA on CDNA, WMMA on RDNA). Both provide the same "main-loop view" (AccLayout,
+// SmemTile, QFrag/KFrag/PFrag/VFrag, load_q/load_k/load_v, mma_qk/mma_pv, mma_fence, p_frag,
+// query_max/query_sum/query_leader, cp_async_*), which is all the shared forward main loop
+// (fwd_kernel.cuh) knows about the matrix unit. The backward and the Hopper kernels use this
+// file's NVIDIA names directly.
 #pragma once
 #include <cstdint>
 
@@ -68,11 +71,13 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 
 // --- shared-memory tiles --------------------------------------------------------------------
 // A tile of `kCols` 16-bit elements per row, 16-byte chunks XOR-swizzled by (row % 8) so that the
-// 8 row addresses of one ldmatrix phase hit 8 different bank groups.
+// 8 row addresses of one ldmatrix phase hit 8 different bank groups. No padding: a row is
+// kRowElems = kCols elements (tile_config.hpp's NVIDIA rows have smem_row_pad 0).
 template <int kCols>
 struct SmemTile {
   static_assert(kCols % 64 == 0, "rows must be whole 128-byte lines for the swizzle");
   static constexpr int kChunks = kCols / 8;  // 16-byte chunks per row
+  static constexpr int kRowElems = kCols;
   __device__ __forceinline__ static int offset(int row, int chunk) {  // in elements
     return row * kCols + ((chunk ^ (row & 7)) << 3);
   }
@@ -157,5 +162,74 @@ template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
+
+// --- the main-loop view (shared with tile_mma_amd.hpp) ---------------------------------------
+// Accumulator ownership as the forward main loop sees it: rows are query rows, columns keys (S)
+// or output columns (O). One 16-row m-tile of a warp is a row of accumulator tiles of kCols
+// columns; a lane holds kRowSlots of its rows and, per tile, kSlotElems elements of each, at
+// register index slot * kSlotElems + i.
+struct AccLayout {
+  static constexpr int kCols = 8;
+  static constexpr int kRowSlots = 2;
+  static constexpr int kSlotElems = 2;
+  // Elements 2p and 2p+1 of a slot are adjacent columns (one 32-bit pair store).
+  static constexpr bool kAdjacentPairs = true;
+  // Runs of this many consecutive elements of a slot lie in one aligned group of 4 columns (one
+  // Philox call of the dropout rule).
+  static constexpr int kQuadRun = 2;
+  __device__ __forceinline__ static int row(int lane, int slot) { return (lane >> 2) + (slot << 3); }
+  __device__ __forceinline__ static int col(int lane, int i) { return ((lane & 3) << 1) + i; }
+};
+static_assert(AccLayout::kRowSlots * AccLayout::kSlotElems == kAccElems, "accumulator view");
+
+// Operands of S = Q K^T (16 query rows x 16 k; 16 keys x 16 k) and O += P V (16 rows x 16 keys;
+// 16 keys x 16 output columns).
+using QFrag = FragA;
+using KFrag = FragBPair;
+using PFrag = FragA;
+using VFrag = FragBPair;
+
+template <int kCols>
+__device__ __forceinline__ void load_q(QFrag& q, const uint16_t* tile, int row0, int k0, int lane) {
+  load_a<kCols>(q, tile, row0, k0, lane);
+}
+template <int kCols>
+__device__ __forceinline__ void load_k(KFrag& k, const uint16_t* tile, int key0, int k0, int lane) {
+  load_b_rows<kCols>(k, tile, key0, k0, lane);
+}
+template <int kCols>
+__device__ __forceinline__ void load_v(VFrag& v, const uint16_t* tile, int key0, int col0, int lane) {
+  load_b_trans<kCols>(v, tile, key0, col0, lane);
+}
+
+// The products on a row of accumulator tiles (one m-tile of S or O), 16 columns at a time:
+// block c16 is tiles [2 c16, 2 c16 + 2) here. s: scores, block key16 of 16 keys.
+template <typename Elem, int N>
+__device__ __forceinline__ void mma_qk(FragC (&s)[N], int key16, const QFrag& q, const KFrag& k) {
+  mma<Elem>(s[2 * key16], q, k.r[0], k.r[1]);
+  mma<Elem>(s[2 * key16 + 1], q, k.r[2], k.r[3]);
+}
+// P (the exponentiated scores of keys [16 key16, 16 key16 + 16)) as the A operand of O += P V.
+template <typename Elem, int N>
+__device__ __forceinline__ PFrag p_frag(const FragC (&s)[N], int key16, int /*lane*/) {
+  return acc_to_a<Elem>(s[2 * key16], s[2 * key16 + 1]);
+}
+// o: output, block col16 of 16 output columns.
+template <typename Elem, int N>
+__device__ __forceinline__ void mma_pv(FragC (&o)[N], int col16, const PFrag& p, const VFrag& v) {
+  mma<Elem>(o[2 * col16], p, v.r[0], v.r[1]);
+  mma<Elem>(o[2 * col16 + 1], p, v.r[2], v.r[3]);
+}
+
+// Head dims below the bucket skip the GEMM steps past them (a guarded copy of the GEMM).
+constexpr bool kSkipTailSteps = true;
+
+// End of a group of products on a row of accumulators (all tiles, or block col16): the AMD layer
+// pins the results there so later fragment loads are not issued ahead of them; ptxas keeps the
+// order by itself, so nothing here.
+template <int N>
+__device__ __forceinline__ void mma_fence(FragC (&)[N]) {}
+template <int N>
+__device__ __forceinline__ void mma_fence(FragC (&)[N], int /*col16*/) {}
 
 }  // namespace flashport::gpu

@@ -5,23 +5,24 @@
 //   - any other gfx: a plain path (cross-lane shuffles + FMA) in the same register layout,
 // with the register layouts of amd_layouts.hpp (one source of truth, CPU-tested in tests/amd).
 //
-// The attention main loop sees one operation set, whatever the target:
-//   Frag16 (a 16x16 fp16/bf16 operand), Acc16 (a 16x16 fp32 accumulator),
-//   load_rows / load_cols from shared-memory tiles, mma(), acc_to_operand() (an accumulator as
-//   the B operand of the next product), acc_col / acc_row (which element a lane holds) and
-//   query_max / query_sum (reduce over the lanes that share an accumulator column).
+// It ends with the same main-loop view as the NVIDIA layer (tile_mma.hpp): AccLayout (which
+// accumulator elements a lane holds), SmemTile (the shared tile: padded rows here, XOR-swizzled
+// on NVIDIA), QFrag/KFrag/PFrag/VFrag with load_q/load_k/load_v, mma_qk/mma_pv, mma_fence,
+// p_frag (P from the score accumulators), query_max/query_sum/query_leader (reductions over the
+// lanes that share a query) and cp_async_* (plain copies here), so the shared forward main loop
+// (fwd_kernel.cuh) compiles for every target unchanged.
 // Products are taken transposed on AMD (S^T = K Q^T, O^T = V^T P^T): a lane then owns one query
 // (accumulator column) and S^T's accumulator is P^T's operand register for register (see
-// amd_layouts.hpp). Nothing here is NVIDIA's mma.sync layout; tile_mma.hpp remains that one.
+// amd_layouts.hpp). Nothing here is NVIDIA's mma.sync layout.
 #pragma once
 #include <cstdint>
 
 #include "amd_layouts.hpp"
-#if !defined(FP_AMD_EMULATION)
-#include "vendor.hpp"
-#endif
+#include "gpu_target.hpp"
+#include "vendor.hpp"  // empty under the CPU emulation, which provides the same names
 
 namespace flashport::gpu {
+FP_TARGET_NS_BEGIN
 
 // ---- the target this pass compiles for --------------------------------------------------------
 #if defined(__gfx90a__)
@@ -64,16 +65,6 @@ using AmdLayout = amd::ColumnLanes<kWarpSize>;
 #endif
 static_assert(AmdLayout::kWaveSize == kWarpSize, "tile layout and wave size disagree");
 
-// Device-side gate: a kernel whose shape this target can't run (e.g. more LDS than a workgroup
-// may use) is compiled as a trap that names the target and the built list, never as garbage.
-#define FP_AMD_TRAP(what)                                                                   \
-  do {                                                                                      \
-    if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0)          \
-      printf("flashport: %s is not built for gfx%x (built archs: %s)\n", what, FP_AMD_GFX,  \
-             FLASHPORT_GPU_ARCHS);                                                          \
-    __builtin_trap();                                                                       \
-  } while (0)
-
 // ---- storage element types ---------------------------------------------------------------------
 // 16-bit storage; packed conversions from float pairs (low element in the low half).
 struct Half {
@@ -110,14 +101,11 @@ struct BFloat16 {
 struct Frag16 {
   uint32_t r[AmdLayout::kAElems / 2];
 };
-// A 16x16 fp32 accumulator: element e of this lane is (acc_row(lane, e), acc_col(lane)).
-struct Acc16 {
+// A 16x16 fp32 accumulator: element e of lane l is (AmdLayout::c_row(l, e), AmdLayout::c_col(l, 0)).
+struct FragC {
   float r[AmdLayout::kCElems];
 };
 constexpr int kAccElems = AmdLayout::kCElems;
-
-__device__ __forceinline__ constexpr int acc_row(int lane, int e) { return AmdLayout::c_row(lane, e); }
-__device__ __forceinline__ constexpr int acc_col(int lane) { return AmdLayout::c_col(lane, 0); }
 
 // Reductions over the lanes that share an accumulator column (one query): XOR 16 (and 32).
 __device__ __forceinline__ float query_max(float x) {
@@ -134,24 +122,27 @@ __device__ __forceinline__ float query_sum(float x) {
 // One lane per column group writes per-query results.
 __device__ __forceinline__ bool query_leader(int lane) { return lane < 16; }
 
-// ---- shared-memory tiles -----------------------------------------------------------------------
-// Row-major tile of kCols 16-bit elements, rows padded by 16 bytes so the 16 rows one operand
-// load touches start in different banks.
+// ---- shared-memory (LDS) tiles -----------------------------------------------------------------
+// Row-major tile of kCols 16-bit elements, rows padded by 16 bytes so the 16 rows one operand load
+// touches start in different banks. Every address is then a per-lane base plus a constant (the
+// ds_read offset field); NVIDIA's XOR swizzle costs one VGPR per distinct address pattern here
+// and spilled on wave32. The loaders of the main loop fill it through offset(row, chunk); the tile
+// rows carry the padding (tile_config.hpp: smem_row_pad 8).
 template <int kCols>
-struct LdsTile {
+struct SmemTile {
   static_assert(kCols % 16 == 0, "whole 16-column operand blocks");
-  static constexpr int kStride = kCols + 8;
   static constexpr int kChunks = kCols / 8;  // 16-byte chunks per row
-  __device__ __forceinline__ static int offset(int row, int col) { return row * kStride + col; }
-  static constexpr int bytes(int rows) { return rows * kStride * 2; }
+  static constexpr int kRowElems = kCols + 8;
+  __device__ __forceinline__ static int offset(int row, int chunk) { return row * kRowElems + chunk * 8; }
+  __device__ __forceinline__ static int element(int row, int col) { return row * kRowElems + col; }
 };
 
 // Operand whose 16 "outer" indices (A rows / B columns) are tile rows [row0, row0+16) and whose k
 // is tile columns [col0, col0+16): K as A of S^T = K Q^T, Q as B (Q^T) of the same product.
-// a_k(l, e) is contiguous in e in every layout, so this is one vector read per lane.
+// a_k(l, e) is contiguous in e in every layout, so this is one vector read per lane (two on gfx11).
 template <int kCols>
 __device__ __forceinline__ void load_rows(Frag16& f, const uint16_t* tile, int row0, int col0, int lane) {
-  const uint16_t* p = tile + LdsTile<kCols>::offset(row0 + AmdLayout::a_row(lane, 0), col0 + AmdLayout::a_k(lane, 0));
+  const uint16_t* p = tile + SmemTile<kCols>::element(row0 + AmdLayout::a_row(lane, 0), col0 + AmdLayout::a_k(lane, 0));
   constexpr int kWords = AmdLayout::kAElems / 2;
   if constexpr (kWords == 2) {
     const uint2 w = *reinterpret_cast<const uint2*>(p);
@@ -172,8 +163,8 @@ __device__ __forceinline__ void load_cols(Frag16& f, const uint16_t* tile, int r
 #pragma unroll
   for (int w = 0; w < AmdLayout::kAElems / 2; ++w) {
     const int col = col0 + AmdLayout::a_row(lane, 2 * w);
-    const uint32_t lo = tile[LdsTile<kCols>::offset(row0 + AmdLayout::a_k(lane, 2 * w), col)];
-    const uint32_t hi = tile[LdsTile<kCols>::offset(row0 + AmdLayout::a_k(lane, 2 * w + 1), col)];
+    const uint32_t lo = tile[SmemTile<kCols>::element(row0 + AmdLayout::a_k(lane, 2 * w), col)];
+    const uint32_t hi = tile[SmemTile<kCols>::element(row0 + AmdLayout::a_k(lane, 2 * w + 1), col)];
     f.r[w] = lo | (hi << 16);
   }
 }
@@ -191,32 +182,32 @@ typedef float fp_v8f __attribute__((ext_vector_type(8)));
 #endif
 
 template <typename Elem>
-__device__ __forceinline__ void mma(Acc16& c, const Frag16& a, const Frag16& b) {
+__device__ __forceinline__ void mma(FragC& c, const Frag16& a, const Frag16& b) {
 #if defined(FP_AMD_EMULATED) && !defined(FP_AMD_EMULATION_PLAIN)
   emulated_mma<AmdLayout, Elem>(c.r, a.r, b.r);  // the instruction, from the layout (tests/amd)
 #elif defined(FP_AMD_MFMA)
   const fp_v4f acc = __builtin_bit_cast(fp_v4f, c);
   if constexpr (Elem::kIsBf16)
-    c = __builtin_bit_cast(Acc16, __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(
+    c = __builtin_bit_cast(FragC, __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(
                                       __builtin_bit_cast(fp_v4s, a), __builtin_bit_cast(fp_v4s, b), acc, 0, 0, 0));
   else
-    c = __builtin_bit_cast(Acc16, __builtin_amdgcn_mfma_f32_16x16x16f16(
+    c = __builtin_bit_cast(FragC, __builtin_amdgcn_mfma_f32_16x16x16f16(
                                       __builtin_bit_cast(fp_v4h, a), __builtin_bit_cast(fp_v4h, b), acc, 0, 0, 0));
 #elif defined(FP_AMD_WMMA_GFX11)
   const fp_v8f acc = __builtin_bit_cast(fp_v8f, c);
   if constexpr (Elem::kIsBf16)
-    c = __builtin_bit_cast(Acc16, __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(
+    c = __builtin_bit_cast(FragC, __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(
                                       __builtin_bit_cast(fp_v16s, a), __builtin_bit_cast(fp_v16s, b), acc));
   else
-    c = __builtin_bit_cast(Acc16, __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(
+    c = __builtin_bit_cast(FragC, __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(
                                       __builtin_bit_cast(fp_v16h, a), __builtin_bit_cast(fp_v16h, b), acc));
 #elif defined(FP_AMD_WMMA_GFX12)
   const fp_v8f acc = __builtin_bit_cast(fp_v8f, c);
   if constexpr (Elem::kIsBf16)
-    c = __builtin_bit_cast(Acc16, __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32_gfx12(
+    c = __builtin_bit_cast(FragC, __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32_gfx12(
                                       __builtin_bit_cast(fp_v8s, a), __builtin_bit_cast(fp_v8s, b), acc));
   else
-    c = __builtin_bit_cast(Acc16, __builtin_amdgcn_wmma_f32_16x16x16_f16_w32_gfx12(
+    c = __builtin_bit_cast(FragC, __builtin_amdgcn_wmma_f32_16x16x16_f16_w32_gfx12(
                                       __builtin_bit_cast(fp_v8h, a), __builtin_bit_cast(fp_v8h, b), acc));
 #else
   // Plain path, ColumnLanes layout: A[r][k] and B[k][j] are fetched from the lanes that hold them.
@@ -241,7 +232,7 @@ __device__ __forceinline__ void mma(Acc16& c, const Frag16& a, const Frag16& b) 
 // The accumulator of one product as the B operand of the next (P^T from S^T), converted to Elem.
 // Register for register on ColumnLanes; on gfx11 every other key comes from the partner half-wave.
 template <typename Elem>
-__device__ __forceinline__ Frag16 acc_to_operand(const Acc16& c, int lane) {
+__device__ __forceinline__ Frag16 acc_to_operand(const FragC& c, int lane) {
   Frag16 f;
   if constexpr (!AmdLayout::kReplicatedAB) {
 #pragma unroll
@@ -258,15 +249,87 @@ __device__ __forceinline__ Frag16 acc_to_operand(const Acc16& c, int lane) {
 }
 
 // ---- global -> shared copies -------------------------------------------------------------------
-// AMD has no asynchronous copy before gfx950: the same calls, done as plain 16-byte moves, so the
-// loader code is shared. src_bytes 0 writes zeros (rows past the end).
-__device__ __forceinline__ void copy_16(void* smem, const void* gmem, int src_bytes) {
+// AMD has no asynchronous global -> LDS copy before gfx950: the NVIDIA layer's calls, done as plain
+// 16-byte moves (commit and wait are empty), so the loaders and schedules of the main loop are
+// shared. src_bytes 0 writes zeros (rows past the end).
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
   uint4 v = make_uint4(0, 0, 0, 0);
   if (src_bytes > 0) v = *reinterpret_cast<const uint4*>(gmem);
   *reinterpret_cast<uint4*>(smem) = v;
 }
-__device__ __forceinline__ void copy_commit() {}
+__device__ __forceinline__ void cp_async_commit() {}
 template <int kPending>
-__device__ __forceinline__ void copy_wait() {}
+__device__ __forceinline__ void cp_async_wait() {}
 
+// ---- the main-loop view (shared with tile_mma.hpp) ---------------------------------------------
+// Accumulator ownership (amd_layouts.hpp, AttentionView): one query row per lane and m-tile,
+// 16-column tiles, kCElems columns of that row per tile.
+using AccLayout = amd::AttentionView<AmdLayout>;
+static_assert(AccLayout::kRowSlots * AccLayout::kSlotElems == kAccElems, "accumulator view");
+
+// Every operand is a 16x16 fragment; the transposed products take K and V^T as A, Q^T and P^T as B.
+using QFrag = Frag16;
+using KFrag = Frag16;
+using PFrag = Frag16;
+using VFrag = Frag16;
+
+template <int kCols>
+__device__ __forceinline__ void load_q(QFrag& q, const uint16_t* tile, int row0, int k0, int lane) {
+  load_rows<kCols>(q, tile, row0, k0, lane);
+}
+template <int kCols>
+__device__ __forceinline__ void load_k(KFrag& k, const uint16_t* tile, int key0, int k0, int lane) {
+  load_rows<kCols>(k, tile, key0, k0, lane);
+}
+template <int kCols>
+__device__ __forceinline__ void load_v(VFrag& v, const uint16_t* tile, int key0, int col0, int lane) {
+  load_cols<kCols>(v, tile, key0, col0, lane);
+}
+
+// The products on a row of accumulator tiles (one m-tile of S^T or O^T), 16 columns (one tile)
+// at a time. s: scores, tile key16 of 16 keys (S^T = K Q^T).
+template <typename Elem, int N>
+__device__ __forceinline__ void mma_qk(FragC (&s)[N], int key16, const QFrag& q, const KFrag& k) {
+  mma<Elem>(s[key16], k, q);
+}
+// P^T (the exponentiated scores of keys [16 key16, 16 key16 + 16)) as the B operand of
+// O^T += V^T P^T.
+template <typename Elem, int N>
+__device__ __forceinline__ PFrag p_frag(const FragC (&s)[N], int key16, int lane) {
+  return acc_to_operand<Elem>(s[key16], lane);
+}
+// o: output, tile col16 of 16 output columns.
+template <typename Elem, int N>
+__device__ __forceinline__ void mma_pv(FragC (&o)[N], int col16, const PFrag& p, const VFrag& v) {
+  mma<Elem>(o[col16], v, p);
+}
+
+// Head dims below the bucket run every GEMM step, on the zero-filled columns, instead of a guarded
+// copy of the GEMM: the matrix instructions are convergent, so LLVM keeps a loop with an early
+// exit rolled (accumulators in scratch), and a per-step test spilled hundreds of VGPRs on wave32.
+constexpr bool kSkipTailSteps = false;
+
+// End of a group of products on a row of accumulators (all tiles, or tile col16): the results are
+// pinned here and no later shared-memory load may be issued before this point. Without it the
+// instruction selector issues every fragment load of the straight-line GEMM (D/16 x BN/16 of them)
+// ahead of the first product and wave32 WMMA runs out of VGPRs (hundreds spilled).
+__device__ __forceinline__ void pin(FragC& t) {
+#if !defined(FP_AMD_EMULATED)
+#pragma unroll
+  for (int e = 0; e < kAccElems; ++e) asm volatile("" : "+v"(t.r[e])::"memory");
+#else
+  (void)t;
+#endif
+}
+template <int N>
+__device__ __forceinline__ void mma_fence(FragC (&row)[N]) {
+#pragma unroll
+  for (int t = 0; t < N; ++t) pin(row[t]);
+}
+template <int N>
+__device__ __forceinline__ void mma_fence(FragC (&row)[N], int col16) {
+  pin(row[col16]);
+}
+
+FP_TARGET_NS_END
 }  // namespace flashport::gpu

@@ -5,7 +5,11 @@
 // Architecture is one number: FP_ARCH = vendor offset + native number (NVIDIA: 10*major+minor,
 // e.g. 800, 900; AMD: 0x10000 + gfx number later). Host code compares the device's capability
 // against it; device code built for an unsupported arch traps with the compiled list.
+//
+// tests/amd's CPU emulation of AMD workgroups (FP_AMD_EMULATION) provides these names itself
+// (tests/amd/simt_emu.hpp), so this header is empty there.
 #pragma once
+#if !defined(FP_AMD_EMULATION)
 
 #if defined(__HIPCC__) || defined(FLASHPORT_HIP_HOST)
 #include <hip/hip_runtime.h>
@@ -85,6 +89,15 @@ __device__ __forceinline__ T shfl_xor(T v, int lane_mask) {
 #endif
 }
 
+// Whether `pred` holds in any lane of the warp (wave).
+__device__ __forceinline__ bool warp_any(bool pred) {
+#if defined(FP_VENDOR_AMD)
+  return __any(pred);
+#else
+  return __any_sync(0xffffffffu, pred);
+#endif
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {
 #if defined(FP_VENDOR_AMD)
   return __builtin_amdgcn_exp2f(x);
@@ -110,3 +123,21 @@ __device__ __forceinline__ float fast_log2(float x) { return __log2f(x); }
   } while (0)
 
 }  // namespace flashport::gpu
+
+// Kernel declaration pieces that are spelled differently per vendor:
+//   FP_LAUNCH_BOUNDS(threads, min_blocks): CUDA's second argument is blocks per SM; HIP's would be
+//     waves per execution unit, a different budget, so AMD kernels give the thread count only;
+//   FP_GRID_CONSTANT: kernel arguments read in place from the constant bank (CUDA); HIP kernel
+//     arguments are always in the kernarg segment;
+//   FP_EXTERN_SMEM(type, name): the dynamic shared memory of a launch, 128-byte aligned.
+#if defined(FP_VENDOR_AMD)
+#define FP_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads)
+#define FP_GRID_CONSTANT
+#define FP_EXTERN_SMEM(type, name) extern __shared__ __attribute__((aligned(128))) type name[]
+#else
+#define FP_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads, min_blocks)
+#define FP_GRID_CONSTANT __grid_constant__
+#define FP_EXTERN_SMEM(type, name) extern __shared__ __align__(128) type name[]
+#endif
+
+#endif  // !FP_AMD_EMULATION

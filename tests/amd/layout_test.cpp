@@ -289,6 +289,39 @@ TEST(AmdLayout, ColumnGroupsJoinOneQuery) {
   expect_column_groups<amd::WmmaGfx11>();
 }
 
+// The main loop's view of an accumulator (AttentionView): element i of lane l is query row
+// row(l) and key/output column col(l, i) of the S^T / O^T tile, i.e. accumulator (col, row); pair
+// stores and the dropout Philox runs rely on kAdjacentPairs / kQuadRun, checked from the layout.
+template <typename L>
+void expect_attention_view(bool adjacent_pairs, int quad_run) {
+  using V = amd::AttentionView<L>;
+  EXPECT_EQ(V::kAdjacentPairs, adjacent_pairs);
+  EXPECT_EQ(V::kQuadRun, quad_run);
+  EXPECT_EQ(V::kSlotElems, L::kCElems);
+  for (int l = 0; l < L::kWaveSize; ++l) {
+    std::set<int> cols;
+    for (int i = 0; i < V::kSlotElems; ++i) {
+      const amd::LaneElem at = L::c_at(V::col(l, i), V::row(l, 0));
+      EXPECT_EQ(at.lane, l);
+      EXPECT_EQ(at.elem, i);
+      cols.insert(V::col(l, i));
+      if (adjacent_pairs && i % 2 == 1) {
+        EXPECT_EQ(V::col(l, i), V::col(l, i - 1) + 1);
+      }
+      const int q = i - i % quad_run;  // the run's first element: same group of 4 keys, and the
+      EXPECT_EQ(V::col(l, i) >> 2, V::col(l, q) >> 2);  // offset's bits are clear in col(q) % 4
+      EXPECT_EQ((V::col(l, q) & 3) & (V::col(l, i) - V::col(l, q)), 0);
+    }
+    EXPECT_EQ(int(cols.size()), V::kSlotElems);
+  }
+}
+
+TEST(AmdLayout, AttentionViewOfTheAccumulators) {
+  expect_attention_view<amd::Mfma16x16x16>(true, 4);  // 4 consecutive keys a lane
+  expect_attention_view<amd::WmmaGfx12>(true, 4);     // 8 consecutive keys: two runs of 4
+  expect_attention_view<amd::WmmaGfx11>(false, 2);    // keys 2e + l/16: stride 2
+}
+
 TEST(AmdArch, GfxNumberFromGcnArchName) {
   EXPECT_EQ(amd::gfx_number("gfx90a"), 0x90a);
   EXPECT_EQ(amd::gfx_number("gfx90a:sramecc+:xnack-"), 0x90a);

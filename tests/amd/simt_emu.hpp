@@ -1,10 +1,14 @@
 // A CPU emulation of one workgroup of the AMD kernels, for tests only: every lane is a
-// cooperative context (ucontext) of one OS thread; __syncthreads, cross-lane shuffles and the
-// matrix instruction are barriers at which all live lanes meet. The instruction itself is
-// computed from the lane layouts of src/gpu/amd_layouts.hpp (which tests/amd/layout_test.cpp
-// checks against AMD's documentation), so the kernel source runs unchanged except for the one
-// builtin call. Include this before src/gpu/tile_mma_amd.hpp, with FP_AMD_EMULATION_LAYOUT and
-// FP_AMD_EMULATION_WAVE defined.
+// cooperative context (ucontext) of one OS thread. __syncthreads is a workgroup barrier (every
+// live lane of the workgroup meets there); cross-lane shuffles, votes and the matrix instruction
+// are wave barriers (every live lane of that wave meets there, other waves run on), so a wave that
+// skips the math (the main loop's inactive warps) can't pass a __syncthreads that another wave
+// has not reached. A lane reaching a barrier of the other kind than its wave or workgroup is an
+// error (divergent barriers), not a silent reordering. The instruction itself is computed from the
+// lane layouts of src/gpu/amd_layouts.hpp (which tests/amd/layout_test.cpp checks against AMD's
+// documentation), so the kernel source runs unchanged except for the one builtin call. This
+// header provides what src/gpu/vendor.hpp provides on a real build (it is empty here). Include
+// it first, with FP_AMD_EMULATION_LAYOUT and FP_AMD_EMULATION_WAVE defined.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -22,15 +26,25 @@ namespace simt {
 struct Idx3 {
   unsigned x = 0, y = 0, z = 0;
 };
-// The lane being run and the workgroup being emulated.
+// The lane being run, the workgroup being emulated and the launch's grid.
 Idx3 thread_idx();
 Idx3 block_idx();
+Idx3 grid_dim();
 // All live lanes of the workgroup reach this point before any passes it.
 void barrier();
-// Runs `body` as `threads` lanes of workgroup `block` to completion.
-void run_block(unsigned threads, Idx3 block, const std::function<void()>& body);
-// Scratch shared by the lanes of the running workgroup (for shuffles and the instruction).
+// All live lanes of the calling lane's wave (`wave_size` lanes) reach this point before any passes it.
+void wave_barrier();
+// Runs `body` as `threads` lanes (waves of `wave_size`) of workgroup `block` of `grid` to
+// completion, with `smem_bytes` of dynamic shared memory (filled with 0xff bytes: a NaN in fp16
+// and bf16, so a read of a shared element nobody wrote shows up in the results).
+void run_block(unsigned threads, unsigned wave_size, Idx3 block, Idx3 grid, size_t smem_bytes,
+               const std::function<void()>& body);
+// Scratch shared by the lanes of the running workgroup, one region per kind of exchange (waves
+// progress independently, so a shuffle of one wave may run while another wave is in a product).
+enum Region : size_t { kShuffleWords = 0, kVoteWords = 1024, kProductWords = 2048 };
 uint32_t* exchange_words(size_t words);
+// The dynamic shared memory of the running workgroup.
+void* dynamic_smem();
 
 }  // namespace simt
 
@@ -40,9 +54,12 @@ uint32_t* exchange_words(size_t words);
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__ static  // one workgroup runs at a time
+#define FP_LAUNCH_BOUNDS(threads, min_blocks)
+#define FP_GRID_CONSTANT
+#define FP_EXTERN_SMEM(type, name) type* const name = static_cast<type*>(::simt::dynamic_smem())
 #define threadIdx (::simt::thread_idx())
 #define blockIdx (::simt::block_idx())
+#define gridDim (::simt::grid_dim())
 #define __syncthreads() ::simt::barrier()
 #define __expf expf
 #define __log2f log2f
@@ -59,6 +76,7 @@ struct dim3 {
 };
 using gpuError_t = int;
 using gpuStream_t = void*;
+constexpr gpuError_t gpuSuccess = 0;
 constexpr int kWarpSize = FP_AMD_EMULATION_WAVE;
 #ifndef FLASHPORT_GPU_ARCHS
 #define FLASHPORT_GPU_ARCHS "cpu-emulation"
@@ -73,10 +91,21 @@ inline T shfl_xor(T v, int mask) {
   const unsigned tid = simt::thread_idx().x, base = tid / kWarpSize * kWarpSize;
   uint32_t* slots = simt::exchange_words(1024);
   slots[tid] = __builtin_bit_cast(uint32_t, v);
-  simt::barrier();
+  simt::wave_barrier();
   const uint32_t r = slots[base + ((tid % kWarpSize) ^ unsigned(mask))];
-  simt::barrier();
+  simt::wave_barrier();
   return __builtin_bit_cast(T, r);
+}
+// Whether `pred` holds in any live lane of the wave.
+inline bool warp_any(bool pred) {
+  const unsigned tid = simt::thread_idx().x, base = tid / kWarpSize * kWarpSize;
+  uint32_t* slots = simt::exchange_words(simt::kVoteWords + 1024) + simt::kVoteWords;
+  slots[tid] = pred ? 1u : 0u;
+  simt::wave_barrier();
+  bool any = false;
+  for (unsigned l = 0; l < unsigned(kWarpSize); ++l) any |= slots[base + l] != 0;
+  simt::wave_barrier();
+  return any;
 }
 inline float fast_exp2(float x) { return exp2f(x); }
 }  // namespace flashport::gpu
@@ -86,9 +115,9 @@ inline int __shfl(int v, int src) {
   const unsigned tid = simt::thread_idx().x, base = tid / kWarpSize * kWarpSize;
   uint32_t* slots = simt::exchange_words(1024);
   slots[tid] = uint32_t(v);
-  simt::barrier();
+  simt::wave_barrier();
   const int r = int(slots[base + unsigned(src) % kWarpSize]);
-  simt::barrier();
+  simt::wave_barrier();
   return r;
 }
 
@@ -101,12 +130,12 @@ template <typename L, typename Elem>
 inline void emulated_mma(float* c, const uint32_t* a, const uint32_t* b) {
   constexpr int kA = L::kAElems / 2, kB = L::kBElems / 2, W = L::kWaveSize;
   const unsigned tid = simt::thread_idx().x, lane = tid % W, wave = tid / W;
-  uint32_t* words = simt::exchange_words(1024 * (kA + kB));
+  uint32_t* words = simt::exchange_words(simt::kProductWords + 1024 * (kA + kB)) + simt::kProductWords;
   uint32_t* wa = words + size_t(wave) * W * (kA + kB);
   uint32_t* wb = wa + W * kA;
   for (int i = 0; i < kA; ++i) wa[lane * kA + i] = a[i];
   for (int i = 0; i < kB; ++i) wb[lane * kB + i] = b[i];
-  simt::barrier();
+  simt::wave_barrier();
   auto elem = [](const uint32_t* w, int per_lane, amd::LaneElem at) {
     const uint32_t word = w[at.lane * per_lane + at.elem / 2];
     return Elem::bits_to_float((at.elem & 1) ? word >> 16 : word & 0xffffu);
@@ -117,7 +146,7 @@ inline void emulated_mma(float* c, const uint32_t* a, const uint32_t* b) {
     for (int k = 0; k < 16; ++k) acc = fmaf(elem(wa, kA, L::a_at(i, k)), elem(wb, kB, L::b_at(k, j)), acc);
     c[e] = acc;
   }
-  simt::barrier();
+  simt::wave_barrier();
 }
 
 }  // namespace flashport::gpu

@@ -1,14 +1,22 @@
-// The AMD forward attention tile (src/gpu/attn_tile_amd.cuh), unchanged, run on the CPU by the
-// workgroup emulation of simt_emu.hpp in one target's register layout (this file is compiled
-// once per layout: MFMA wave64, WMMA gfx11 wave32, WMMA gfx12 wave32, and the plain path of other
-// gfx targets in wave64 and wave32), against the fp64 reference backend. Proves the kernel's algorithm and its use of the tile-MMA layer (loads,
-// transposed products, accumulator -> operand, cross-lane reductions, masks, dropout, epilogue);
-// the matrix instruction is emulated from the layouts that layout_test.cpp checks against AMD's
-// documentation (the plain path runs its own shuffle code). It is not a run on AMD hardware.
+// The forward main loop shared by CUDA and HIP (src/gpu/fwd_kernel.cuh), unchanged, on the AMD
+// tile-MMA layer (src/gpu/tile_mma_amd.hpp) and the AMD tile rows (tile_config.hpp), run on the
+// CPU by the workgroup emulation of simt_emu.hpp in one target's register layout (this file is
+// compiled once per layout: MFMA wave64, WMMA gfx11 wave32, WMMA gfx12 wave32, and the plain path
+// of other gfx targets in wave64 and wave32), against the fp64 reference backend. Every
+// workgroup of the launch the HIP backend would make (amd_plan.hpp: tile row, packed GQA rows,
+// grid, kernel arguments) runs in turn. Proves the loop and its use of the AMD layer: padded
+// shared tiles, the K/V loaders and the plain-copy schedule, transposed products, accumulator ->
+// operand, the row ownership and cross-lane reductions, the warp vote, masks, softcap, ALiBi,
+// dropout, sinks, packed GQA rows, inactive waves, the epilogue's stores. The matrix instruction
+// is emulated from the layouts that layout_test.cpp checks against AMD's documentation (the
+// plain path runs its own shuffle code). It is not a run on AMD hardware: what it can't show is
+// timing, the compiler's code for the builtins and fences, and memory-model effects (one lane
+// runs at a time).
 #include "gpu/amd_layouts.hpp"
 #include "simt_emu.hpp"
 // After the emulation header:
-#include "gpu/attn_tile_amd.cuh"
+#include "gpu/amd_plan.hpp"
+#include "gpu/fwd_kernel.cuh"
 
 #include <gtest/gtest.h>
 
@@ -36,6 +44,7 @@ struct Case {
   float softcap = 0.0f, dropout = 0.0f;
   bool alibi = false, sinks = false, paged = false;
   int64_t page_size = 16;
+  bool odd_strides = false;  // rows padded by one element: scalar loads (no 16-byte copies) and stores
 };
 
 HostTensor to_f64(const HostTensor& t) {
@@ -109,6 +118,13 @@ Tensors build(Case& c) {
     t.v = HostTensor(dt, {pool, c.page_size, c.hkv, c.dv});
     t.out = HostTensor(dt, {c.batch, c.sq, c.hq, c.dv});
     t.lse = HostTensor(FP_F32, {c.batch, c.hq, c.sq});
+  } else if (c.odd_strides) {
+    const std::vector<int64_t> pad{0, 0, 0, 1};
+    t.q = HostTensor::padded(dt, {c.batch, c.sq, c.hq, c.d}, pad);
+    t.k = HostTensor::padded(dt, {c.batch, c.sk, c.hkv, c.d}, pad);
+    t.v = HostTensor::padded(dt, {c.batch, c.sk, c.hkv, c.dv}, pad);
+    t.out = HostTensor::padded(dt, {c.batch, c.sq, c.hq, c.dv}, pad);
+    t.lse = HostTensor(FP_F32, {c.batch, c.hq, c.sq});
   } else {
     t.q = HostTensor(dt, {c.batch, c.sq, c.hq, c.d});
     t.k = HostTensor(dt, {c.batch, c.sk, c.hkv, c.d});
@@ -132,31 +148,40 @@ Tensors build(Case& c) {
   return t;
 }
 
+template <int kTile>
+void run_tile(bool bf16, const gpu::FwdArgs& a) {
+  if (bf16) gpu::fwd_kernel<kTile, gpu::BFloat16>(a);
+  else gpu::fwd_kernel<kTile, gpu::Half>(a);
+}
+
 // Every workgroup of the launch the HIP backend would make, one after another.
-void run_emulated(const Problem& p) {
-  const gpu::FwdArgs a = gpu::amd_fwd_args(p);
-  const int head_dim = gpu::amd_head_dim_bucket(std::max(p.d, p.dv));
+void run_emulated(const Problem& p, int expect_pack) {
+  ASSERT_EQ(gpu::amd_fwd_refusal(p), "");
+  const gpu::AmdFwdLaunch l = gpu::amd_fwd_launch(p);
+  ASSERT_EQ(gpu::amd_grid_refusal(l), "");
+  if (expect_pack > 0) {
+    ASSERT_EQ(l.pack, expect_pack);
+  }
+  const gpu::FwdArgs a = gpu::amd_fwd_args(p, l);
+  const gpu::TileConfig& c = gpu::kTileConfigs[l.tile];
   const bool bf16 = p.dtype == FP_BF16;
-  const int rows = gpu::amd_tile(head_dim).rows();
-  const int64_t row_blocks = (p.seq.sq + rows - 1) / rows;
-  for (int64_t b = 0; b < p.seq.batch; ++b)
-    for (int64_t h = 0; h < p.hq; ++h)
-      for (int64_t m = 0; m < row_blocks; ++m)
-        simt::run_block(gpu::amd_tile(head_dim).waves * kWarpSize, {unsigned(m), unsigned(h), unsigned(b)}, [&] {
-          if (head_dim == 64) {
-            if (bf16) gpu::attn_tile_kernel<64, gpu::BFloat16>(a);
-            else gpu::attn_tile_kernel<64, gpu::Half>(a);
-          } else if (head_dim == 128) {
-            if (bf16) gpu::attn_tile_kernel<128, gpu::BFloat16>(a);
-            else gpu::attn_tile_kernel<128, gpu::Half>(a);
-          } else {
-            if (bf16) gpu::attn_tile_kernel<256, gpu::BFloat16>(a);
-            else gpu::attn_tile_kernel<256, gpu::Half>(a);
+  const simt::Idx3 grid{unsigned(l.m_blocks), unsigned(l.heads_grid), unsigned(l.batch)};
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x)
+        simt::run_block(unsigned(c.threads(kWarpSize)), kWarpSize, {x, y, z}, grid, size_t(c.smem_bytes()), [&] {
+          switch (l.tile) {
+            case gpu::kPrefill64: return run_tile<gpu::kPrefill64>(bf16, a);
+            case gpu::kPrefill128: return run_tile<gpu::kPrefill128>(bf16, a);
+            case gpu::kPrefill256: return run_tile<gpu::kPrefill256>(bf16, a);
+            default: FAIL() << "tile " << int(l.tile) << " is not an AMD instance";
           }
         });
 }
 
-void check(Case c) {
+// expect_pack > 0: the plan must pack that many query heads per block (the rule is the HIP
+// plan's; several cases below pack 2 heads by it too).
+void check(Case c, int expect_pack = 0) {
   Tensors t = build(c);
   // fp64 reference on exact fp64 copies of the inputs.
   Tensors r;
@@ -171,7 +196,7 @@ void check(Case c) {
   Problem prob;
   const flashport::Status st = flashport::resolve_fwd(p, &prob);
   ASSERT_TRUE(st.is_ok()) << st.message();
-  run_emulated(prob);
+  run_emulated(prob, expect_pack);
 
   EXPECT_TRUE(t.out.guards_intact());
   EXPECT_TRUE(t.lse.guards_intact());
@@ -229,4 +254,20 @@ TEST(AmdTileEmulated, VarlenAndPaged) {
   Case p = base(FP_BF16, 64, 20, 100);
   p.paged = true, p.page_size = 7, p.causal = true;
   check(p);
+}
+
+TEST(AmdTileEmulated, PackedGqaDecodeRows) {
+  // Decode-shaped GQA (Sq * group <= 128): the query heads of a group are rows of one block.
+  Case c = base(FP_F16, 128, 3, 77);
+  c.hq = 8, c.hkv = 2, c.causal = true, c.sinks = true;
+  check(c, /*expect_pack=*/4);
+  Case d = base(FP_BF16, 64, 1, 200);  // one query row: 3 of 4 waves have no rows (inactive)
+  d.hq = 4, d.hkv = 1, d.alibi = true;
+  check(d, /*expect_pack=*/4);
+}
+
+TEST(AmdTileEmulated, OddStridesTakeScalarPaths) {
+  Case c = base(FP_BF16, 64, 19, 45);  // row strides d + 1: no 16-byte copies, no pair stores
+  c.odd_strides = true, c.causal = true, c.softcap = 15.0f;
+  check(c);
 }
