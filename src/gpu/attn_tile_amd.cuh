@@ -250,7 +250,7 @@ __global__ void __launch_bounds__(amd_tile(kD).waves * kWarpSize) attn_tile_kern
             for (int e = 0; e < kAccElems; ++e) {
               const int j = n0 + t * 16 + acc_row(lane, e);
               if (e == 0 || (acc_row(lane, e) >> 2) != (acc_row(lane, e - 1) >> 2))
-                w = dropout_words(R.dropout_seed, R.dropout_offset, b, a.hq, h, q_row, j);
+                w = dropout_words(R.rng_seed(), R.rng_offset(), b, a.hq, h, q_row, j);
               const int c = j & 3;  // selects, not an indexed load: keeps w in registers
               const uint32_t word = c == 0 ? w.x[0] : c == 1 ? w.x[1] : c == 2 ? w.x[2] : w.x[3];
               if (word < R.dropout_threshold) s[t].r[e] = 0.0f;

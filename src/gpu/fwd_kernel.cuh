@@ -342,6 +342,7 @@ __global__ void __launch_bounds__(kTileConfigs[kTile].threads(), kTileConfigs[kT
         // registers), then applied with constant indices.
         if (R.dropout_p > 0.0f) {
           static_assert(kNTiles * 2 <= 32, "one keep-bit word per row");
+          const uint64_t rng_seed = R.rng_seed(), rng_offset = R.rng_offset();
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -353,7 +354,7 @@ __global__ void __launch_bounds__(kTileConfigs[kTile].threads(), kTileConfigs[kT
 #pragma unroll 1
               for (int t = 0; t < kNTiles; ++t) {
                 const int j0 = n0 + t * 8 + c_col(lane, 0);  // even: j0, j0 + 1 share one Philox call
-                const Philox4 w = dropout_words(R.dropout_seed, R.dropout_offset, b, a.hq, h, i, j0);
+                const Philox4 w = dropout_words(rng_seed, rng_offset, b, a.hq, h, i, j0);
                 const uint32_t w0 = (j0 & 2) ? w.x[2] : w.x[0];
                 const uint32_t w1 = (j0 & 2) ? w.x[3] : w.x[1];
                 keep |= uint32_t(w0 >= R.dropout_threshold) << (2 * t);
