@@ -9,6 +9,7 @@
 
 #include "core/backend.hpp"
 #include "core/heuristics.hpp"
+#include "bwd_hopper.hpp"
 #include "bwd_launch.hpp"
 #include "fwd_hopper.hpp"
 #include "fwd_launch.hpp"
@@ -357,12 +358,25 @@ class CudaBackend final : public Backend {
     if (p.fwd.device != FP_DEVICE_CUDA) return unsupported("cuda backend: tensors are not on a CUDA device");
     DeviceInfo dev;
     FP_RETURN_IF_ERROR(check_device(p.fwd.device_index, &dev));
-    return plan_bwd_cuda(p, dev.smem_optin, plan);  // bwd_aux.cu
+    FP_RETURN_IF_ERROR(plan_bwd_cuda(p, dev.smem_optin, plan));  // bwd_aux.cu
+    // The sm_90a wgmma backward (bwd_hopper.cu) takes the call when its check passes (same
+    // workspace); otherwise the mma.sync plan stands.
+#if defined(FLASHPORT_WITH_HOPPER_BWD)
+    if (hopper_bwd_check(p, dev.arch, dev.smem_optin).empty()) hopper_bwd_plan(p, plan);
+#endif
+    return Status::ok();
   }
   Status run_bwd(const BwdProblem& p, const Plan& plan, void* workspace) const override {
     DeviceInfo dev;
     FP_RETURN_IF_ERROR(check_device(p.fwd.device_index, &dev));
     DeviceGuard guard(p.fwd.device_index);
+#if defined(FLASHPORT_WITH_HOPPER_BWD)
+    if (plan.kernel_id == kHopperBwdKernelId) {
+      if (!hopper_bwd_check(p, dev.arch, dev.smem_optin).empty())
+        return {FP_ERR_RUNTIME, "cuda backend: plan does not match the call (re-select after changing it)"};
+      return run_bwd_hopper(p, plan, workspace, static_cast<gpuStream_t>(p.fwd.raw->stream));
+    }
+#endif
     return run_bwd_cuda(p, plan, workspace, static_cast<gpuStream_t>(p.fwd.raw->stream));
   }
 
