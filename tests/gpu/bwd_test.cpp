@@ -70,7 +70,7 @@ BwdOutputs run_reference_bwd(const BwdCall& bc) {
     r.dsinks = HostTensor(FP_F32, {call.c.hq});
     r.dsinks.fill_poison();
   }
-  Call::Views w;
+  Call::Views w{};
   w.q = q.view(), w.k = k.view(), w.v = v.view(), w.out = out.view(), w.lse = lse.view();
   if (!call.cu_q.empty()) w.cu_q = call.cu_q.view(), w.cu_k = call.cu_k.view();
   if (!call.seqused.empty()) w.seqused = call.seqused.view();
@@ -88,7 +88,7 @@ BwdOutputs run_reference_bwd(const BwdCall& bc) {
 // Device copies of one backward call; run() can be repeated (deterministic checks).
 struct DeviceBwd {
   DevBuf q, k, v, out, lse, dout, cu_q, cu_k, seqused, alibi, sinks, rng, dq, dk, dv, dsinks, ws;
-  Call::Views views;
+  Call::Views views{};
   fp_tensor dout_v{}, dq_v{}, dk_v{}, dv_v{}, dsinks_v{};
   HostTensor dq_h, dk_h, dv_h, dsinks_h;
 

@@ -272,7 +272,7 @@ struct Call {
     if (c.alibi) p.alibi_slopes = w.alibi;
     if (c.sinks) p.sinks = w.sinks;
     p.dropout_p = c.dropout;
-    if (w.rng.data) {
+    if (c.rng_on_device && w.rng.data) {
       p.dropout_rng = w.rng;  // the same (seed, offset), read by the kernels
     } else {
       p.dropout_seed = kSeed;
@@ -297,7 +297,7 @@ inline Outputs run_reference(const Call& call) {
   HostTensor out(FP_F64, call.out.shape()), lse(FP_F64, call.lse.shape());
   out.fill_poison();
   lse.fill_poison();
-  Call::Views w;
+  Call::Views w{};
   w.q = q.view(), w.k = k.view(), w.v = v.view(), w.out = out.view(), w.lse = lse.view();
   if (!call.cu_q.empty()) w.cu_q = call.cu_q.view(), w.cu_k = call.cu_k.view();
   if (!call.seqused.empty()) w.seqused = call.seqused.view();
@@ -320,7 +320,7 @@ inline Outputs run_reference(const Call& call) {
 struct DeviceCall {
   DevBuf q, k, v, out, lse, cu_q, cu_k, seqused, block_table, batch_idx, k_new, v_new, cos, sin,
       alibi, sinks, rng, workspace;
-  Call::Views views;
+  Call::Views views{};
 
   explicit DeviceCall(const Call& c) {
     auto up = [](DevBuf& d, const HostTensor& t, fp_tensor& view) {
