@@ -18,8 +18,12 @@
 //   dS^T -> shared memory (both warpgroups), then
 //   dQ   = dS K     wgmma SS, dS and K both MN-major; D128: warpgroup w takes columns
 //                   [64w, 64w + 64) of the 64 rows; D64: rows [64w, 64w + 64) of the 128;
-//                   added into the fp32 workspace with 16-byte vector atomics (red.v4.f32).
+//                   staged in shared memory and added into the fp32 workspace by one bulk
+//                   reduce per query row during the next step (FLASHPORT_HOPPER_BWD_DQ_BULK=0:
+//                   16-byte vector atomics, red.v4.f32, as in v1).
 // Q, dO, LSE2, D of the next step stream in with cp.async (all 256 threads) while this one runs.
+// The elementwise phases have straight-line loops for the common case (no softcap/ALiBi,
+// unswitched on the mask): per-element branches there cost v1 half its time (gpu_bwd_notes.md).
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -45,6 +49,20 @@ constexpr float kBwdLog2eH = 1.4426950408889634f;
 __device__ __forceinline__ void cp_async_4(uint32_t smem, const void* gmem, int src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));
 }
+// Bulk reduce (copy engine): global[0, bytes) += shared[0, bytes) as fp32, one bulk group per
+// issuing thread; 16-byte aligned addresses, bytes a multiple of 16.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, uint32_t smem, int bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gmem), "r"(smem),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// The copy engine has finished reading the shared memory of all but the newest N groups.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void fence_regs_u32(uint32_t (&r)[N][4]) {
 #pragma unroll
@@ -77,6 +95,9 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
   uint16_t* sdS = sdO + 2 * BM * D;  // dS^T: [BN keys][BM queries], 64-query panels (x2 when deferred)
   float* sL = reinterpret_cast<float*>(sdS + HopperBwdTile::kDsBuffers * BN * BM);  // [2][BM] LSE2
   float* sDs = sL + 2 * BM;                             // [2][BM] D
+  constexpr bool kBulk = HopperBwdTile::kDqBulk;
+  constexpr int kDqStride = HopperBwdTile::dq_stride(D);
+  float* sDq = sDs + 2 * BM;  // [2][BM][kDqStride] dQ staging (bulk mode)
   const uint32_t sK_u32 = base_u32;
   const uint32_t sV_u32 = sK_u32 + BN * D * 2;
   const uint32_t sQ_u32 = sV_u32 + BN * D * 2;
@@ -202,7 +223,37 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
           if (i < lq) atomicAdd(reinterpret_cast<float4*>(dq_row + col0 + 8 * t), v);
         }
       };
-      int dq_h = 0, dq_i0 = 0;  // deferred schedule: the step whose dQ is in flight
+      int dq_h = 0, dq_i0 = 0;  // deferred / bulk schedule: the step whose dQ is in flight
+      // Bulk mode: this thread's fragment of the step's dQ into staging buffer `sbuf` (row-major,
+      // the workspace's column order), then fence for the copy engine.
+      auto stage_dq = [&](int sbuf) {
+        float* tile = sDq + sbuf * (BM * kDqStride);
+        const int row0 = (kDqByCols ? 0 : wg * 64) + wwarp * 16 + (lane >> 2);
+        const int col0 = dq_d_panel * 64 + col_base;
+#pragma unroll
+        for (int t = 0; t < 8; ++t)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf)
+            *reinterpret_cast<float2*>(tile + (row0 + 8 * hf) * kDqStride + col0 + 8 * t) =
+                make_float2(dq_acc[4 * t + 2 * hf], dq_acc[4 * t + 2 * hf + 1]);
+      };
+      // Bulk mode, after a block barrier: lane l < BM / 8 of warp w adds row w * BM / 8 + l of
+      // staging buffer `sbuf` (the dQ of step (hh, ii0)) into the workspace, rows past Lq
+      // skipped. Spread over all 8 warps: the copy engine takes the operands from uniform
+      // registers, so each warp issues its rows one at a time.
+      constexpr int kDqRowsPerWarp = BM / 8;
+      const bool dq_issuer = lane < kDqRowsPerWarp;
+      const int dq_issue_row = (tid >> 5) * kDqRowsPerWarp + lane;
+      auto issue_dq = [&](int sbuf, int hh, int ii0) {
+        if (FLASHPORT_HOPPER_BWD_DIAG != 0) return;
+        if (dq_issuer) {
+          const int i = ii0 + dq_issue_row;
+          if (i < lq)
+            bulk_reduce_add_f32(a.ws_dq + (int64_t(hh) * a.total_rows + ws_row0 + i) * a.dacc,
+                                smem_u32(sDq + (sbuf * BM + dq_issue_row) * kDqStride), D * 4);
+          bulk_commit();
+        }
+      };
 
       for (int s = 0; s < steps; ++s) {
         const int buf = s & 1;
@@ -250,6 +301,11 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
           }
           wg_commit();
         }
+        if constexpr (kBulk) {
+          // Step s-1's dQ (staged and fenced before this step's first barrier), while S^T and
+          // dP^T run.
+          if (s > 0) issue_dq(buf ^ 1, dq_h, dq_i0);
+        }
         if constexpr (kDefer) {
           // The previous step's dQ product is done (S^T, dP^T may still run): its atomics
           // overlap this step's products.
@@ -285,11 +341,13 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
           return p;
         };
         // The waits are unconditional (ptxas keeps the products asynchronous only when it sees
-        // a fixed group structure). Without softcap P is computed while dP^T is still running;
-        // with softcap S must live until dP^T lands (its derivative needs tanh of the score).
+        // a fixed group structure). The common case (no softcap, no ALiBi) has its own straight-
+        // line loops, unswitched on the mask, so it runs without per-element branches; P is
+        // computed while dP^T is still running. Softcap / ALiBi take the general loop after dP^T
+        // lands (softcap's derivative needs tanh of the score).
         wg_wait<1>();
         fence_regs(s_acc);
-        if (!softcap) {
+        auto plain_p = [&](auto masked) {
 #pragma unroll
           for (int t = 0; t < kQTiles; ++t) {
             const float2 l2 = *reinterpret_cast<const float2*>(tL + 8 * t + col_base);
@@ -298,33 +356,49 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
 #pragma unroll
               for (int e2 = 0; e2 < 2; ++e2) {
                 float& v = s_acc[4 * t + 2 * hf + e2];
-                float unused;
-                v = transformed ? prob(v, t, hf, e2, e2 ? l2.y : l2.x, unused)
-                                : fast_exp2(fmaf(v, a.scale_log2, -(e2 ? l2.y : l2.x)));
-                if (!transformed && need_mask) {
+                v = fast_exp2(fmaf(v, a.scale_log2, -(e2 ? l2.y : l2.x)));
+                if constexpr (decltype(masked)::value) {
                   const int i = i0 + 8 * t + col_base + e2, j = n0 + key_loc0 + 8 * hf;
                   if (j < vis_lo(i) || j >= vis_hi(i)) v = 0.0f;
                 }
               }
           }
+        };
+        if (!transformed) {
+          if (need_mask) plain_p(std::true_type{});
+          else plain_p(std::false_type{});
         }
         wg_wait<0>();
         fence_regs(dp_acc);
         // ---- dS^T = P^T (dP^T - D) (x softcap derivative) -----------------------------------
+        if (!transformed) {
 #pragma unroll
-        for (int t = 0; t < kQTiles; ++t) {
-          const float2 d2 = *reinterpret_cast<const float2*>(tD + 8 * t + col_base);
-          const float2 l2 = *reinterpret_cast<const float2*>(tL + 8 * t + col_base);
+          for (int t = 0; t < kQTiles; ++t) {
+            const float2 d2 = *reinterpret_cast<const float2*>(tD + 8 * t + col_base);
 #pragma unroll
-          for (int hf = 0; hf < 2; ++hf)
+            for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
-            for (int e2 = 0; e2 < 2; ++e2) {
-              float& v = s_acc[4 * t + 2 * hf + e2];
-              float& g = dp_acc[4 * t + 2 * hf + e2];
-              float dtanh = 1.0f;
-              if (softcap) v = prob(v, t, hf, e2, e2 ? l2.y : l2.x, dtanh);
-              g = v * (g - (e2 ? d2.y : d2.x)) * dtanh;
-            }
+              for (int e2 = 0; e2 < 2; ++e2) {
+                float& g = dp_acc[4 * t + 2 * hf + e2];
+                g = s_acc[4 * t + 2 * hf + e2] * (g - (e2 ? d2.y : d2.x));
+              }
+          }
+        } else {
+#pragma unroll
+          for (int t = 0; t < kQTiles; ++t) {
+            const float2 d2 = *reinterpret_cast<const float2*>(tD + 8 * t + col_base);
+            const float2 l2 = *reinterpret_cast<const float2*>(tL + 8 * t + col_base);
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+              for (int e2 = 0; e2 < 2; ++e2) {
+                float& v = s_acc[4 * t + 2 * hf + e2];
+                float& g = dp_acc[4 * t + 2 * hf + e2];
+                float dtanh = 1.0f;
+                v = prob(v, t, hf, e2, e2 ? l2.y : l2.x, dtanh);
+                g = v * (g - (e2 ? d2.y : d2.x)) * dtanh;
+              }
+          }
         }
         uint32_t pa[kQSteps][4], da[kQSteps][4];
 #pragma unroll
@@ -367,6 +441,11 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
               wgmma_rs_m64n64k16<kBf16, 1>(dk_acc[p], da[ks], q_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
           wg_commit();
         }
+        // Bulk mode: the reduce that read this step's staging buffer (step s-2's dQ) is done
+        // before the barrier below lets anyone write it again.
+        if constexpr (kBulk) {
+          if (dq_issuer) bulk_wait_read<1>();
+        }
         fence_proxy_async();  // dS^T stores (generic proxy) -> wgmma reads (async proxy)
         __syncthreads();      // dS^T of both warpgroups in shared memory
 
@@ -388,6 +467,10 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
           if constexpr (kDefer) {
             wg_wait<1>();  // dV, dK done (this step's Q/dO buffer is free); dQ may still run
             dq_h = h, dq_i0 = i0;
+          } else if constexpr (kBulk) {
+            wg_wait<0>();
+            fence_regs(dq_acc);
+            dq_h = h, dq_i0 = i0;
           } else {
             wg_wait<0>();
             fence_regs(dq_acc);
@@ -396,13 +479,23 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
           fence_regs_u32(da);
 #pragma unroll
           for (int p = 0; p < kPanels; ++p) fence_regs(dv_acc[p]), fence_regs(dk_acc[p]);
-          if constexpr (!kDefer) add_dq(h, i0);
+          if constexpr (kBulk) {
+            stage_dq(buf);  // fenced for the copy engine at the next step's barrier
+          } else if constexpr (!kDefer) {
+            add_dq(h, i0);
+          }
         }
       }
       if constexpr (kDefer) {
         wg_wait<0>();
         fence_regs(dq_acc);
         add_dq(dq_h, dq_i0);
+      }
+      if constexpr (kBulk) {
+        fence_proxy_async();
+        __syncthreads();
+        issue_dq((steps - 1) & 1, dq_h, dq_i0);
+        if (dq_issuer) bulk_wait_all();  // the staging tile must outlive the copy engine's reads
       }
     }
   }

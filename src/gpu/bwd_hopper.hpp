@@ -37,16 +37,29 @@ namespace flashport::gpu {
 #ifndef FLASHPORT_HOPPER_BWD_DEFER_DQ
 #define FLASHPORT_HOPPER_BWD_DEFER_DQ 0
 #endif
+// dQ of a step goes through shared memory (fp32, double-buffered, rows padded by 16 bytes against
+// bank conflicts) and is added into the workspace with one bulk reduce per query row
+// (cp.reduce.async.bulk .add.f32, issued after the next step's first barrier) instead of 8
+// red.global.add.v4.f32 per thread. 0: the per-thread vector atomics of v1.
+#ifndef FLASHPORT_HOPPER_BWD_DQ_BULK
+#define FLASHPORT_HOPPER_BWD_DQ_BULK 1
+#endif
 struct HopperBwdTile {
   static constexpr int kBlockN = 128;
   static constexpr int kThreads = 256;
   static constexpr bool kDeferDq = FLASHPORT_HOPPER_BWD_DEFER_DQ != 0;
+  static constexpr bool kDqBulk = FLASHPORT_HOPPER_BWD_DQ_BULK != 0 && !kDeferDq;
   static constexpr int kDsBuffers = kDeferDq ? 2 : 1;
   static constexpr int block_m(int d) { return d == 64 ? 128 : 64; }
-  // K, V; Q and dO double-buffered; dS^T (x kDsBuffers); LSE and D double-buffered; + 1024 atom
-  // alignment slack.
+  // Row stride (floats) of the dQ staging tile: + 4 floats so a warp's 8 rows of float2 stores
+  // spread over all 32 banks.
+  static constexpr int dq_stride(int d) { return d + 4; }
+  static constexpr int dq_stage_bytes(int d) { return kDqBulk ? 2 * block_m(d) * dq_stride(d) * 4 : 0; }
+  // K, V; Q and dO double-buffered; dS^T (x kDsBuffers); LSE and D double-buffered; dQ staging;
+  // + 1024 atom alignment slack.
   static constexpr int smem_bytes(int d) {
-    return (2 * kBlockN * d + 4 * block_m(d) * d + kDsBuffers * kBlockN * block_m(d)) * 2 + 4 * block_m(d) * 4 + 1024;
+    return (2 * kBlockN * d + 4 * block_m(d) * d + kDsBuffers * kBlockN * block_m(d)) * 2 + 4 * block_m(d) * 4 +
+           dq_stage_bytes(d) + 1024;
   }
 };
 
