@@ -6,12 +6,12 @@
 // of bwd_aux.cu and their workspace layout are shared). Otherwise the mma.sync plan stands and the
 // check's string says why.
 //
-// Scope (everything else declined here, never ignored): fp16/bf16, D == Dv in {64, 128}, batched
+// Scope (everything else declined here, never ignored): fp16/bf16, D == Dv in {64, 128, 256}, batched
 // or varlen q/k/v/dout with 16-byte aligned rows and strides, seqused_k, causal (both
 // alignments), sliding windows, softcap (with its derivative), ALiBi, sinks (d_sinks by the shared
 // conversion step), GQA/MQA (dK/dV summed over the group in registers), atomic dQ.
-// Declined: D256 and other head dims (dK and dV of 64 keys x 256 columns need 256 accumulator
-// registers per thread: FA3 splits that tile differently; not done yet), dropout (the philox replay
+// D256 has its own kernel (HopperBwdTileD256, switch FLASHPORT_HOPPER_BWD_D256).
+// Declined: other head dims, dropout (the philox replay
 // lives in the mma.sync loop), deterministic mode (the mma.sync path orders the dQ adds with
 // semaphores), unaligned tensors, devices other than sm_90.
 #pragma once
@@ -63,6 +63,35 @@ struct HopperBwdTile {
   }
 };
 
+// D256 (bwd_hopper.cu, bwd_hopper_d256_kernel): dK and dV of 64 keys x 256 columns would need 256
+// fp32 accumulator registers per thread in one warpgroup, so a block owns BN = 64 keys and the two
+// warpgroups split the head dim: warpgroup w keeps columns [128w, 128w + 128) of both dK and dV
+// (64 + 64 registers). Per step of BM = 64 queries, warpgroup w computes S^T and dP^T for queries
+// [32w, 32w + 32) (all 64 keys), P^T and dS^T go through shared memory (bf16/fp16, 8 KB each), and
+// dV, dK (A = P^T / dS^T from shared memory) and dQ (columns [128w, 128w + 128)) run on wgmma SS.
+// dQ goes to the workspace by red.v4 atomics: the fp32 staging tile of the D64/D128 kernels
+// (64 KB) does not fit next to double-buffered Q and dO (K, V 32 KB each; Q, dO 2 x 32 KB each).
+// 0: D256 declines to the mma.sync backward ("D256 Hopper backward disabled").
+#ifndef FLASHPORT_HOPPER_BWD_D256
+#define FLASHPORT_HOPPER_BWD_D256 1
+#endif
+inline constexpr bool kHopperBwdD256 = FLASHPORT_HOPPER_BWD_D256 != 0;
+struct HopperBwdTileD256 {
+  static constexpr int kD = 256;
+  static constexpr int kBlockN = 64;
+  static constexpr int kBlockM = 64;
+  static constexpr int kThreads = 256;
+  // K, V; Q and dO double-buffered; P^T and dS^T; LSE2 and D double-buffered; + 1024 atom
+  // alignment slack: 210,944 bytes.
+  static constexpr int smem_bytes() {
+    return (2 * kBlockN * kD + 4 * kBlockM * kD + 2 * kBlockN * kBlockM) * 2 + 4 * kBlockM * 4 + 1024;
+  }
+};
+inline constexpr int hopper_bwd_block_n(int d) { return d == 256 ? HopperBwdTileD256::kBlockN : HopperBwdTile::kBlockN; }
+inline constexpr int hopper_bwd_smem_bytes(int d) {
+  return d == 256 ? HopperBwdTileD256::smem_bytes() : HopperBwdTile::smem_bytes(d);
+}
+
 // plan.kernel_id of the Hopper backward (the mma.sync ids are tile * 2 + dtype).
 inline constexpr int32_t kHopperBwdKernelId = 1 << 21;
 
@@ -74,6 +103,7 @@ gpuError_t launch_hopper_bwd(const BwdArgs& a, dim3 grid, gpuStream_t stream);
 
 inline BwdKernelInfo hopper_bwd_info_for(int d, bool bf16, int dev) {
   if (d == 64) return bf16 ? hopper_bwd_kernel_info<64, true>(dev) : hopper_bwd_kernel_info<64, false>(dev);
+  if (d == 256) return bf16 ? hopper_bwd_kernel_info<256, true>(dev) : hopper_bwd_kernel_info<256, false>(dev);
   return bf16 ? hopper_bwd_kernel_info<128, true>(dev) : hopper_bwd_kernel_info<128, false>(dev);
 }
 #endif
@@ -89,7 +119,9 @@ inline std::string hopper_bwd_check(const BwdProblem& bp, int arch, int smem_opt
     return "hopper backward: disabled by FLASHPORT_HOPPER_BWD=0";
   if (arch != 900) return "hopper backward: device is not sm_90";
   if (p.dtype != FP_F16 && p.dtype != FP_BF16) return "hopper backward: dtype";
-  if (p.d != p.dv || (p.d != 64 && p.d != 128)) return "hopper backward: head dim must be 64 or 128 (D == Dv)";
+  if (p.d != p.dv || (p.d != 64 && p.d != 128 && p.d != 256))
+    return "hopper backward: head dim must be 64, 128 or 256 (D == Dv)";
+  if (p.d == 256 && !kHopperBwdD256) return "hopper backward: D256 Hopper backward disabled (FLASHPORT_HOPPER_BWD_D256=0)";
   if (p.rules.has_dropout()) return "hopper backward: dropout (replayed by the mma.sync backward)";
   if (bp.deterministic) return "hopper backward: deterministic mode (the mma.sync backward orders the dQ adds)";
   if (p.seq.kv_layout == KvLayout::Paged || p.seq.cache_batch_idx != nullptr || p.seq.snew > 0 ||
@@ -103,7 +135,7 @@ inline std::string hopper_bwd_check(const BwdProblem& bp, int arch, int smem_opt
                        m8(bp.dout.row_stride) && m8(bp.dout.head_stride) && m8(bp.dout.batch_stride) &&
                        m8(p.k.s0) && m8(p.k.s1) && m8(p.k.s2) && m8(p.v.s0) && m8(p.v.s1) && m8(p.v.s2);
   if (!aligned) return "hopper backward: q/k/v/dout rows or strides not 16-byte aligned";
-  if (HopperBwdTile::smem_bytes(int(p.d)) > smem_optin) return "hopper backward: shared memory";
+  if (hopper_bwd_smem_bytes(int(p.d)) > smem_optin) return "hopper backward: shared memory";
   const BwdKernelInfo ki = hopper_bwd_info_for(int(p.d), p.dtype == FP_BF16, p.device_index);
   if (ki.status != gpuSuccess) return std::string("hopper backward: no kernel image: ") + gpuGetErrorString(ki.status);
   if (ki.blocks_per_sm < 1) return "hopper backward: kernel does not fit an SM";
@@ -118,7 +150,7 @@ bool hopper_bwd_plan(const BwdProblem& bp, Plan* plan);
 // Preprocess (bwd_aux.cu), the Hopper main loop, dq conversion (bwd_aux.cu), on `stream`.
 Status run_bwd_hopper(const BwdProblem& bp, const Plan& plan, void* workspace, gpuStream_t stream);
 
-// Kernel template instances: D64/D128 x fp16/bf16.
-inline constexpr int kHopperBwdInstances = 4;
+// Kernel template instances: D64/D128/D256 x fp16/bf16 (D256 compiled even when switched off).
+inline constexpr int kHopperBwdInstances = 6;
 
 }  // namespace flashport::gpu

@@ -1,11 +1,13 @@
 // The sm_90a wgmma backward (src/gpu/bwd_hopper.cu) against the fp64 reference backward: head
-// dims 64/128 in both dtypes, odd lengths (tails in both directions), several query blocks per key
+// dims 64/128/256 in both dtypes (D256: its own kernel, 64-key blocks), odd lengths (tails in both directions), several query blocks per key
 // block (the double-buffered Q/dO ring), causal in both alignments, windows, GQA (dK/dV summed over
 // the group), varlen, seqused_k, softcap (with its derivative), ALiBi, sinks with d_sinks, rows
 // without keys, graph capture on the caller's stream; poisoned outputs, sentinels, NaN checks. Each
 // case also checks which kernel ran: the Hopper kernel on an sm_90 device where the capability
 // check allows it, the mma.sync backward (still correct) where it declines: dropout, deterministic
-// mode, other head dims, unaligned dout, FLASHPORT_HOPPER_BWD=0. Skipped without a CUDA device.
+// mode, other head dims, unaligned dout, FLASHPORT_HOPPER_BWD=0, and D256 when built with
+// FLASHPORT_HOPPER_BWD_D256=0 (then every D256 case expects the mma.sync kernel). Skipped without a
+// CUDA device.
 //
 // The call helpers (BwdCall, DeviceBwd, run_reference_bwd) follow tests/gpu/bwd_test.cpp.
 #include <cuda_runtime.h>
@@ -13,6 +15,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "gpu/bwd_hopper.hpp"  // kHopperBwdD256: the D256 switch
 #include "gpu_harness.hpp"
 
 namespace gputest {
@@ -36,6 +39,9 @@ bool hopper_built() {
   return false;
 #endif
 }
+
+// Whether the Hopper backward takes head dim d (D == Dv) at all: D256 only when switched on.
+bool hopper_takes(int64_t d) { return d != 256 || flashport::gpu::kHopperBwdD256; }
 
 fp_dtype rand_dtype() { return rand_int(0, 1) ? FP_BF16 : FP_F16; }
 
@@ -226,22 +232,22 @@ void check_hopper_bwd(const Case& cs, bool expect_hopper, bool det = false) {
 
 TEST(CudaHopperBwd, HeadDimsDtypesAndOddLengths) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128})
+  for (int64_t d : {64, 128, 256})
     for (fp_dtype t : {FP_BF16, FP_F16})
       for (auto [sq, sk] : {std::pair<int64_t, int64_t>{1, 1}, {3, 113}, {113, 3}, {129, 257}, {200, 77},
-                            {1025, 130}, {77, 1025}, {256, 256}}) {
+                            {1025, 130}, {77, 1025}, {256, 256}, {63, 65}, {65, 63}}) {
         Case c;
         c.dtype = t;
         c.batch = rand_int(1, 2);
         c.hq = 2, c.hkv = 2, c.d = d, c.dv = d, c.sq = sq, c.sk = sk;
-        check_hopper_bwd(c, true);
+        check_hopper_bwd(c, hopper_takes(d));
       }
 }
 
 TEST(CudaHopperBwd, CausalBothAlignmentsAndWindows) {
   SKIP_WITHOUT_GPU();
   struct W { bool causal, top_left; int wl, wr; };
-  for (int64_t d : {64, 128})
+  for (int64_t d : {64, 128, 256})
     for (W w : {W{true, false, -1, -1}, W{true, true, -1, -1}, W{false, false, 100, 0}, W{false, false, 37, 200},
                 W{false, true, 0, 0}, W{false, false, -1, 5}, W{true, false, 300, -1}})
       for (auto [sq, sk] : {std::pair<int64_t, int64_t>{700, 700}, {200, 600}, {600, 200}, {129, 131}, {1, 64}, {65, 1}}) {
@@ -249,49 +255,49 @@ TEST(CudaHopperBwd, CausalBothAlignmentsAndWindows) {
         c.dtype = rand_dtype();
         c.batch = 2, c.hq = 2, c.hkv = 1, c.d = d, c.dv = d, c.sq = sq, c.sk = sk;
         c.causal = w.causal, c.top_left = w.top_left, c.wl = w.wl, c.wr = w.wr;
-        check_hopper_bwd(c, true);
+        check_hopper_bwd(c, hopper_takes(d));
       }
 }
 
 TEST(CudaHopperBwd, GqaRatios) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128})
+  for (int64_t d : {64, 128, 256})
     for (auto [hq, hkv] : {std::pair<int64_t, int64_t>{8, 8}, {8, 2}, {8, 1}, {12, 3}}) {
       Case c;
       c.dtype = rand_dtype();
       c.batch = 2, c.hq = hq, c.hkv = hkv, c.d = d, c.dv = d, c.sq = rand_int(1, 300), c.sk = 517;
       c.causal = rand_int(0, 1);
-      check_hopper_bwd(c, true);
+      check_hopper_bwd(c, hopper_takes(d));
     }
 }
 
 TEST(CudaHopperBwd, ScoreFeatures) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128}) {
+  for (int64_t d : {64, 128, 256}) {
     Case base;
     base.dtype = rand_dtype();
     base.batch = 2, base.hq = 4, base.hkv = 2, base.d = d, base.dv = d, base.sq = 300, base.sk = 333;
     Case c = base;
     c.softcap = 30.0f, c.input_std = 3.0;
-    check_hopper_bwd(c, true);
+    check_hopper_bwd(c, hopper_takes(d));
     c.causal = true, c.softcap = 5.0f;
-    check_hopper_bwd(c, true);
+    check_hopper_bwd(c, hopper_takes(d));
     c = base;
     c.alibi = true, c.causal = true;
-    check_hopper_bwd(c, true);
+    check_hopper_bwd(c, hopper_takes(d));
     c = base;
     c.alibi = true, c.alibi_per_batch = true;
-    check_hopper_bwd(c, true);
+    check_hopper_bwd(c, hopper_takes(d));
     c = base;
     c.sinks = true;
-    check_hopper_bwd(c, true);
+    check_hopper_bwd(c, hopper_takes(d));
     c = base;
     c.sinks = true, c.causal = true, c.sq = 400, c.sk = 100;  // rows with no key: sink only
-    check_hopper_bwd(c, true);
+    check_hopper_bwd(c, hopper_takes(d));
     c = base;
     c.scale = 0.3f;
     c.softcap = 5.0f, c.alibi = true, c.sinks = true, c.causal = true, c.wl = 50;
-    check_hopper_bwd(c, true);
+    check_hopper_bwd(c, hopper_takes(d));
   }
 }
 
@@ -302,11 +308,13 @@ TEST(CudaHopperBwd, RowsWithoutKeys) {
   c.hq = 2, c.hkv = 2, c.d = 128, c.dv = 128, c.sq = 300, c.sk = 50;
   c.causal = true;  // bottom-right: the first 250 rows see nothing (lse = -inf, dq = 0)
   check_hopper_bwd(c, true);
+  c.d = 256, c.dv = 256, c.dtype = FP_F16;
+  check_hopper_bwd(c, hopper_takes(256));
 }
 
 TEST(CudaHopperBwd, VarlenAndSequsedK) {
   SKIP_WITHOUT_GPU();
-  for (int rep = 0; rep < 4; ++rep) {
+  for (int rep = 0; rep < 6; ++rep) {
     Case c;
     c.dtype = rand_dtype();
     c.varlen = true;
@@ -316,10 +324,10 @@ TEST(CudaHopperBwd, VarlenAndSequsedK) {
       c.lk.push_back(rand_int(1, 400));
     }
     c.hq = 4, c.hkv = rand_int(0, 1) ? 4 : 1;
-    c.d = rep % 2 ? 128 : 64, c.dv = c.d;
+    c.d = rep % 3 == 0 ? 64 : rep % 3 == 1 ? 128 : 256, c.dv = c.d;
     c.causal = rand_int(0, 1), c.top_left = rand_int(0, 1);
     c.sinks = rand_int(0, 1);
-    check_hopper_bwd(c, true);
+    check_hopper_bwd(c, hopper_takes(c.d));
   }
   Case c;
   c.dtype = rand_dtype();
@@ -327,16 +335,18 @@ TEST(CudaHopperBwd, VarlenAndSequsedK) {
   c.cache = true;
   c.causal = true;  // rows past seqused_k[b] must get dk = dv = 0
   check_hopper_bwd(c, true);
+  c.d = 256, c.dv = 256, c.sk = 190;  // 64-key blocks: the last one partly past seqused_k
+  check_hopper_bwd(c, hopper_takes(256));
 }
 
 TEST(CudaHopperBwd, LongerSequences) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128}) {
+  for (int64_t d : {64, 128, 256}) {
     Case c;
     c.dtype = rand_dtype();
     c.batch = 1, c.hq = 2, c.hkv = 1, c.d = d, c.dv = d, c.sq = 1300, c.sk = 1300;
-    c.causal = d == 128;
-    check_hopper_bwd(c, true);
+    c.causal = d != 64;
+    check_hopper_bwd(c, hopper_takes(d));
   }
 }
 
@@ -349,10 +359,21 @@ TEST(CudaHopperBwd, DeclinesToMmaSync) {
   check_hopper_bwd(c, false);
   c.dropout = 0.0f;
   check_hopper_bwd(c, false, /*det=*/true);
-  for (int64_t d : {256, 96, 32}) {
+  for (int64_t d : {96, 32}) {
     c.d = d, c.dv = d;
     check_hopper_bwd(c, false);
   }
+  c.d = 256, c.dv = 256;
+  check_hopper_bwd(c, hopper_takes(256));  // FLASHPORT_HOPPER_BWD_D256=0: "D256 Hopper backward disabled"
+  c.dropout = 0.2f;
+  check_hopper_bwd(c, false);
+  c.dropout = 0.0f;
+  check_hopper_bwd(c, false, /*det=*/true);
+  c.strided = true;
+  check_hopper_bwd(c, false);
+  c.strided = false;
+  c.d = 256, c.dv = 128;
+  check_hopper_bwd(c, false);
   c.d = 128, c.dv = 64;
   check_hopper_bwd(c, false);
   c.d = 64, c.dv = 64;
@@ -367,11 +388,11 @@ TEST(CudaHopperBwd, DeclinesToMmaSync) {
 
 // Captured into a CUDA graph on a non-blocking stream (no allocation, sync or host read inside
 // the call) and replayed twice: both replays close to the reference (atomic dQ: not bitwise).
-TEST(CudaHopperBwd, GraphCaptureOnCallerStream) {
-  SKIP_WITHOUT_GPU();
+void check_graph_capture(int64_t d) {
+  SCOPED_TRACE("d " + std::to_string(d));
   Case c;
   c.dtype = FP_BF16;
-  c.batch = 2, c.hq = 4, c.hkv = 2, c.d = 128, c.dv = 128, c.sq = 300, c.sk = 300;
+  c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = d, c.sq = 300, c.sk = 300;
   c.causal = true, c.sinks = true;
   BwdCall bc(c);
   ASSERT_TRUE(bc.ok) << bc.error;
@@ -380,7 +401,8 @@ TEST(CudaHopperBwd, GraphCaptureOnCallerStream) {
   DeviceBwd dev(bc);
   const BwdOutputs first = dev.run(bc, false);  // sizes the workspace
   ASSERT_TRUE(first.ok) << first.error;
-  EXPECT_EQ(std::string(first.sel.kernel).find(kHopperBwdName) != std::string::npos, device_is_sm90() && hopper_built())
+  EXPECT_EQ(std::string(first.sel.kernel).find(kHopperBwdName) != std::string::npos,
+            device_is_sm90() && hopper_built() && hopper_takes(d))
       << first.sel.kernel;
   dev.dq.upload(dev.dq_h), dev.dk.upload(dev.dk_h), dev.dv.upload(dev.dv_h);  // poison again
   dev.dsinks.upload(dev.dsinks_h);
@@ -412,6 +434,12 @@ TEST(CudaHopperBwd, GraphCaptureOnCallerStream) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+TEST(CudaHopperBwd, GraphCaptureOnCallerStream) {
+  SKIP_WITHOUT_GPU();
+  check_graph_capture(128);
+  check_graph_capture(256);
 }
 
 }  // namespace
