@@ -72,14 +72,18 @@ def main():
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--dims", default="64,128,256", help="head dims to run, comma-separated")
+    ap.add_argument("--seqs", default=None, help="sequence lengths to run, comma-separated (overrides --quick)")
     args = ap.parse_args()
     import torch
     from torch.nn.attention import SDPBackend
 
     exe = build_driver(args.build_dir)
     dev = torch.cuda.get_device_name()
-    dims = [64, 128, 256]
+    dims = [int(x) for x in args.dims.split(",")]
     seqs = [1024, 4096, 16384] if not args.quick else [4096]
+    if args.seqs:
+        seqs = [int(x) for x in args.seqs.split(",")]
     rows = []
     for D in dims:
         for S in seqs:

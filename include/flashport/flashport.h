@@ -41,6 +41,7 @@
  *   Dropout (dropout_p in [0, 1)): element (b, h, i, j) is kept iff the Philox4x32-10 word
  *   (see fp_dropout_keep in src/core/philox.hpp) is >= floor(p * 2^32); kept P are scaled by
  *   1/(1-p). The LSE is that of the undropped softmax. Every backend keeps the same elements.
+ *   (seed, offset) come from dropout_seed/dropout_offset, or from the dropout_rng tensor.
  *
  *   out_i = sum_j dropout(P_ij) * v_j.
  *   Packed rows past cu_seqlens[B] (padding) are neither read nor written.
@@ -149,6 +150,11 @@ typedef struct fp_attn_params {
   float dropout_p;
   uint64_t dropout_seed;
   uint64_t dropout_offset;
+  /* Optional int32 [4], contiguous, on the tensors' device: {seed lo, seed hi, offset lo, offset hi}
+     as 32-bit words. When given, (seed, offset) are read from it by the kernels, not from the two
+     scalars above (which must then be 0): a GPU caller can keep the RNG state in device memory
+     (JAX keys, CUDA-graph replays) and flashport still never reads device memory on the host. */
+  fp_tensor dropout_rng;
 
   /* Split-KV: 0 = heuristic, 1 = off, >= 2 = forced */
   int32_t num_splits;

@@ -8,8 +8,8 @@ jax.grad (custom_vjp). The handlers take their workspace from a result buffer si
 device buffer on the host and return every failure as an FFI error (no C++ exception crosses the
 boundary). Differences from the torch API:
   * dropout takes a PRNG key: ``dropout_key=jax.random.key(0)`` (required when dropout_p > 0).
-    Dropout runs on the CPU platform only: on CUDA the seed would have to be read from device
-    memory on the host, which flashport never does (the C API takes the seed as a host scalar).
+    The key's bits (4 x uint32: seed, offset) reach the kernels as a buffer on the device
+    (the C API's dropout_rng), so a jitted function with a traced key works on CPU and CUDA.
   * ``return_attn_probs`` is not available (no S_dmask); use ``return_softmax_lse=True`` to get
     (out, softmax_lse). The LSE is returned under stop_gradient (its gradient is not propagated,
     as in flash_attn).

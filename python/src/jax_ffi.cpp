@@ -1,7 +1,7 @@
 // XLA FFI handlers for flashport.jax, one set per platform (CPU, CUDA). They are built from
 // jaxlib's header-only FFI API, so nothing here links against jax. Rules kept here:
 //   * workspace comes from XLA's scratch allocator, never malloc;
-//   * no device buffer is read on the host (dropout seeds are read only on the CPU platform);
+//   * no device buffer is read on the host (dropout keys go to the kernels as the dropout_rng tensor);
 //   * no C++ exception leaves a handler: every failure is returned as an ffi::Error.
 #include <nanobind/nanobind.h>
 
@@ -107,18 +107,20 @@ ffi::Error fill_common(fp_attn_params& p, const ScalarAttrs& a, ffi::RemainingAr
   if (a.flags & kHasAlibi) FP_TRY(take("alibi_slopes", &p.alibi_slopes));
   if (a.flags & kHasSinks) FP_TRY(take("sinks", &p.sinks));
   if (a.flags & kHasRng) {
+    // The key's bits stay where XLA put them: the C API takes them as the dropout_rng tensor and,
+    // on a GPU, the kernels read them (no host read of device memory).
     auto buf = extra.get<ffi::AnyBuffer>(next++);
     if (buf.has_error()) return buf.error();
     if (buf->element_type() != ffi::DataType::U32 || buf->element_count() != 4)
       return ffi::Error::InvalidArgument("flashport: dropout rng state must be uint32[4]");
-    if (dev != FP_DEVICE_CPU)
-      return ffi::Error(ffi::ErrorCode::kUnimplemented,
-                        "flashport.jax: dropout on GPU needs the seed on the host; the C API "
-                        "takes it as a host scalar and flashport never reads device memory "
-                        "from the host. Use dropout_p=0 on GPU, or the torch bindings.");
-    const uint32_t* w = static_cast<const uint32_t*>(buf->untyped_data());
-    p.dropout_seed = uint64_t(w[0]) | (uint64_t(w[1]) << 32);
-    p.dropout_offset = uint64_t(w[2]) | (uint64_t(w[3]) << 32);
+    std::memset(&p.dropout_rng, 0, sizeof(p.dropout_rng));
+    p.dropout_rng.data = buf->untyped_data();
+    p.dropout_rng.dtype = FP_I32;  // same 32-bit words
+    p.dropout_rng.ndim = 1;
+    p.dropout_rng.shape[0] = 4;
+    p.dropout_rng.stride[0] = 1;
+    p.dropout_rng.device_type = dev;
+    p.dropout_rng.device_index = ordinal;
   } else if (a.dropout_p > 0.f) {
     return ffi::Error::InvalidArgument("flashport: dropout_p > 0 needs an rng state");
   }

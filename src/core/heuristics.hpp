@@ -28,12 +28,30 @@ inline int choose_num_splits(int64_t work_tiles, int64_t key_blocks, int64_t num
   return 1;
 }
 
+// Split-KV count for memory-bound decode tiles: as many splits as one wave of `slots` (SMs x
+// resident blocks) holds, so every SM streams keys until the end; then the smallest count with
+// the same keys per split (more splits would add partials to merge, no balance). Measured on an
+// H200 (bench/results/gpu_decode_variants_v1.md): a full wave beats the count choose_num_splits
+// picks (B=1, 64k keys: 32 splits 77 us, its 28 splits 83 us). Returns 1 when the tiles fill
+// 80% of a wave.
+inline int choose_decode_splits(int64_t work_tiles, int64_t key_blocks, int64_t slots, int max_splits) {
+  if (work_tiles <= 0 || key_blocks <= 1 || slots <= 0 || max_splits <= 1) return 1;
+  if (work_tiles * 5 >= slots * 4) return 1;
+  int64_t s = slots / work_tiles;
+  if (s > max_splits) s = max_splits;
+  if (s > key_blocks) s = key_blocks;
+  auto blocks_per_split = [&](int64_t c) { return (key_blocks + c - 1) / c; };
+  while (s > 1 && blocks_per_split(s - 1) == blocks_per_split(s)) --s;
+  return static_cast<int>(s < 1 ? 1 : s);
+}
+
 // Resolves the caller's num_splits (0 = auto, 1 = off, >= 2 = forced) to a count in
 // [1, key_blocks].
 inline int resolve_num_splits(int32_t requested, int64_t work_tiles, int64_t key_blocks,
-                              int64_t num_processors, int max_splits) {
-  int s = requested == 0 ? choose_num_splits(work_tiles, key_blocks, num_processors, max_splits)
-                         : requested;
+                              int64_t num_processors, int max_splits, bool decode = false) {
+  int s = requested != 0 ? requested
+          : decode       ? choose_decode_splits(work_tiles, key_blocks, num_processors, max_splits)
+                         : choose_num_splits(work_tiles, key_blocks, num_processors, max_splits);
   if (s > key_blocks) s = static_cast<int>(key_blocks < 1 ? 1 : key_blocks);
   return s < 1 ? 1 : s;
 }

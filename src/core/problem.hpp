@@ -97,6 +97,10 @@ struct ScoreRules {
   float dropout_p = 0.0f;
   uint32_t dropout_threshold = 0;
   uint64_t dropout_seed = 0, dropout_offset = 0;
+  // Device-resident {seed lo, seed hi, offset lo, offset hi} (fp_attn_params.dropout_rng on a GPU),
+  // read by the kernel; null when the scalars above hold the state (always so on the CPU: the
+  // resolver reads a host-memory dropout_rng into them).
+  const uint32_t* dropout_rng = nullptr;
 
   FP_HD int64_t shift(int64_t lq, int64_t lk) const { return top_left ? 0 : lk - lq; }
   // Visible keys of row i: [lo, hi) intersected with [0, lk).
@@ -112,6 +116,13 @@ struct ScoreRules {
     return alibi ? alibi[b * alibi_batch_stride + h] : 0.0f;
   }
   FP_HD bool has_dropout() const { return dropout_p > 0.0f; }
+  // The Philox seed and offset of this call (device-resident state when dropout_rng is set).
+  FP_HD uint64_t rng_seed() const {
+    return dropout_rng ? (uint64_t(dropout_rng[0]) | (uint64_t(dropout_rng[1]) << 32)) : dropout_seed;
+  }
+  FP_HD uint64_t rng_offset() const {
+    return dropout_rng ? (uint64_t(dropout_rng[2]) | (uint64_t(dropout_rng[3]) << 32)) : dropout_offset;
+  }
 };
 
 // A validated forward call.

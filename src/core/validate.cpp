@@ -199,7 +199,8 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, bool lse_required
                           {p.rotary_cos, "rotary_cos"},
                           {p.rotary_sin, "rotary_sin"},
                           {p.alibi_slopes, "alibi_slopes"},
-                          {p.sinks, "sinks"}};
+                          {p.sinks, "sinks"},
+                          {p.dropout_rng, "dropout_rng"}};
   for (const Opt& o : optional)
     if (given(o.t)) FP_RETURN_IF_ERROR(check_basic(o.t, o.name));
 
@@ -408,6 +409,13 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, bool lse_required
   if (given(p.sinks)) FP_RETURN_IF_ERROR(check_shape(p.sinks, "sinks", {s.hq}, "[Hq]"));
   if (!std::isfinite(p.dropout_p) || p.dropout_p < 0 || p.dropout_p >= 1)
     return bad("dropout_p", "must be finite and in [0, 1)", std::to_string(p.dropout_p));
+  if (given(p.dropout_rng)) {
+    FP_RETURN_IF_ERROR(check_dtype(p.dropout_rng, "dropout_rng", FP_I32, "({seed lo, seed hi, offset lo, offset hi})"));
+    FP_RETURN_IF_ERROR(check_shape(p.dropout_rng, "dropout_rng", {4}, "[4]"));
+    if (p.dropout_seed != 0 || p.dropout_offset != 0)
+      return bad("dropout_rng", "excludes dropout_seed/dropout_offset (they must be 0 when it is given)",
+                 "seed " + std::to_string(p.dropout_seed) + ", offset " + std::to_string(p.dropout_offset));
+  }
   if (p.num_splits < 0) return bad("num_splits", "must be >= 0 (0 = heuristic, 1 = off)", std::to_string(p.num_splits));
   FP_RETURN_IF_ERROR(check_execution(p.backend, p.stream, p.num_threads, p.q.device_type));
   if (p.workspace_bytes > 0 && p.workspace == nullptr)
@@ -569,6 +577,15 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, bool lse_required
   sr.dropout_threshold = dropout_threshold(p.dropout_p);
   sr.dropout_seed = p.dropout_seed;
   sr.dropout_offset = p.dropout_offset;
+  if (given(p.dropout_rng)) {
+    const auto* w = static_cast<const uint32_t*>(p.dropout_rng.data);
+    if (p.dropout_rng.device_type == FP_DEVICE_CPU) {  // host memory: read it once, here
+      sr.dropout_seed = uint64_t(w[0]) | (uint64_t(w[1]) << 32);
+      sr.dropout_offset = uint64_t(w[2]) | (uint64_t(w[3]) << 32);
+    } else {
+      sr.dropout_rng = w;  // device memory: the kernel reads it
+    }
+  }
 
   if (given(p.k_new)) {
     r.k_new = row_addr(p.k_new, false);

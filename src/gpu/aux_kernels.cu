@@ -243,3 +243,14 @@ gpuError_t launch_append(const AppendArgs& a, bool bf16, gpuStream_t stream) {
 }
 
 }  // namespace flashport::gpu
+
+#if defined(FLASHPORT_DECODE_EXPERIMENTS)
+// Decode tile candidates, built only for experiments (tile_config.hpp).
+#include "fwd_kernel.cuh"
+namespace flashport::gpu {
+FP_INSTANTIATE_FWD(kDecodeExp0)
+FP_INSTANTIATE_FWD(kDecodeExp1)
+FP_INSTANTIATE_FWD(kDecodeExp2)
+FP_INSTANTIATE_FWD(kDecodeExp3)
+}  // namespace flashport::gpu
+#endif

@@ -300,7 +300,7 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
             if (need_mask && (j < vis_lo(i) || j >= vis_hi(i))) p = 0.0f;
             float keep = 1.0f;
             if (R.dropout_p > 0.0f)
-              keep = dropout_keep(R.dropout_seed, R.dropout_offset, R.dropout_threshold, b, a.hq, h, i, j)
+              keep = dropout_keep(R.rng_seed(), R.rng_offset(), R.dropout_threshold, b, a.hq, h, i, j)
                          ? keep_scale : 0.0f;
             acc_dp[kr][t].r[e] = p * (acc_dp[kr][t].r[e] * keep - tDs[il]) * dtanh;
             acc_s[kr][t].r[e] = p * keep;

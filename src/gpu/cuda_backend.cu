@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "core/backend.hpp"
 #include "core/heuristics.hpp"
+#include "bwd_hopper.hpp"
 #include "bwd_launch.hpp"
 #include "fwd_hopper.hpp"
 #include "fwd_launch.hpp"
@@ -72,6 +74,9 @@ KernelInfo kernel_info(int tile, bool bf16, int dev) {
   switch (tile) {
     FP_CASE(kPrefill64) FP_CASE(kPrefill128) FP_CASE(kPrefill256)
     FP_CASE(kDecode64) FP_CASE(kDecode128) FP_CASE(kDecode256)
+#if defined(FLASHPORT_DECODE_EXPERIMENTS)
+    FP_CASE(kDecodeExp0) FP_CASE(kDecodeExp1) FP_CASE(kDecodeExp2) FP_CASE(kDecodeExp3)
+#endif
   }
 #undef FP_CASE
   return KernelInfo{gpuErrorInvalidDevice};
@@ -84,12 +89,31 @@ gpuError_t launch_tile(int tile, bool bf16, const FwdArgs& a, dim3 grid, gpuStre
   switch (tile) {
     FP_CASE(kPrefill64) FP_CASE(kPrefill128) FP_CASE(kPrefill256)
     FP_CASE(kDecode64) FP_CASE(kDecode128) FP_CASE(kDecode256)
+#if defined(FLASHPORT_DECODE_EXPERIMENTS)
+    FP_CASE(kDecodeExp0) FP_CASE(kDecodeExp1) FP_CASE(kDecodeExp2) FP_CASE(kDecodeExp3)
+#endif
   }
 #undef FP_CASE
   return gpuErrorInvalidDevice;
 }
 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+// How split-KV partials of decode tiles are merged: by the combine kernel (the public merge op)
+// behind the main kernel, the default; or, with FLASHPORT_SPLIT_COMBINE=fused, in the main
+// kernel's epilogue by each tile's last split block (counters zeroed by a memset before the
+// launch). Fused measured 1.5-3.5 us slower per call on H200 (bench/results/gpu_notes.md).
+enum class SplitCombine { Kernel, Fused, FusedNoMemset };
+SplitCombine split_combine_mode() {
+  const char* env = std::getenv("FLASHPORT_SPLIT_COMBINE");
+  if (env != nullptr && std::strcmp(env, "fused") == 0) return SplitCombine::Fused;
+#if defined(FLASHPORT_DECODE_EXPERIMENTS)
+  // Experiments only, to time the memset: counters not zeroed (right only when the last call on
+  // this workspace layout was fused and left them at 0).
+  if (env != nullptr && std::strcmp(env, "fused-nomemset") == 0) return SplitCombine::FusedNoMemset;
+#endif
+  return SplitCombine::Kernel;
+}
 
 // Everything plan and run must agree on, derived from the problem alone.
 struct Decision {
@@ -98,10 +122,24 @@ struct Decision {
   int splits = 1;
   int64_t m_blocks = 0, heads_grid = 0, work_tiles = 0, key_blocks = 0;
   bool rotary_q = false;
-  size_t ws_q_bytes = 0, ws_o_offset = 0, ws_lse_offset = 0, ws_total = 0;
+  bool fused_combine = false;  // splits > 1: the main kernel's last split block merges (no combine kernel)
+  SplitCombine combine = SplitCombine::Kernel;
+  size_t ws_q_bytes = 0, ws_o_offset = 0, ws_lse_offset = 0, ws_counters_offset = 0, ws_total = 0;
   int64_t ws_rows = 0;
   int64_t q_rot_row_stride = 0;  // dense rotated-q copy: [rows, Hq, round_up(D, 8)]
 };
+
+#if defined(FLASHPORT_DECODE_EXPERIMENTS)
+// Experiment builds only: FLASHPORT_DECODE_TILE=<TileId> runs that tile for decode calls whose
+// head dims fit it (scripts/device_decode.sh compares decode tiles in one build).
+int decode_tile_override(int64_t dmax) {
+  const char* env = std::getenv("FLASHPORT_DECODE_TILE");
+  if (env == nullptr || *env == 0) return -1;
+  const int t = std::atoi(env);
+  if (t < kDecode64 || t >= kNumTileIds || kTileConfigs[t].head_dim != head_dim_bucket(dmax)) return -1;
+  return t;
+}
+#endif
 
 int64_t max_keys(const Problem& p) {
   if (p.seq.kv_layout == KvLayout::Paged) return p.seq.max_blocks * p.seq.page_size;
@@ -112,8 +150,13 @@ Status decide(const Problem& p, const DeviceInfo& dev, Decision* out) {
   Decision d;
   const int64_t dmax = std::max(p.d, p.dv);
   d.pack = (p.group > 1 && p.seq.sq * p.group <= 128) ? static_cast<int>(p.group) : 1;
-  const bool decode = p.seq.sq * d.pack <= 64;
+  // The decode tile (a ring of K/V stages, few rows) when the packed rows fit one of its blocks.
+  const bool decode = p.seq.sq * d.pack <= kTileConfigs[tile_id_for(dmax, true)].block_m;
   d.tile = tile_id_for(dmax, decode);
+#if defined(FLASHPORT_DECODE_EXPERIMENTS)
+  if (decode && decode_tile_override(dmax) >= 0 && p.seq.sq * d.pack <= kTileConfigs[decode_tile_override(dmax)].block_m)
+    d.tile = decode_tile_override(dmax);
+#endif
   const TileConfig& C = kTileConfigs[d.tile];
   const KernelInfo ki = kernel_info(d.tile, p.dtype == FP_BF16, p.device_index);
   if (ki.status != gpuSuccess)
@@ -126,7 +169,8 @@ Status decide(const Problem& p, const DeviceInfo& dev, Decision* out) {
   d.key_blocks = std::max<int64_t>(1, (max_keys(p) + C.block_n - 1) / C.block_n);
   // Concurrent block slots = SMs x resident blocks per SM: what one wave fills.
   const int64_t slots = int64_t(dev.sm_count) * std::max(1, ki.blocks_per_sm);
-  d.splits = resolve_num_splits(p.num_splits, d.work_tiles, d.key_blocks, slots, kMaxSplits);
+  d.splits = resolve_num_splits(p.num_splits, d.work_tiles, d.key_blocks, slots, kMaxSplits,
+                                d.tile >= kDecode64);
   if (d.m_blocks > 0x7fffffff || d.heads_grid > 65535 || p.seq.batch * d.splits > 65535)
     return unsupported("cuda backend: grid too large (batch * splits <= 65535, heads <= 65535)");
 
@@ -143,6 +187,14 @@ Status decide(const Problem& p, const DeviceInfo& dev, Decision* out) {
     off += align_up(size_t(d.splits) * size_t(d.ws_rows) * size_t(p.dv) * 4, 256);
     d.ws_lse_offset = off;
     off += align_up(size_t(d.splits) * size_t(d.ws_rows) * 4, 256);
+    // Fused combine (decode tiles only): one uint32 arrival counter per work tile, zeroed on the
+    // stream before each launch.
+    d.combine = d.tile >= kDecode64 ? split_combine_mode() : SplitCombine::Kernel;
+    d.fused_combine = d.combine == SplitCombine::Fused || d.combine == SplitCombine::FusedNoMemset;
+    if (d.fused_combine) {
+      d.ws_counters_offset = off;
+      off += align_up(size_t(d.work_tiles) * 4, 256);
+    }
   }
   d.ws_total = off;
   *out = d;
@@ -210,7 +262,8 @@ class CudaBackend final : public Backend {
                          std::to_string(dev.smem_optin));
     std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:%s%s%s%s",
                   kTileConfigs[d.tile].name, p.dtype == FP_BF16 ? "bf16" : "fp16",
-                  d.pack > 1 ? ":packgqa" : "", d.splits > 1 ? ":splitkv+combine" : "",
+                  d.pack > 1 ? ":packgqa" : "",
+                  d.splits > 1 ? (d.fused_combine ? ":splitkv+fused" : ":splitkv+combine") : "",
                   p.seq.snew > 0 ? (d.rotary_q ? ":append+rotary" : ":append") : "");
     plan->workspace_bytes = d.ws_total;
     plan->num_splits = d.splits;
@@ -301,6 +354,7 @@ class CudaBackend final : public Backend {
       a.ws_o = reinterpret_cast<float*>(ws + d.ws_o_offset);
       a.ws_lse = reinterpret_cast<float*>(ws + d.ws_lse_offset);
       a.ws_rows = d.ws_rows;
+      if (d.fused_combine) a.ws_counters = reinterpret_cast<uint32_t*>(ws + d.ws_counters_offset);
     }
     if (plan.kernel_id == kHopperKernelId) {
 #if defined(FLASHPORT_WITH_HOPPER_FWD)
@@ -322,11 +376,16 @@ class CudaBackend final : public Backend {
     }
     const dim3 grid(unsigned(d.m_blocks), unsigned(d.heads_grid), unsigned(p.seq.batch * d.splits));
     if (d.m_blocks > 0 && p.seq.batch > 0) {
+      // The workspace holds anything on entry: the fused combine's counters start at zero.
+      if (a.ws_counters != nullptr && d.combine != SplitCombine::FusedNoMemset) {
+        if (cudaError_t e = cudaMemsetAsync(a.ws_counters, 0, size_t(d.work_tiles) * 4, stream); e != cudaSuccess)
+          return {FP_ERR_RUNTIME, std::string("cuda backend: split-KV counter reset: ") + cudaGetErrorString(e)};
+      }
       if (gpuError_t e = launch_tile(d.tile, bf16, a, grid, stream); e != gpuSuccess)
         return {FP_ERR_RUNTIME, std::string("cuda backend: ") + kTileConfigs[d.tile].name +
                                     " launch: " + gpuGetErrorString(e)};
     }
-    if (d.splits > 1) {
+    if (d.splits > 1 && !d.fused_combine) {
       MergeArgs m;
       m.part = a.ws_o;
       m.part_dtype = FP_F32;
@@ -357,12 +416,25 @@ class CudaBackend final : public Backend {
     if (p.fwd.device != FP_DEVICE_CUDA) return unsupported("cuda backend: tensors are not on a CUDA device");
     DeviceInfo dev;
     FP_RETURN_IF_ERROR(check_device(p.fwd.device_index, &dev));
-    return plan_bwd_cuda(p, dev.smem_optin, plan);  // bwd_aux.cu
+    FP_RETURN_IF_ERROR(plan_bwd_cuda(p, dev.smem_optin, plan));  // bwd_aux.cu
+    // The sm_90a wgmma backward (bwd_hopper.cu) takes the call when its check passes (same
+    // workspace); otherwise the mma.sync plan stands.
+#if defined(FLASHPORT_WITH_HOPPER_BWD)
+    if (hopper_bwd_check(p, dev.arch, dev.smem_optin).empty()) hopper_bwd_plan(p, plan);
+#endif
+    return Status::ok();
   }
   Status run_bwd(const BwdProblem& p, const Plan& plan, void* workspace) const override {
     DeviceInfo dev;
     FP_RETURN_IF_ERROR(check_device(p.fwd.device_index, &dev));
     DeviceGuard guard(p.fwd.device_index);
+#if defined(FLASHPORT_WITH_HOPPER_BWD)
+    if (plan.kernel_id == kHopperBwdKernelId) {
+      if (!hopper_bwd_check(p, dev.arch, dev.smem_optin).empty())
+        return {FP_ERR_RUNTIME, "cuda backend: plan does not match the call (re-select after changing it)"};
+      return run_bwd_hopper(p, plan, workspace, static_cast<gpuStream_t>(p.fwd.raw->stream));
+    }
+#endif
     return run_bwd_cuda(p, plan, workspace, static_cast<gpuStream_t>(p.fwd.raw->stream));
   }
 

@@ -21,6 +21,7 @@
 
 #include "fwd_hopper.hpp"
 #include "fwd_hopper_wgmma.hpp"
+#include "hopper_smem.hpp"
 #include "tile_io.cuh"
 #include "tile_mma.hpp"
 
@@ -29,35 +30,6 @@ namespace sm90 {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-
-// Element offset of (row, 16-byte chunk) in a tile of `rows` rows stored as 64-column panels.
-__device__ __forceinline__ int panel_offset(int rows, int row, int chunk) {
-  return (chunk >> 3) * rows * 64 + row * 64 + (((chunk & 7) ^ (row & 7)) << 3);
-}
-
-// wgmma shared-memory descriptor, 128-byte swizzle (layout type 1 in bits 62-63).
-__device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-  uint64_t d = 0;
-  d |= uint64_t((smem_addr & 0x3FFFF) >> 4);
-  d |= uint64_t((lbo_bytes & 0x3FFFF) >> 4) << 16;
-  d |= uint64_t((sbo_bytes & 0x3FFFF) >> 4) << 32;
-  d |= uint64_t(1) << 62;
-  return d;
-}
-
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-// Keeps the compiler from moving accumulator reads across the wait.
-template <int N>
-__device__ __forceinline__ void fence_regs(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
 
 template <int D, typename Elem, bool kOverlap>
 __global__ void __launch_bounds__(HopperTile::kThreads, 1) fwd_hopper_kernel(const __grid_constant__ FwdArgs a) {

@@ -33,6 +33,9 @@ struct FwdArgs {
   float* ws_o = nullptr;
   float* ws_lse = nullptr;
   int64_t ws_rows = 0;
+  // Fused split-KV combine: one arrival counter per (b, head, m-block) tile, zero at launch; the
+  // tile's last split block merges the partials and resets it. Null: the combine kernel merges.
+  uint32_t* ws_counters = nullptr;
 };
 
 // Merge of split partials (the internal split-KV combine and the public fp_merge_fwd).

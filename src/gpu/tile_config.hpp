@@ -43,6 +43,12 @@ enum TileId : int {
   kDecode64,
   kDecode128,
   kDecode256,
+#if defined(FLASHPORT_DECODE_EXPERIMENTS)  // D128 decode candidates: scripts/device_decode.sh explore
+  kDecodeExp0,
+  kDecodeExp1,
+  kDecodeExp2,
+  kDecodeExp3,
+#endif
   kNumTileIds
 };
 
@@ -70,6 +76,15 @@ inline constexpr TileConfig kTileConfigs[kNumTileIds] = {
     {64, 64, 64, 4, 3, 3, "decode_d64_m64n64w4s3"},
     {128, 64, 64, 4, 2, 3, "decode_d128_m64n64w4s3"},
     {256, 64, 64, 4, 2, 2, "decode_d256_m64n64w4s2"},
+#if defined(FLASHPORT_DECODE_EXPERIMENTS)
+    // H200 (gpu_decode_variants_v2.md), against the default above: deeper rings lose everywhere
+    // (s6: 1.16-1.54x slower, n16s12: 1.6-1.9x); n32s2 (4 blocks/SM) wins 3% where the batch
+    // fills the machine (B = 8..64), loses 3% at B=1 Sk=64k and 8-16% at B=1 Sk=8k.
+    {128, 64, 64, 4, 1, 6, "decode_d128_m64n64w4s6"},
+    {128, 64, 32, 4, 2, 6, "decode_d128_m64n32w4s6"},
+    {128, 64, 32, 4, 4, 2, "decode_d128_m64n32w4s2"},
+    {128, 64, 16, 4, 2, 12, "decode_d128_m64n16w4s12"},
+#endif
 };
 #else
 // AMD (HIP): a workgroup may use 64 KiB of LDS, and global -> LDS copies are plain loads and

@@ -79,6 +79,9 @@ namespace flashport::gpu {
 
 constexpr int kMinNvidiaArch = 800;  // mma.sync m16n8k16 bf16, ldmatrix, cp.async
 
+// Device helpers: only in GPU compilations (plain C++ sources include this header for the
+// runtime names above).
+#if defined(__CUDACC__) || defined(__HIPCC__)
 // Warp shuffles and fast math under one name. Width is the lane group reduced over.
 template <typename T>
 __device__ __forceinline__ T shfl_xor(T v, int lane_mask) {
@@ -98,6 +101,24 @@ __device__ __forceinline__ bool warp_any(bool pred) {
 #endif
 }
 
+// Loads of data other blocks of this launch wrote (split partials): through L2, never a
+// non-coherent L1 line (NVIDIA ld.global.cg; AMD an agent-scope atomic load, glc/sc0).
+__device__ __forceinline__ float load_l2(const float* p) {
+#if defined(FP_VENDOR_AMD)
+  return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+#else
+  return __ldcg(p);
+#endif
+}
+__device__ __forceinline__ float4 load_l2(const float4* p) {
+#if defined(FP_VENDOR_AMD)
+  const float* f = reinterpret_cast<const float*>(p);
+  return make_float4(load_l2(f), load_l2(f + 1), load_l2(f + 2), load_l2(f + 3));
+#else
+  return __ldcg(p);
+#endif
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {
 #if defined(FP_VENDOR_AMD)
   return __builtin_amdgcn_exp2f(x);
@@ -107,6 +128,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 
 __device__ __forceinline__ float fast_log2(float x) { return __log2f(x); }
+#endif  // __CUDACC__ || __HIPCC__
 
 // Device-side arch gate: a kernel body compiled for an arch below what its code needs (or for
 // the host pass) traps with the list of archs this library was built for, instead of running

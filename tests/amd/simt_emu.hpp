@@ -56,12 +56,14 @@ void* dynamic_smem();
 #define __launch_bounds__(...)
 #define FP_LAUNCH_BOUNDS(threads, min_blocks)
 #define FP_GRID_CONSTANT
+#define __shared__ static  // one workgroup runs at a time
 #define FP_EXTERN_SMEM(type, name) type* const name = static_cast<type*>(::simt::dynamic_smem())
 #define threadIdx (::simt::thread_idx())
 #define blockIdx (::simt::block_idx())
 #define gridDim (::simt::grid_dim())
 #define __syncthreads() ::simt::barrier()
 #define __expf expf
+#define __logf logf
 #define __log2f log2f
 
 struct uint2 {
@@ -71,6 +73,16 @@ struct uint4 {
   uint32_t x, y, z, w;
 };
 inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return {x, y, z, w}; }
+struct float4 {
+  float x, y, z, w;
+};
+// One lane runs at a time: plain operations are atomic and every write is visible.
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+  const unsigned old = *p;
+  *p = old + v;
+  return old;
+}
+inline void __threadfence() {}
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
 };
@@ -108,6 +120,8 @@ inline bool warp_any(bool pred) {
   return any;
 }
 inline float fast_exp2(float x) { return exp2f(x); }
+inline float load_l2(const float* p) { return *p; }
+inline float4 load_l2(const float4* p) { return *p; }
 }  // namespace flashport::gpu
 
 // Value of `v` in lane `src` of the same wave (the plain path's operand fetch).

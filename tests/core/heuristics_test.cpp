@@ -81,5 +81,41 @@ TEST(Heuristics, ResolveForcedCountsClampToKeyBlocks) {
   EXPECT_EQ(resolve_num_splits(0, 1000, 1024, 132, 128), 1);
 }
 
+TEST(DecodeSplits, FillOneWave) {
+  // H100/H200: 132 SMs x 2 decode blocks = 264 slots. B=1, 8 kv heads: 8 tiles.
+  EXPECT_EQ(choose_decode_splits(8, 1024, 264, 128), 32);  // 64k keys: 33 -> 32 (same keys per split)
+  EXPECT_EQ(choose_decode_splits(8, 128, 264, 128), 32);   // 8k keys
+  EXPECT_EQ(choose_decode_splits(64, 128, 264, 128), 4);   // B=8
+  EXPECT_EQ(choose_decode_splits(128, 512, 264, 128), 2);  // B=16, 32k keys
+  EXPECT_EQ(choose_decode_splits(512, 64, 264, 128), 1);   // B=64: more tiles than slots
+  EXPECT_EQ(choose_decode_splits(220, 64, 264, 128), 1);   // >= 80% of a wave already
+}
+
+TEST(DecodeSplits, BoundsAndNoWastedSplits) {
+  for (int64_t tiles = 1; tiles < 300; tiles += 13)
+    for (int64_t blocks : {1, 2, 3, 7, 100, 1000})
+      for (int64_t slots : {16, 132, 264, 528})
+        for (int max_splits : {1, 2, 16, 128}) {
+          const int s = choose_decode_splits(tiles, blocks, slots, max_splits);
+          ASSERT_GE(s, 1);
+          ASSERT_LE(s, std::max(1, max_splits));
+          ASSERT_LE(s, std::max<int64_t>(1, blocks));
+          if (s > 1) {
+            EXPECT_LE(tiles * s, slots) << "one wave";
+            // One split fewer would change the keys per split (else it was a wasted split).
+            EXPECT_NE((blocks + s - 2) / (s - 1), (blocks + s - 1) / s);
+          }
+        }
+  EXPECT_EQ(choose_decode_splits(0, 100, 264, 128), 1);
+  EXPECT_EQ(choose_decode_splits(8, 1, 264, 128), 1);
+  EXPECT_EQ(choose_decode_splits(8, 100, 0, 128), 1);
+}
+
+TEST(DecodeSplits, ResolveUsesTheDecodeRule) {
+  EXPECT_EQ(resolve_num_splits(0, 8, 1024, 264, 128, true), 32);
+  EXPECT_EQ(resolve_num_splits(0, 8, 1024, 264, 128, false), choose_num_splits(8, 1024, 264, 128));
+  EXPECT_EQ(resolve_num_splits(5, 8, 1024, 264, 128, true), 5);  // forced counts stay forced
+}
+
 }  // namespace
 }  // namespace flashport

@@ -707,6 +707,60 @@ TEST(ValidateFwd, DropoutRange) {
     EXPECT_FWD_INVALID(c, "dropout_p: must be finite and in [0, 1)");
   }
 }
+TEST(ValidateFwd, DropoutRngRules) {
+  {
+    FwdCall c;
+    HostTensor w(FP_F32, {4});
+    c.p.dropout_rng = w.view();
+    EXPECT_FWD_INVALID(c, "dropout_rng: must be int32");
+  }
+  {
+    FwdCall c;
+    HostTensor w = HostTensor::i32({2}, {1, 2});
+    c.p.dropout_rng = w.view();
+    EXPECT_FWD_INVALID(c, "dropout_rng: must have shape [4] = [4]");
+  }
+  {
+    FwdCall c;
+    HostTensor w = HostTensor::i32({4}, {1, 2, 3, 4});
+    c.p.dropout_rng = w.view();
+    c.p.dropout_offset = 5;
+    EXPECT_FWD_INVALID(c, "dropout_rng: excludes dropout_seed/dropout_offset");
+  }
+}
+TEST(ResolveFwd, DropoutRngOnHostIsReadIntoTheScalars) {
+  FwdCall c;
+  HostTensor w = HostTensor::i32({4}, {static_cast<int32_t>(0x9abcdef0u), 0x12345678, 7, 1});
+  c.p.dropout_p = 0.5f;
+  c.p.dropout_rng = w.view();
+  Problem r;
+  ASSERT_TRUE(resolves(c.p, &r));
+  EXPECT_EQ(r.rules.dropout_seed, 0x123456789abcdef0ull);
+  EXPECT_EQ(r.rules.dropout_offset, (1ull << 32) | 7u);
+  EXPECT_EQ(r.rules.dropout_rng, nullptr);
+  EXPECT_EQ(r.rules.rng_seed(), 0x123456789abcdef0ull);
+  EXPECT_EQ(r.rules.rng_offset(), (1ull << 32) | 7u);
+}
+TEST(ResolveFwd, DropoutRngOnDeviceIsNotRead) {
+  // A device-resident RNG state is handed to the kernels; the host never dereferences it.
+  VarlenCall c;
+  fp_tensor rng{};
+  rng.data = reinterpret_cast<void*>(0x20);
+  rng.dtype = FP_I32;
+  rng.ndim = 1;
+  rng.shape[0] = 4;
+  rng.stride[0] = 1;
+  c.p.dropout_p = 0.1f;
+  c.p.dropout_rng = rng;
+  for (fp_tensor* t : {&c.p.q, &c.p.k, &c.p.v, &c.p.out, &c.p.lse, &c.p.cu_seqlens_q,
+                       &c.p.cu_seqlens_k, &c.p.dropout_rng}) {
+    t->device_type = FP_DEVICE_CUDA;
+    if (t != &c.p.dropout_rng) t->data = reinterpret_cast<void*>(0x10);
+  }
+  Problem r;
+  ASSERT_TRUE(resolves(c.p, &r));
+  EXPECT_EQ(r.rules.dropout_rng, reinterpret_cast<const uint32_t*>(0x20));
+}
 TEST(ValidateFwd, NumSplitsNonNegative) {
   FwdCall c;
   c.p.num_splits = -1;

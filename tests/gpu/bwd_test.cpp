@@ -70,7 +70,7 @@ BwdOutputs run_reference_bwd(const BwdCall& bc) {
     r.dsinks = HostTensor(FP_F32, {call.c.hq});
     r.dsinks.fill_poison();
   }
-  Call::Views w;
+  Call::Views w{};
   w.q = q.view(), w.k = k.view(), w.v = v.view(), w.out = out.view(), w.lse = lse.view();
   if (!call.cu_q.empty()) w.cu_q = call.cu_q.view(), w.cu_k = call.cu_k.view();
   if (!call.seqused.empty()) w.seqused = call.seqused.view();
@@ -87,8 +87,8 @@ BwdOutputs run_reference_bwd(const BwdCall& bc) {
 
 // Device copies of one backward call; run() can be repeated (deterministic checks).
 struct DeviceBwd {
-  DevBuf q, k, v, out, lse, dout, cu_q, cu_k, seqused, alibi, sinks, dq, dk, dv, dsinks, ws;
-  Call::Views views;
+  DevBuf q, k, v, out, lse, dout, cu_q, cu_k, seqused, alibi, sinks, rng, dq, dk, dv, dsinks, ws;
+  Call::Views views{};
   fp_tensor dout_v{}, dq_v{}, dk_v{}, dv_v{}, dsinks_v{};
   HostTensor dq_h, dk_h, dv_h, dsinks_h;
 
@@ -102,7 +102,7 @@ struct DeviceBwd {
     up(q, c.q, views.q), up(k, c.k, views.k), up(v, c.v, views.v), up(out, bc.out, views.out);
     up(lse, bc.lse, views.lse), up(cu_q, c.cu_q, views.cu_q), up(cu_k, c.cu_k, views.cu_k);
     up(seqused, c.seqused, views.seqused), up(alibi, c.alibi, views.alibi);
-    up(sinks, c.sinks, views.sinks);
+    up(sinks, c.sinks, views.sinks), up(rng, c.rng, views.rng);
     up(dout, bc.dout, dout_v);
     dq_h = c.q, dk_h = c.k, dv_h = c.v;
     dq_h.fill_poison(), dk_h.fill_poison(), dv_h.fill_poison();
@@ -281,6 +281,15 @@ TEST(CudaBwd, RowsWithoutKeys) {
   c.dtype = FP_BF16;
   c.hq = 2, c.hkv = 2, c.d = 64, c.dv = 64, c.sq = 200, c.sk = 50;
   c.causal = true;  // bottom-right: the first 150 rows see nothing (lse = -inf, dq = 0)
+  check_bwd(c);
+}
+
+TEST(CudaBwd, DropoutReplayFromDeviceRngState) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.dtype = rand_dtype();
+  c.batch = 2, c.hq = 4, c.hkv = 2, c.d = 64, c.dv = 64, c.sq = 97, c.sk = 150;
+  c.dropout = 0.3f, c.rng_on_device = true, c.causal = true;
   check_bwd(c);
 }
 

@@ -3,6 +3,8 @@
 // append + rotary, split-KV, the merge op, CUDA-graph capture. Skipped without a CUDA device.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+
 #include "core/heuristics.hpp"
 #include "gpu/tile_config.hpp"
 #include "gpu_harness.hpp"
@@ -409,6 +411,170 @@ TEST(CudaGraph, PrefillDecodeSplitCaptureAndReplay) {
   Case forced = prefill;
   forced.splits = 4;
   check_graph(forced, 4);
+}
+
+// ---- decode split-KV: combine kernel (default) and fused combine ------------------------------
+
+// Sets an environment variable for a scope (the planner reads FLASHPORT_SPLIT_COMBINE per call).
+struct ScopedEnv {
+  const char* name;
+  ScopedEnv(const char* n, const char* value) : name(n) {
+    if (value != nullptr) setenv(n, value, 1);
+    else unsetenv(n);
+  }
+  ~ScopedEnv() { unsetenv(name); }
+};
+
+// Runs the case with a workspace full of 0xFF bytes (partials and, when fused, the counters of
+// the fused combine): checked against the fp64 reference; then the same call again on the same
+// workspace and three replays of it from a CUDA graph must give the first result's bits. Both
+// merge paths: the combine kernel (default) and FLASHPORT_SPLIT_COMBINE=fused.
+void check_split_decode_mode(const Case& cs, int min_splits, bool fused) {
+  SCOPED_TRACE(cs.describe() + (fused ? " [fused combine]" : " [combine kernel]"));
+  ScopedEnv env("FLASHPORT_SPLIT_COMBINE", fused ? "fused" : nullptr);
+  Call call(cs);
+  const Outputs ref = run_reference(call);
+  ASSERT_TRUE(ref.ok) << ref.error;
+  DeviceCall dev(call);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  fp_attn_params p = call.params(dev.views, FP_BACKEND_CUDA);
+  fp_selection sel{};
+  ASSERT_EQ(fp_attn_fwd_select(&p, &sel), FP_OK) << fp_last_error();
+  SCOPED_TRACE(std::string("kernel ") + sel.kernel);
+  EXPECT_GE(sel.num_splits, min_splits);
+  EXPECT_NE(std::string(sel.kernel).find(":decode_"), std::string::npos) << "a decode tile runs";
+  if (sel.num_splits > 1)
+    EXPECT_NE(std::string(sel.kernel).find(fused ? ":splitkv+fused" : ":splitkv+combine"), std::string::npos);
+  HostTensor garbage(FP_F32, {static_cast<int64_t>((sel.workspace_bytes + 3) / 4)});
+  DevBuf ws;
+  ws.upload(garbage);
+  CUDA_OK(cudaMemset(ws.ptr, 0xFF, ws.bytes));
+  p.workspace = ws.ptr, p.workspace_bytes = ws.bytes, p.stream = stream;
+  ASSERT_EQ(fp_attn_fwd(&p), FP_OK) << fp_last_error();
+  CUDA_OK(cudaStreamSynchronize(stream));
+  HostTensor out = call.out, lse = call.lse;
+  dev.out.download(out);
+  dev.lse.download(lse);
+  const double tol = flashport::test::tolerance(cs.dtype);
+  EXPECT_TRUE(flashport::test::close(gather_rows(call, out, false), gather_rows(call, ref.out, false), tol, "out"));
+  EXPECT_TRUE(out.all_written());
+  EXPECT_TRUE(flashport::test::close(gather_rows(call, lse, true), gather_rows(call, ref.lse, true),
+                                     cs.rot_dim > 0 ? tol / 4 : 1e-4, "lse"));
+  EXPECT_TRUE(lse.all_written());
+  EXPECT_TRUE(dev.out.sentinel_intact() && dev.lse.sentinel_intact() && ws.sentinel_intact());
+
+  // The same call again: poisoned outputs, the workspace as the first call left it.
+  dev.out.upload(call.out);
+  dev.lse.upload(call.lse);
+  ASSERT_EQ(fp_attn_fwd(&p), FP_OK) << fp_last_error();
+  CUDA_OK(cudaStreamSynchronize(stream));
+  HostTensor again = call.out, again_lse = call.lse;
+  dev.out.download(again);
+  dev.lse.download(again_lse);
+  EXPECT_TRUE(again.bitwise_equal(out)) << "second call differs";
+  EXPECT_TRUE(again_lse.bitwise_equal(lse)) << "second call's lse differs";
+
+  // Captured once, replayed three times.
+  dev.out.upload(call.out);
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const fp_status st = fp_attn_fwd(&p);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  ASSERT_EQ(st, FP_OK) << fp_last_error();
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int r = 0; r < 3; ++r) {
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    HostTensor replay = call.out;
+    dev.out.download(replay);
+    EXPECT_TRUE(replay.bitwise_equal(out)) << "graph replay " << r << " differs";
+    dev.out.upload(call.out);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+void check_split_decode(const Case& cs, int min_splits) {
+  check_split_decode_mode(cs, min_splits, false);
+  check_split_decode_mode(cs, min_splits, true);
+}
+
+TEST(CudaFwdDecode, SplitCountsForcedAndAuto) {
+  SKIP_WITHOUT_GPU();
+  // Odd key counts (partial last block, splits of unequal length); forced counts past the key
+  // blocks are clamped.
+  for (auto [sk, s] : {std::pair<int64_t, int32_t>{1000, 2}, {1000, 3}, {1000, 5}, {1000, 8}, {1000, 17},
+                       {8191, 37}, {8191, 64}, {8191, 128}}) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.batch = sk < 8000 ? 2 : 1, c.hq = 32, c.hkv = 8, c.d = 128, c.dv = 128, c.sq = 1, c.sk = sk;
+    c.splits = s;
+    check_split_decode(c, 2);
+  }
+  Case c;  // heuristic
+  c.dtype = FP_BF16;
+  c.batch = 1, c.hq = 32, c.hkv = 8, c.d = 128, c.dv = 128, c.sq = 1, c.sk = 8192, c.splits = 0;
+  check_split_decode(c, 2);
+}
+
+TEST(CudaFwdDecode, SplitHeadDimsGroupsAndFeatures) {
+  SKIP_WITHOUT_GPU();
+  struct Shape { int64_t hq, hkv, d, dv, sq; };
+  // Dv = 70: scalar columns in the combine; group 8 x Sq 7 = 56 packed rows: several warps' rows.
+  for (const Shape& sh : {Shape{8, 2, 64, 64, 1}, Shape{4, 4, 256, 256, 1}, Shape{8, 1, 128, 70, 2},
+                          Shape{16, 2, 40, 72, 7}, Shape{6, 3, 96, 128, 3}}) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.batch = 2, c.hq = sh.hq, c.hkv = sh.hkv, c.d = sh.d, c.dv = sh.dv, c.sq = sh.sq, c.sk = 1531;
+    c.splits = static_cast<int32_t>(rand_int(2, 9));
+    check_split_decode(c, 2);
+    c.sinks = true, c.softcap = 20.0f, c.alibi = true, c.causal = sh.sq > 1;
+    check_split_decode(c, 2);
+    c.sinks = false, c.softcap = 0.0f, c.alibi = false;
+    c.dropout = 0.2f, c.wl = 300;
+    check_split_decode(c, 2);
+  }
+}
+
+TEST(CudaFwdDecode, SplitKvCaches) {
+  SKIP_WITHOUT_GPU();
+  // Paged (odd page size too) and contiguous caches, sequences of very different lengths (short
+  // ones leave most splits empty; seqused 0: no key at all -> out 0, lse -inf).
+  for (int rep = 0; rep < 4; ++rep) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.cache = true;
+    c.paged = rep < 2;
+    c.page_size = rep == 0 ? 16 : 7;
+    c.batch_idx = rep == 3;
+    c.batch = 3, c.hq = 16, c.hkv = 4, c.d = 128, c.dv = 128, c.sq = 1, c.sk = 3000;
+    c.seqused = {0, 2999, static_cast<int64_t>(rand_int(1, 200))};
+    c.splits = rep == 2 ? 0 : 11;
+    check_split_decode(c, 2);
+  }
+  // Append + rotary into a paged cache, then attend with forced splits.
+  Case c;
+  c.dtype = FP_BF16;
+  c.cache = true, c.paged = true, c.page_size = 16;
+  c.batch = 2, c.hq = 8, c.hkv = 2, c.d = 128, c.dv = 128, c.sq = 1, c.snew = 1, c.sk = 2048;
+  c.rot_dim = 64;
+  c.splits = 6;
+  check_split_decode(c, 2);
+}
+
+TEST(CudaFwdDecode, VarlenDecodeWithSplits) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.dtype = rand_dtype();
+  c.varlen = true;
+  c.lq = {1, 3, 2, 1};
+  c.lk = {1, 900, 2500, 64};
+  c.hq = 8, c.hkv = 2, c.d = 128, c.dv = 128;
+  c.splits = 7;
+  check_split_decode(c, 2);
 }
 
 // ---- planning ------------------------------------------------------------------------------

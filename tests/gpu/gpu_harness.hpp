@@ -106,6 +106,7 @@ struct Case {
   std::vector<int64_t> seqused;
   int64_t rot_dim = 0;
   bool rot_interleaved = false;
+  bool rng_on_device = false;  // dropout (seed, offset) as the device tensor dropout_rng
   double input_std = 1.0;
 
   std::string describe() const {
@@ -119,7 +120,7 @@ struct Case {
     if (softcap > 0) s += " softcap=" + std::to_string(softcap);
     if (alibi) s += alibi_per_batch ? " alibi[B,H]" : " alibi";
     if (sinks) s += " sinks";
-    if (dropout > 0) s += " dropout=" + std::to_string(dropout);
+    if (dropout > 0) s += " dropout=" + std::to_string(dropout) + (rng_on_device ? "(rng on device)" : "");
     if (strided) s += " strided";
     if (splits != 1) s += " splits=" + std::to_string(splits);
     if (cache) s += paged ? " paged(ps=" + std::to_string(page_size) + ")" : " cache";
@@ -134,8 +135,9 @@ struct Case {
 struct Call {
   Case c;
   HostTensor q, k, v, out, lse, cu_q, cu_k, seqused, block_table, batch_idx, k_new, v_new, cos,
-      sin, alibi, sinks;
+      sin, alibi, sinks, rng;
   int64_t max_blocks = 0;
+  static constexpr uint64_t kSeed = 0x1234567887654321ull, kOffset = 99;
 
   explicit Call(const Case& cs) : c(cs) { build(); }
 
@@ -230,12 +232,16 @@ struct Call {
       sinks = HostTensor(FP_F32, {c.hq});
       sinks.fill_uniform(-2.0, 3.0);
     }
+    if (c.rng_on_device) {
+      auto word = [](uint64_t x, int hi) { return static_cast<int32_t>(static_cast<uint32_t>(x >> (32 * hi))); };
+      rng = HostTensor::i32({4}, {word(kSeed, 0), word(kSeed, 1), word(kOffset, 0), word(kOffset, 1)});
+    }
   }
 
   // Parameters over the given views (host fp64 copies for the reference, device copies for CUDA).
   struct Views {
     fp_tensor q, k, v, out, lse, cu_q, cu_k, seqused, block_table, batch_idx, k_new, v_new, cos,
-        sin, alibi, sinks;
+        sin, alibi, sinks, rng;
   };
   fp_attn_params params(const Views& w, fp_backend backend) const {
     fp_attn_params p;
@@ -266,8 +272,12 @@ struct Call {
     if (c.alibi) p.alibi_slopes = w.alibi;
     if (c.sinks) p.sinks = w.sinks;
     p.dropout_p = c.dropout;
-    p.dropout_seed = 0x1234567887654321ull;
-    p.dropout_offset = 99;
+    if (c.rng_on_device && w.rng.data) {
+      p.dropout_rng = w.rng;  // the same (seed, offset), read by the kernels
+    } else {
+      p.dropout_seed = kSeed;
+      p.dropout_offset = kOffset;
+    }
     p.num_splits = c.splits;
     return p;
   }
@@ -287,7 +297,7 @@ inline Outputs run_reference(const Call& call) {
   HostTensor out(FP_F64, call.out.shape()), lse(FP_F64, call.lse.shape());
   out.fill_poison();
   lse.fill_poison();
-  Call::Views w;
+  Call::Views w{};
   w.q = q.view(), w.k = k.view(), w.v = v.view(), w.out = out.view(), w.lse = lse.view();
   if (!call.cu_q.empty()) w.cu_q = call.cu_q.view(), w.cu_k = call.cu_k.view();
   if (!call.seqused.empty()) w.seqused = call.seqused.view();
@@ -309,8 +319,8 @@ inline Outputs run_reference(const Call& call) {
 // Device copies of every tensor of a call.
 struct DeviceCall {
   DevBuf q, k, v, out, lse, cu_q, cu_k, seqused, block_table, batch_idx, k_new, v_new, cos, sin,
-      alibi, sinks, workspace;
-  Call::Views views;
+      alibi, sinks, rng, workspace;
+  Call::Views views{};
 
   explicit DeviceCall(const Call& c) {
     auto up = [](DevBuf& d, const HostTensor& t, fp_tensor& view) {
@@ -323,7 +333,7 @@ struct DeviceCall {
     up(seqused, c.seqused, views.seqused), up(block_table, c.block_table, views.block_table);
     up(batch_idx, c.batch_idx, views.batch_idx), up(k_new, c.k_new, views.k_new);
     up(v_new, c.v_new, views.v_new), up(cos, c.cos, views.cos), up(sin, c.sin, views.sin);
-    up(alibi, c.alibi, views.alibi), up(sinks, c.sinks, views.sinks);
+    up(alibi, c.alibi, views.alibi), up(sinks, c.sinks, views.sinks), up(rng, c.rng, views.rng);
   }
 
   // Selects, sizes the workspace (allocated here, outside the call) and runs on `stream`.

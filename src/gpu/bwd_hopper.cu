@@ -1,0 +1,1076 @@
+// Hopper (sm_90a) backward main loop: FlashAttention-3's structure on wgmma (HGMMA). Compiled
+// only for sm_90a (its own object library in CMakeLists.txt); scope and capability check in
+// bwd_hopper.hpp. The preprocess (D = rowsum(dO * O), LSE in log2 units, zeroed dq accumulator)
+// and the dq conversion (with d_sinks) are the mma.sync backward's kernels (bwd_aux.cu), on the
+// same workspace layout.
+//
+// One block owns BN = 128 keys of one kv head (grid: key blocks x kv heads x batch) and walks
+// every query block of every query head of its GQA group. Two warpgroups, warpgroup w owns keys
+// [64w, 64w + 64) of the block; its dK, dV (64 keys x D, fp32) stay in registers over the walk.
+// Per step (BM query rows of one head):
+//   S^T  = K Q^T    wgmma SS, M = 64 keys, N = BM queries (K and Q K-major in shared memory)
+//   dP^T = V dO^T   wgmma SS (V, dO K-major)
+//   P^T  = exp2(S^T * scale * log2e - LSE2), with the forward's masks, softcap, ALiBi (registers);
+//   dS^T = P^T (dP^T - D) (x softcap derivative)
+//   dV  += P^T dO   wgmma RS: P^T from registers (the accumulator layout is the A-fragment
+//                   layout), dO MN-major from the same shared tile
+//   dK  += dS^T Q   wgmma RS, Q MN-major
+//   dS^T -> shared memory (both warpgroups), then
+//   dQ   = dS K     wgmma SS, dS and K both MN-major; D128: warpgroup w takes columns
+//                   [64w, 64w + 64) of the 64 rows; D64: rows [64w, 64w + 64) of the 128;
+//                   staged in shared memory and added into the fp32 workspace by one bulk
+//                   reduce per query row during the next step (FLASHPORT_HOPPER_BWD_DQ_BULK=0:
+//                   16-byte vector atomics, red.v4.f32, as in v1).
+// D256 (bwd_hopper_d256_kernel): 64-key blocks, the warpgroups split the head dim of dK/dV/dQ and
+// the queries of S^T/dP^T, P^T and dS^T through shared memory (bwd_hopper.hpp).
+// Q, dO, LSE2, D of the next step stream in with cp.async (all 256 threads) while this one runs.
+// The elementwise phases have straight-line loops for the common case (no softcap/ALiBi,
+// unswitched on the mask): per-element branches there cost v1 half its time (gpu_bwd_notes.md).
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <type_traits>
+
+#include "bwd_hopper.hpp"
+#include "bwd_hopper_wgmma.hpp"
+#include "hopper_smem.hpp"
+#include "tile_io.cuh"
+#include "tile_mma.hpp"
+
+namespace flashport::gpu {
+namespace sm90 {
+
+constexpr float kBwdLog2eH = 1.4426950408889634f;
+// Timing experiments only (wrong dQ): 1 = no dQ atomics, 2 = no dQ product and no atomics.
+#ifndef FLASHPORT_HOPPER_BWD_DIAG
+#define FLASHPORT_HOPPER_BWD_DIAG 0
+#endif
+
+// 4 bytes global -> shared; src_bytes 0 stores zero.
+__device__ __forceinline__ void cp_async_4(uint32_t smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));
+}
+// Bulk reduce (copy engine): global[0, bytes) += shared[0, bytes) as fp32, one bulk group per
+// issuing thread; 16-byte aligned addresses, bytes a multiple of 16.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, uint32_t smem, int bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gmem), "r"(smem),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// The copy engine has finished reading the shared memory of all but the newest N groups.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void fence_regs_u32(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
+}
+
+template <int D, typename Elem>
+__global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(const __grid_constant__ BwdArgs a) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BN = HopperBwdTile::kBlockN, BM = HopperBwdTile::block_m(D), NT = HopperBwdTile::kThreads;
+  constexpr bool kBf16 = Elem::kIsBf16;
+  constexpr int kChunks = D / 8;    // 16-byte chunks per row
+  constexpr int kPanels = D / 64;   // 64-column panels of the head dim
+  constexpr int kQTiles = BM / 8;   // 8-query accumulator tiles of S^T / dP^T
+  constexpr int kQSteps = BM / 16;  // k16 steps of dV / dK
+  // dQ split between the warpgroups: by columns at D128 (BM = 64), by rows at D64 (BM = 128).
+  constexpr bool kDqByCols = D == 128;
+  static_assert(BM * D == 8192 && (kDqByCols ? kPanels == 2 : BM == 128), "dQ split: 64 x 64 per warpgroup");
+
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw_u32 = smem_u32(smem_raw);
+  const uint32_t base_u32 = (raw_u32 + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
+  uint16_t* sK = reinterpret_cast<uint16_t*>(smem_raw + (base_u32 - raw_u32));
+  uint16_t* sV = sK + BN * D;
+  uint16_t* sQ = sV + BN * D;        // [2][BM * D]
+  uint16_t* sdO = sQ + 2 * BM * D;   // [2][BM * D]
+  constexpr bool kDefer = HopperBwdTile::kDeferDq;
+  uint16_t* sdS = sdO + 2 * BM * D;  // dS^T: [BN keys][BM queries], 64-query panels (x2 when deferred)
+  float* sL = reinterpret_cast<float*>(sdS + HopperBwdTile::kDsBuffers * BN * BM);  // [2][BM] LSE2
+  float* sDs = sL + 2 * BM;                             // [2][BM] D
+  constexpr bool kBulk = HopperBwdTile::kDqBulk;
+  constexpr int kDqStride = HopperBwdTile::dq_stride(D);
+  float* sDq = sDs + 2 * BM;  // [2][BM][kDqStride] dQ staging (bulk mode)
+  const uint32_t sK_u32 = base_u32;
+  const uint32_t sV_u32 = sK_u32 + BN * D * 2;
+  const uint32_t sQ_u32 = sV_u32 + BN * D * 2;
+  const uint32_t sdO_u32 = sQ_u32 + 2 * BM * D * 2;
+  const uint32_t sdS_u32 = sdO_u32 + 2 * BM * D * 2;
+
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int wg = tid >> 7;           // warpgroup: keys [64 wg, 64 wg + 64) of the block
+  const int wwarp = (tid >> 5) & 3;  // warp inside the warpgroup: 16 rows of each accumulator
+  const int n_blk = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int n0 = n_blk * BN;
+  const ScoreRules& R = a.rules;
+
+  int lq = static_cast<int>(a.seq.q_len(b));
+  if (lq > a.seq.sq) lq = static_cast<int>(a.seq.sq);
+  if (lq < 0) lq = 0;
+  int64_t lk64 = a.seq.k_len(b);
+  if (a.k_rows_cap > 0 && lk64 > a.k_rows_cap) lk64 = a.k_rows_cap;
+  const int lk = lk64 < 0 ? 0 : static_cast<int>(lk64);
+  const int64_t q_start = a.seq.q_start(b);
+  const int64_t ws_row0 = a.seq.cu_q ? q_start : int64_t(b) * a.seq.sq;  // workspace row of i = 0
+  const int shift = R.top_left ? 0 : lk - lq;
+  const int wl = static_cast<int>(R.window_left), wr = static_cast<int>(R.window_right);
+  auto vis_lo = [&](int i) -> int { const int lo = wl >= 0 ? i + shift - wl : 0; return lo < 0 ? 0 : lo; };
+  auto vis_hi = [&](int i) -> int {
+    const int hi = wr >= 0 ? i + shift + wr + 1 : lk;
+    return hi > lk ? lk : (hi < 0 ? 0 : hi);
+  };
+
+  // This thread's accumulator rows (keys in S^T, dP^T, dK, dV): key_loc0 and key_loc0 + 8.
+  const int key_loc0 = wg * 64 + wwarp * 16 + (lane >> 2);
+  const int col_base = (lane & 3) * 2;
+
+  float dv_acc[kPanels][32], dk_acc[kPanels][32];
+#pragma unroll
+  for (int p = 0; p < kPanels; ++p)
+#pragma unroll
+    for (int e = 0; e < 32; ++e) dv_acc[p][e] = 0.0f, dk_acc[p][e] = 0.0f;
+
+  if (n0 < lk && lq > 0) {
+    const int n1 = n0 + BN < lk ? n0 + BN : lk;
+    int i_first = wr >= 0 ? n0 - shift - wr : 0;
+    if (i_first < 0) i_first = 0;
+    int i_end = wl >= 0 ? n1 + wl - shift : lq;
+    if (i_end > lq) i_end = lq;
+    const int m_lo = i_first / BM;
+    const int m_hi = i_end > i_first ? (i_end + BM - 1) / BM : m_lo;
+    const int nm = m_hi - m_lo;
+    const int steps = nm * a.group;
+
+    if (steps > 0) {
+      // Each thread copies one 16-byte chunk of every kRowStep-th row; kRowStep is a multiple of
+      // 8, so the swizzled offset advances by a constant.
+      constexpr int kRowStep = NT / kChunks;
+      static_assert(kRowStep % 8 == 0 && BN % kRowStep == 0 && BM % kRowStep == 0, "load mapping");
+      const int ld_row = tid / kChunks, ld_chunk = tid % kChunks;
+      {
+        const bool kpacked = a.k_addr.layout == KvLayout::Packed;
+        const int64_t k_base = (kpacked ? a.seq.k_start(b) * a.k_addr.s0 : int64_t(b) * a.k_addr.s0) + kvh * a.k_addr.s2;
+        const int64_t v_base = (a.v_addr.layout == KvLayout::Packed ? a.seq.k_start(b) * a.v_addr.s0
+                                                                    : int64_t(b) * a.v_addr.s0) + kvh * a.v_addr.s2;
+        const int64_t k_rs = kpacked ? a.k_addr.s0 : a.k_addr.s1;
+        const int64_t v_rs = a.v_addr.layout == KvLayout::Packed ? a.v_addr.s0 : a.v_addr.s1;
+        const int soff = panel_offset(BN, ld_row, ld_chunk);
+#pragma unroll
+        for (int k = 0; k < BN / kRowStep; ++k) {
+          const int j = n0 + ld_row + k * kRowStep;
+          const bool in = j < lk;
+          const int64_t jj = in ? j : 0;
+          cp_async_16(sK + soff + k * kRowStep * 64, a.k + k_base + jj * k_rs + ld_chunk * 8, in ? 16 : 0);
+          cp_async_16(sV + soff + k * kRowStep * 64, a.v + v_base + jj * v_rs + ld_chunk * 8, in ? 16 : 0);
+        }
+      }
+      // Q, dO, LSE2, D of step s into buffer `buf` (rows past Lq: zeros, LSE2 0, D 0 -- their P
+      // is finite and their dS, dV contributions exactly 0, as in the mma.sync loop).
+      const int qsoff = panel_offset(BM, ld_row, ld_chunk);
+      auto load_step = [&](int s, int buf) {
+        const int h = kvh * a.group + s / nm;
+        const int m = m_lo + s % nm;
+#pragma unroll
+        for (int k = 0; k < BM / kRowStep; ++k) {
+          const int i = m * BM + ld_row + k * kRowStep;
+          const bool in = i < lq;
+          const int ii = in ? i : 0;
+          cp_async_16(sQ + buf * BM * D + qsoff + k * kRowStep * 64,
+                      a.q + a.q_addr.at(b, q_start, ii, h) + ld_chunk * 8, in ? 16 : 0);
+          cp_async_16(sdO + buf * BM * D + qsoff + k * kRowStep * 64,
+                      a.dout + a.dout_addr.at(b, q_start, ii, h) + ld_chunk * 8, in ? 16 : 0);
+        }
+        if (tid < BM) {
+          const int i = m * BM + tid;
+          const bool in = i < lq;
+          const int64_t wrow = in ? int64_t(h) * a.total_rows + ws_row0 + i : 0;
+          cp_async_4(smem_u32(sL + buf * BM + tid), a.ws_lse2 + wrow, in ? 4 : 0);
+          cp_async_4(smem_u32(sDs + buf * BM + tid), a.ws_dsum + wrow, in ? 4 : 0);
+        }
+      };
+      load_step(0, 0);
+      cp_async_commit();
+
+      const bool softcap = a.softcap_in > 0.0f;
+      const bool transformed = softcap || R.alibi != nullptr;
+
+      // dQ of one step (64 x 64 per warpgroup) into the fp32 workspace. Vector atomics: lanes 2k
+      // and 2k+1 swap halves so each holds 4 consecutive columns of one row (even lane: row r,
+      // odd lane: row r + 8).
+      float dq_acc[32];
+      const int dq_d_panel = kDqByCols ? wg : 0;
+      auto add_dq = [&](int hh, int ii0) {
+        if (FLASHPORT_HOPPER_BWD_DIAG != 0) return;
+        const bool odd = lane & 1;
+        const int row = (kDqByCols ? 0 : wg * 64) + wwarp * 16 + (lane >> 2) + (odd ? 8 : 0);
+        const int i = ii0 + row;
+        const int col0 = dq_d_panel * 64 + (lane & 2) * 2;
+        float* dq_row = a.ws_dq + (int64_t(hh) * a.total_rows + ws_row0 + i) * a.dacc;
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+          const float send0 = odd ? dq_acc[4 * t + 0] : dq_acc[4 * t + 2];
+          const float send1 = odd ? dq_acc[4 * t + 1] : dq_acc[4 * t + 3];
+          const float r0 = shfl_xor(send0, 1), r1 = shfl_xor(send1, 1);
+          const float4 v = odd ? make_float4(r0, r1, dq_acc[4 * t + 2], dq_acc[4 * t + 3])
+                               : make_float4(dq_acc[4 * t + 0], dq_acc[4 * t + 1], r0, r1);
+          if (i < lq) atomicAdd(reinterpret_cast<float4*>(dq_row + col0 + 8 * t), v);
+        }
+      };
+      int dq_h = 0, dq_i0 = 0;  // deferred / bulk schedule: the step whose dQ is in flight
+      // Bulk mode: this thread's fragment of the step's dQ into staging buffer `sbuf` (row-major,
+      // the workspace's column order), then fence for the copy engine.
+      auto stage_dq = [&](int sbuf) {
+        float* tile = sDq + sbuf * (BM * kDqStride);
+        const int row0 = (kDqByCols ? 0 : wg * 64) + wwarp * 16 + (lane >> 2);
+        const int col0 = dq_d_panel * 64 + col_base;
+#pragma unroll
+        for (int t = 0; t < 8; ++t)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf)
+            *reinterpret_cast<float2*>(tile + (row0 + 8 * hf) * kDqStride + col0 + 8 * t) =
+                make_float2(dq_acc[4 * t + 2 * hf], dq_acc[4 * t + 2 * hf + 1]);
+      };
+      // Bulk mode, after a block barrier: lane l < BM / 8 of warp w adds row w * BM / 8 + l of
+      // staging buffer `sbuf` (the dQ of step (hh, ii0)) into the workspace, rows past Lq
+      // skipped. Spread over all 8 warps: the copy engine takes the operands from uniform
+      // registers, so each warp issues its rows one at a time.
+      constexpr int kDqRowsPerWarp = BM / 8;
+      const bool dq_issuer = lane < kDqRowsPerWarp;
+      const int dq_issue_row = (tid >> 5) * kDqRowsPerWarp + lane;
+      auto issue_dq = [&](int sbuf, int hh, int ii0) {
+        if (FLASHPORT_HOPPER_BWD_DIAG != 0) return;
+        if (dq_issuer) {
+          const int i = ii0 + dq_issue_row;
+          if (i < lq)
+            bulk_reduce_add_f32(a.ws_dq + (int64_t(hh) * a.total_rows + ws_row0 + i) * a.dacc,
+                                smem_u32(sDq + (sbuf * BM + dq_issue_row) * kDqStride), D * 4);
+          bulk_commit();
+        }
+      };
+
+      for (int s = 0; s < steps; ++s) {
+        const int buf = s & 1;
+        cp_async_wait<0>();
+        fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
+        __syncthreads();      // step s landed everywhere; step s-1's products are all done
+        if (s + 1 < steps) {
+          load_step(s + 1, buf ^ 1);
+          cp_async_commit();
+        }
+        const int h = kvh * a.group + s / nm;
+        const int m = m_lo + s % nm;
+        const int i0 = m * BM;
+
+        // ---- S^T = K Q^T and dP^T = V dO^T (two groups: P is computed while dP^T runs) ----
+        float s_acc[BM / 2], dp_acc[BM / 2];
+        {
+          // Descriptors as base + offset (16-byte units); the opaque copies keep the compiler
+          // from hoisting D/16 loop-invariant 64-bit descriptors into registers.
+          uint64_t k_desc = make_desc(sK_u32 + wg * (64 * 128), 16, 1024);
+          asm volatile("" : "+l"(k_desc));
+          uint64_t q_desc = make_desc(sQ_u32 + buf * (BM * D * 2), 16, 1024);
+          asm volatile("" : "+l"(q_desc));
+          wg_fence();
+#pragma unroll
+          for (int ks = 0; ks < D / 16; ++ks) {
+            const uint32_t koff = uint32_t((ks & 3) * 32);  // 16 columns = 32 bytes of the 128-byte row
+            const uint64_t da = k_desc + (((ks >> 2) * (BN * 128) + koff) >> 4);
+            const uint64_t db = q_desc + (((ks >> 2) * (BM * 128) + koff) >> 4);
+            if constexpr (BM == 128) wgmma_ss_m64n128k16<kBf16, 0, 0>(s_acc, da, db, ks > 0 ? 1 : 0);
+            else wgmma_ss_m64n64k16<kBf16, 0, 0>(s_acc, da, db, ks > 0 ? 1 : 0);
+          }
+          wg_commit();
+          uint64_t v_desc = make_desc(sV_u32 + wg * (64 * 128), 16, 1024);
+          asm volatile("" : "+l"(v_desc));
+          uint64_t o_desc = make_desc(sdO_u32 + buf * (BM * D * 2), 16, 1024);
+          asm volatile("" : "+l"(o_desc));
+#pragma unroll
+          for (int ks = 0; ks < D / 16; ++ks) {
+            const uint32_t koff = uint32_t((ks & 3) * 32);
+            const uint64_t da = v_desc + (((ks >> 2) * (BN * 128) + koff) >> 4);
+            const uint64_t db = o_desc + (((ks >> 2) * (BM * 128) + koff) >> 4);
+            if constexpr (BM == 128) wgmma_ss_m64n128k16<kBf16, 0, 0>(dp_acc, da, db, ks > 0 ? 1 : 0);
+            else wgmma_ss_m64n64k16<kBf16, 0, 0>(dp_acc, da, db, ks > 0 ? 1 : 0);
+          }
+          wg_commit();
+        }
+        if constexpr (kBulk) {
+          // Step s-1's dQ (staged and fenced before this step's first barrier), while S^T and
+          // dP^T run.
+          if (s > 0) issue_dq(buf ^ 1, dq_h, dq_i0);
+        }
+        if constexpr (kDefer) {
+          // The previous step's dQ product is done (S^T, dP^T may still run): its atomics
+          // overlap this step's products.
+          wg_wait<2>();
+          fence_regs(dq_acc);
+          if (s > 0) add_dq(dq_h, dq_i0);
+        }
+
+        // ---- P^T (element (key j, query i): s_acc[4t + 2hf + e2], j = n0 + key_loc0 + 8hf,
+        //      i = i0 + 8t + col_base + e2) ---------------------------------------------------
+        const float* tL = sL + buf * BM;
+        const float* tD = sDs + buf * BM;
+        const bool need_mask = n0 + BN > lk || (wr >= 0 && n0 + BN - 1 > i0 + shift + wr) ||
+                               (wl >= 0 && n0 < i0 + BM - 1 + shift - wl);
+        const float slope_log2 = R.alibi ? -R.alibi_slope(b, h) * kBwdLog2eH : 0.0f;
+        // P of one element from its score v (log2 units), and the softcap derivative 1 - th^2.
+        auto prob = [&](float v, int t, int hf, int e2, float lse2, float& dtanh) -> float {
+          float sc;
+          if (softcap) {
+            const float th = tanh_accurate(v * a.softcap_in);
+            sc = a.softcap_out * th;
+            dtanh = 1.0f - th * th;
+          } else {
+            sc = v * a.scale_log2;
+          }
+          const int i = i0 + 8 * t + col_base + e2, j = n0 + key_loc0 + 8 * hf;
+          if (R.alibi) {
+            const int dist = i + shift - j;
+            sc += slope_log2 * float(dist < 0 ? -dist : dist);
+          }
+          float p = fast_exp2(sc - lse2);
+          if (need_mask && (j < vis_lo(i) || j >= vis_hi(i))) p = 0.0f;
+          return p;
+        };
+        // The waits are unconditional (ptxas keeps the products asynchronous only when it sees
+        // a fixed group structure). The common case (no softcap, no ALiBi) has its own straight-
+        // line loops, unswitched on the mask, so it runs without per-element branches; P is
+        // computed while dP^T is still running. Softcap / ALiBi take the general loop after dP^T
+        // lands (softcap's derivative needs tanh of the score).
+        wg_wait<1>();
+        fence_regs(s_acc);
+        auto plain_p = [&](auto masked) {
+#pragma unroll
+          for (int t = 0; t < kQTiles; ++t) {
+            const float2 l2 = *reinterpret_cast<const float2*>(tL + 8 * t + col_base);
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+              for (int e2 = 0; e2 < 2; ++e2) {
+                float& v = s_acc[4 * t + 2 * hf + e2];
+                v = fast_exp2(fmaf(v, a.scale_log2, -(e2 ? l2.y : l2.x)));
+                if constexpr (decltype(masked)::value) {
+                  const int i = i0 + 8 * t + col_base + e2, j = n0 + key_loc0 + 8 * hf;
+                  if (j < vis_lo(i) || j >= vis_hi(i)) v = 0.0f;
+                }
+              }
+          }
+        };
+        if (!transformed) {
+          if (need_mask) plain_p(std::true_type{});
+          else plain_p(std::false_type{});
+        }
+        wg_wait<0>();
+        fence_regs(dp_acc);
+        // ---- dS^T = P^T (dP^T - D) (x softcap derivative) -----------------------------------
+        if (!transformed) {
+#pragma unroll
+          for (int t = 0; t < kQTiles; ++t) {
+            const float2 d2 = *reinterpret_cast<const float2*>(tD + 8 * t + col_base);
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+              for (int e2 = 0; e2 < 2; ++e2) {
+                float& g = dp_acc[4 * t + 2 * hf + e2];
+                g = s_acc[4 * t + 2 * hf + e2] * (g - (e2 ? d2.y : d2.x));
+              }
+          }
+        } else {
+#pragma unroll
+          for (int t = 0; t < kQTiles; ++t) {
+            const float2 d2 = *reinterpret_cast<const float2*>(tD + 8 * t + col_base);
+            const float2 l2 = *reinterpret_cast<const float2*>(tL + 8 * t + col_base);
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+              for (int e2 = 0; e2 < 2; ++e2) {
+                float& v = s_acc[4 * t + 2 * hf + e2];
+                float& g = dp_acc[4 * t + 2 * hf + e2];
+                float dtanh = 1.0f;
+                v = prob(v, t, hf, e2, e2 ? l2.y : l2.x, dtanh);
+                g = v * (g - (e2 ? d2.y : d2.x)) * dtanh;
+              }
+          }
+        }
+        uint32_t pa[kQSteps][4], da[kQSteps][4];
+#pragma unroll
+        for (int ks = 0; ks < kQSteps; ++ks)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            pa[ks][r] = Elem::pack(s_acc[8 * ks + 2 * r], s_acc[8 * ks + 2 * r + 1]);
+            da[ks][r] = Elem::pack(dp_acc[8 * ks + 2 * r], dp_acc[8 * ks + 2 * r + 1]);
+          }
+        // dS^T to shared memory for dQ: (key, queries 8t + col_base, +1) -> one 32-bit store;
+        // pair (t, hf) is da[t / 2][(t & 1) * 2 + hf]. Deferred schedule: two buffers (the other
+        // warpgroup may still read the previous step's).
+        const int ds_buf = kDefer ? buf : 0;
+        uint16_t* tdS = sdS + ds_buf * (BN * BM);
+#pragma unroll
+        for (int t = 0; t < kQTiles; ++t)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int row = key_loc0 + 8 * hf;
+            const int off = panel_offset(BN, row, t) + col_base;
+            *reinterpret_cast<uint32_t*>(tdS + off) = da[t >> 1][(t & 1) * 2 + hf];
+          }
+
+        // ---- dV += P^T dO, dK += dS^T Q (A from registers; dO, Q MN-major) -------------------
+        {
+          uint64_t o_desc = make_desc(sdO_u32 + buf * (BM * D * 2), BM * 128, 1024);
+          asm volatile("" : "+l"(o_desc));
+          uint64_t q_desc = make_desc(sQ_u32 + buf * (BM * D * 2), BM * 128, 1024);
+          asm volatile("" : "+l"(q_desc));
+          wg_fence();
+#pragma unroll
+          for (int ks = 0; ks < kQSteps; ++ks)
+#pragma unroll
+            for (int p = 0; p < kPanels; ++p)
+              wgmma_rs_m64n64k16<kBf16, 1>(dv_acc[p], pa[ks], o_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
+#pragma unroll
+          for (int ks = 0; ks < kQSteps; ++ks)
+#pragma unroll
+            for (int p = 0; p < kPanels; ++p)
+              wgmma_rs_m64n64k16<kBf16, 1>(dk_acc[p], da[ks], q_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
+          wg_commit();
+        }
+        // Bulk mode: the reduce that read this step's staging buffer (step s-2's dQ) is done
+        // before the barrier below lets anyone write it again.
+        if constexpr (kBulk) {
+          if (dq_issuer) bulk_wait_read<1>();
+        }
+        fence_proxy_async();  // dS^T stores (generic proxy) -> wgmma reads (async proxy)
+        __syncthreads();      // dS^T of both warpgroups in shared memory
+
+        // ---- dQ = dS K (64 x 64 per warpgroup; dS^T and K MN-major) ---------------------------
+        {
+          const int q_panel = kDqByCols ? 0 : wg;
+          uint64_t s_desc = make_desc(sdS_u32 + (ds_buf * BM + q_panel * 64) * (BN * 2), BN * 128, 1024);
+          asm volatile("" : "+l"(s_desc));
+          uint64_t kt_desc = make_desc(sK_u32 + dq_d_panel * (BN * 128), BN * 128, 1024);
+          asm volatile("" : "+l"(kt_desc));
+          wg_fence();
+          if (FLASHPORT_HOPPER_BWD_DIAG != 2) {
+#pragma unroll
+            for (int ks = 0; ks < BN / 16; ++ks)
+              wgmma_ss_m64n64k16<kBf16, 1, 1>(dq_acc, s_desc + ((ks * 2048) >> 4), kt_desc + ((ks * 2048) >> 4),
+                                              ks > 0 ? 1 : 0);
+          }
+          wg_commit();
+          if constexpr (kDefer) {
+            wg_wait<1>();  // dV, dK done (this step's Q/dO buffer is free); dQ may still run
+            dq_h = h, dq_i0 = i0;
+          } else if constexpr (kBulk) {
+            wg_wait<0>();
+            fence_regs(dq_acc);
+            dq_h = h, dq_i0 = i0;
+          } else {
+            wg_wait<0>();
+            fence_regs(dq_acc);
+          }
+          fence_regs_u32(pa);
+          fence_regs_u32(da);
+#pragma unroll
+          for (int p = 0; p < kPanels; ++p) fence_regs(dv_acc[p]), fence_regs(dk_acc[p]);
+          if constexpr (kBulk) {
+            stage_dq(buf);  // fenced for the copy engine at the next step's barrier
+          } else if constexpr (!kDefer) {
+            add_dq(h, i0);
+          }
+        }
+      }
+      if constexpr (kDefer) {
+        wg_wait<0>();
+        fence_regs(dq_acc);
+        add_dq(dq_h, dq_i0);
+      }
+      if constexpr (kBulk) {
+        fence_proxy_async();
+        __syncthreads();
+        issue_dq((steps - 1) & 1, dq_h, dq_i0);
+        if (dq_issuer) bulk_wait_all();  // the staging tile must outlive the copy engine's reads
+      }
+    }
+  }
+
+  // ---- epilogue: dK = scale * acc, dV; rows past Lk of a batched tensor get 0 -----------------
+  const int row_limit = a.k_rows_cap > 0 ? static_cast<int>(a.k_rows_cap) : lk;
+  using T = typename Elem::T;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int j = n0 + key_loc0 + 8 * hf;
+    if (j >= row_limit) continue;
+    const bool kpacked = a.dk_addr.layout == KvLayout::Packed, vpacked = a.dv_addr.layout == KvLayout::Packed;
+    T* dk_row = reinterpret_cast<T*>(a.dk_ptr) +
+                (kpacked ? (a.seq.k_start(b) + j) * a.dk_addr.s0 : int64_t(b) * a.dk_addr.s0 + int64_t(j) * a.dk_addr.s1) +
+                kvh * a.dk_addr.s2;
+    T* dv_row = reinterpret_cast<T*>(a.dv_ptr) +
+                (vpacked ? (a.seq.k_start(b) + j) * a.dv_addr.s0 : int64_t(b) * a.dv_addr.s0 + int64_t(j) * a.dv_addr.s1) +
+                kvh * a.dv_addr.s2;
+#pragma unroll
+    for (int p = 0; p < kPanels; ++p)
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        const int col = p * 64 + t * 8 + col_base;
+        const float k0 = dk_acc[p][4 * t + 2 * hf] * a.scale, k1 = dk_acc[p][4 * t + 2 * hf + 1] * a.scale;
+        const float v0 = dv_acc[p][4 * t + 2 * hf], v1 = dv_acc[p][4 * t + 2 * hf + 1];
+        if (a.kv_out_vec_ok) {
+          *reinterpret_cast<uint32_t*>(dk_row + col) = Elem::pack(k0, k1);
+          *reinterpret_cast<uint32_t*>(dv_row + col) = Elem::pack(v0, v1);
+        } else {
+          dk_row[col] = Elem::from_float(k0), dk_row[col + 1] = Elem::from_float(k1);
+          dv_row[col] = Elem::from_float(v0), dv_row[col + 1] = Elem::from_float(v1);
+        }
+      }
+  }
+#else
+  if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0)
+    printf("flashport: the Hopper backward kernel needs sm_90a\n");
+  __trap();
+#endif
+}
+
+// ---- D256 (HopperBwdTileD256; layout and reasons in bwd_hopper.hpp) ---------------------------
+// One block: BN = 64 keys of one kv head, walking every (query head of the group, BM = 64 query
+// block). Warpgroup w (wg): S^T / dP^T of queries [32w, 32w + 32) for all 64 keys (m64n32, K = 256),
+// P^T and dS^T -> shared memory; then dV, dK columns [128w, 128w + 128) (A = P^T / dS^T K-major from
+// shared memory, B = dO / Q MN-major) and dQ columns [128w, 128w + 128) (A = dS MN-major, B = K
+// MN-major), all 64 x 64 wgmmas per 64-column panel as in the D64/D128 kernel.
+template <typename Elem>
+__global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d256_kernel(const __grid_constant__ BwdArgs a) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int D = HopperBwdTileD256::kD, BN = HopperBwdTileD256::kBlockN, BM = HopperBwdTileD256::kBlockM;
+  constexpr int NT = HopperBwdTileD256::kThreads;
+  constexpr bool kBf16 = Elem::kIsBf16;
+  constexpr int kChunks = D / 8;   // 16-byte chunks per row
+  constexpr int kHalfQ = BM / 2;   // queries of S^T / dP^T per warpgroup
+  constexpr int kQTiles = kHalfQ / 8;  // 8-query accumulator tiles of the half
+  constexpr int kOwnPanels = 2;    // 64-column panels of dK / dV / dQ per warpgroup
+
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw_u32 = smem_u32(smem_raw);
+  const uint32_t base_u32 = (raw_u32 + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
+  uint16_t* sK = reinterpret_cast<uint16_t*>(smem_raw + (base_u32 - raw_u32));
+  uint16_t* sV = sK + BN * D;
+  uint16_t* sQ = sV + BN * D;       // [2][BM * D]
+  uint16_t* sdO = sQ + 2 * BM * D;  // [2][BM * D]
+  uint16_t* sP = sdO + 2 * BM * D;  // P^T: [BN keys][BM queries], one 64-query panel
+  uint16_t* sdS = sP + BN * BM;     // dS^T, same layout
+  float* sL = reinterpret_cast<float*>(sdS + BN * BM);  // [2][BM] LSE2
+  float* sDs = sL + 2 * BM;                             // [2][BM] D
+  const uint32_t sK_u32 = base_u32;
+  const uint32_t sV_u32 = sK_u32 + BN * D * 2;
+  const uint32_t sQ_u32 = sV_u32 + BN * D * 2;
+  const uint32_t sdO_u32 = sQ_u32 + 2 * BM * D * 2;
+  const uint32_t sP_u32 = sdO_u32 + 2 * BM * D * 2;
+  const uint32_t sdS_u32 = sP_u32 + BN * BM * 2;
+
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int wg = tid >> 7;           // warpgroup: queries [32 wg, +32) of S^T; columns [128 wg, +128)
+  const int wwarp = (tid >> 5) & 3;  // warp inside the warpgroup: 16 keys of each accumulator
+  const int n_blk = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int n0 = n_blk * BN;
+  const ScoreRules& R = a.rules;
+
+  int lq = static_cast<int>(a.seq.q_len(b));
+  if (lq > a.seq.sq) lq = static_cast<int>(a.seq.sq);
+  if (lq < 0) lq = 0;
+  int64_t lk64 = a.seq.k_len(b);
+  if (a.k_rows_cap > 0 && lk64 > a.k_rows_cap) lk64 = a.k_rows_cap;
+  const int lk = lk64 < 0 ? 0 : static_cast<int>(lk64);
+  const int64_t q_start = a.seq.q_start(b);
+  const int64_t ws_row0 = a.seq.cu_q ? q_start : int64_t(b) * a.seq.sq;  // workspace row of i = 0
+  const int shift = R.top_left ? 0 : lk - lq;
+  const int wl = static_cast<int>(R.window_left), wr = static_cast<int>(R.window_right);
+  auto vis_lo = [&](int i) -> int { const int lo = wl >= 0 ? i + shift - wl : 0; return lo < 0 ? 0 : lo; };
+  auto vis_hi = [&](int i) -> int {
+    const int hi = wr >= 0 ? i + shift + wr + 1 : lk;
+    return hi > lk ? lk : (hi < 0 ? 0 : hi);
+  };
+
+  // This thread's accumulator rows (keys) in S^T, dP^T, dK, dV: key_loc0 and key_loc0 + 8.
+  const int key_loc0 = wwarp * 16 + (lane >> 2);
+  const int col_base = (lane & 3) * 2;
+  const int q_half0 = wg * kHalfQ;  // first query (within the block) of this warpgroup's S^T
+
+  float dv_acc[kOwnPanels][32], dk_acc[kOwnPanels][32];
+#pragma unroll
+  for (int p = 0; p < kOwnPanels; ++p)
+#pragma unroll
+    for (int e = 0; e < 32; ++e) dv_acc[p][e] = 0.0f, dk_acc[p][e] = 0.0f;
+
+  if (n0 < lk && lq > 0) {
+    const int n1 = n0 + BN < lk ? n0 + BN : lk;
+    int i_first = wr >= 0 ? n0 - shift - wr : 0;
+    if (i_first < 0) i_first = 0;
+    int i_end = wl >= 0 ? n1 + wl - shift : lq;
+    if (i_end > lq) i_end = lq;
+    const int m_lo = i_first / BM;
+    const int m_hi = i_end > i_first ? (i_end + BM - 1) / BM : m_lo;
+    const int nm = m_hi - m_lo;
+    const int steps = nm * a.group;
+
+    if (steps > 0) {
+      constexpr int kRowStep = NT / kChunks;
+      static_assert(kRowStep % 8 == 0 && BN % kRowStep == 0 && BM % kRowStep == 0, "load mapping");
+      const int ld_row = tid / kChunks, ld_chunk = tid % kChunks;
+      {
+        const bool kpacked = a.k_addr.layout == KvLayout::Packed;
+        const int64_t k_base = (kpacked ? a.seq.k_start(b) * a.k_addr.s0 : int64_t(b) * a.k_addr.s0) + kvh * a.k_addr.s2;
+        const int64_t v_base = (a.v_addr.layout == KvLayout::Packed ? a.seq.k_start(b) * a.v_addr.s0
+                                                                    : int64_t(b) * a.v_addr.s0) + kvh * a.v_addr.s2;
+        const int64_t k_rs = kpacked ? a.k_addr.s0 : a.k_addr.s1;
+        const int64_t v_rs = a.v_addr.layout == KvLayout::Packed ? a.v_addr.s0 : a.v_addr.s1;
+        const int soff = panel_offset(BN, ld_row, ld_chunk);
+#pragma unroll
+        for (int k = 0; k < BN / kRowStep; ++k) {
+          const int j = n0 + ld_row + k * kRowStep;
+          const bool in = j < lk;
+          const int64_t jj = in ? j : 0;
+          cp_async_16(sK + soff + k * kRowStep * 64, a.k + k_base + jj * k_rs + ld_chunk * 8, in ? 16 : 0);
+          cp_async_16(sV + soff + k * kRowStep * 64, a.v + v_base + jj * v_rs + ld_chunk * 8, in ? 16 : 0);
+        }
+      }
+      // Q, dO, LSE2, D of step s into buffer `buf` (rows past Lq: zeros, LSE2 0, D 0: their P is
+      // finite and their dS, dV contributions exactly 0).
+      const int qsoff = panel_offset(BM, ld_row, ld_chunk);
+      auto load_step = [&](int s, int buf) {
+        const int h = kvh * a.group + s / nm;
+        const int m = m_lo + s % nm;
+#pragma unroll
+        for (int k = 0; k < BM / kRowStep; ++k) {
+          const int i = m * BM + ld_row + k * kRowStep;
+          const bool in = i < lq;
+          const int ii = in ? i : 0;
+          cp_async_16(sQ + buf * BM * D + qsoff + k * kRowStep * 64,
+                      a.q + a.q_addr.at(b, q_start, ii, h) + ld_chunk * 8, in ? 16 : 0);
+          cp_async_16(sdO + buf * BM * D + qsoff + k * kRowStep * 64,
+                      a.dout + a.dout_addr.at(b, q_start, ii, h) + ld_chunk * 8, in ? 16 : 0);
+        }
+        if (tid < BM) {
+          const int i = m * BM + tid;
+          const bool in = i < lq;
+          const int64_t wrow = in ? int64_t(h) * a.total_rows + ws_row0 + i : 0;
+          cp_async_4(smem_u32(sL + buf * BM + tid), a.ws_lse2 + wrow, in ? 4 : 0);
+          cp_async_4(smem_u32(sDs + buf * BM + tid), a.ws_dsum + wrow, in ? 4 : 0);
+        }
+      };
+      load_step(0, 0);
+      cp_async_commit();
+
+      const bool softcap = a.softcap_in > 0.0f;
+      const bool transformed = softcap || R.alibi != nullptr;
+
+      float dq_acc[kOwnPanels][32];  // dQ: 64 queries x columns [128 wg, +128)
+
+      for (int s = 0; s < steps; ++s) {
+        const int buf = s & 1;
+        cp_async_wait<0>();
+        fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
+        __syncthreads();      // step s landed everywhere; step s-1's products are all done
+        if (s + 1 < steps) {
+          load_step(s + 1, buf ^ 1);
+          cp_async_commit();
+        }
+        const int h = kvh * a.group + s / nm;
+        const int m = m_lo + s % nm;
+        const int i0 = m * BM;
+
+        // ---- S^T = K Q^T and dP^T = V dO^T for this warpgroup's 32 queries (two groups) ---------
+        float s_acc[kHalfQ / 2], dp_acc[kHalfQ / 2];
+        {
+          uint64_t k_desc = make_desc(sK_u32, 16, 1024);
+          asm volatile("" : "+l"(k_desc));
+          uint64_t q_desc = make_desc(sQ_u32 + buf * (BM * D * 2) + q_half0 * 128, 16, 1024);
+          asm volatile("" : "+l"(q_desc));
+          wg_fence();
+#pragma unroll
+          for (int ks = 0; ks < D / 16; ++ks) {
+            const uint32_t koff = uint32_t((ks & 3) * 32);  // 16 columns = 32 bytes of the 128-byte row
+            wgmma_ss_m64n32k16<kBf16, 0, 0>(s_acc, k_desc + (((ks >> 2) * (BN * 128) + koff) >> 4),
+                                            q_desc + (((ks >> 2) * (BM * 128) + koff) >> 4), ks > 0 ? 1 : 0);
+          }
+          wg_commit();
+          uint64_t v_desc = make_desc(sV_u32, 16, 1024);
+          asm volatile("" : "+l"(v_desc));
+          uint64_t o_desc = make_desc(sdO_u32 + buf * (BM * D * 2) + q_half0 * 128, 16, 1024);
+          asm volatile("" : "+l"(o_desc));
+#pragma unroll
+          for (int ks = 0; ks < D / 16; ++ks) {
+            const uint32_t koff = uint32_t((ks & 3) * 32);
+            wgmma_ss_m64n32k16<kBf16, 0, 0>(dp_acc, v_desc + (((ks >> 2) * (BN * 128) + koff) >> 4),
+                                            o_desc + (((ks >> 2) * (BM * 128) + koff) >> 4), ks > 0 ? 1 : 0);
+          }
+          wg_commit();
+        }
+
+        // ---- P^T (element (key j, query i): s_acc[4t + 2hf + e2], j = n0 + key_loc0 + 8hf,
+        //      i = i0 + q_half0 + 8t + col_base + e2) -------------------------------------------
+        const float* tL = sL + buf * BM + q_half0;
+        const float* tD = sDs + buf * BM + q_half0;
+        const bool need_mask = n0 + BN > lk || (wr >= 0 && n0 + BN - 1 > i0 + shift + wr) ||
+                               (wl >= 0 && n0 < i0 + BM - 1 + shift - wl);
+        const float slope_log2 = R.alibi ? -R.alibi_slope(b, h) * kBwdLog2eH : 0.0f;
+        auto prob = [&](float v, int t, int hf, int e2, float lse2, float& dtanh) -> float {
+          float sc;
+          if (softcap) {
+            const float th = tanh_accurate(v * a.softcap_in);
+            sc = a.softcap_out * th;
+            dtanh = 1.0f - th * th;
+          } else {
+            sc = v * a.scale_log2;
+          }
+          const int i = i0 + q_half0 + 8 * t + col_base + e2, j = n0 + key_loc0 + 8 * hf;
+          if (R.alibi) {
+            const int dist = i + shift - j;
+            sc += slope_log2 * float(dist < 0 ? -dist : dist);
+          }
+          float p = fast_exp2(sc - lse2);
+          if (need_mask && (j < vis_lo(i) || j >= vis_hi(i))) p = 0.0f;
+          return p;
+        };
+        // Unconditional waits (a fixed group structure keeps the products asynchronous); the
+        // common case runs branch-free loops unswitched on the mask, P while dP^T still runs.
+        wg_wait<1>();
+        fence_regs(s_acc);
+        auto plain_p = [&](auto masked) {
+#pragma unroll
+          for (int t = 0; t < kQTiles; ++t) {
+            const float2 l2 = *reinterpret_cast<const float2*>(tL + 8 * t + col_base);
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+              for (int e2 = 0; e2 < 2; ++e2) {
+                float& v = s_acc[4 * t + 2 * hf + e2];
+                v = fast_exp2(fmaf(v, a.scale_log2, -(e2 ? l2.y : l2.x)));
+                if constexpr (decltype(masked)::value) {
+                  const int i = i0 + q_half0 + 8 * t + col_base + e2, j = n0 + key_loc0 + 8 * hf;
+                  if (j < vis_lo(i) || j >= vis_hi(i)) v = 0.0f;
+                }
+              }
+          }
+        };
+        if (!transformed) {
+          if (need_mask) plain_p(std::true_type{});
+          else plain_p(std::false_type{});
+        }
+        wg_wait<0>();
+        fence_regs(dp_acc);
+        // ---- dS^T = P^T (dP^T - D) (x softcap derivative) -----------------------------------
+        if (!transformed) {
+#pragma unroll
+          for (int t = 0; t < kQTiles; ++t) {
+            const float2 d2 = *reinterpret_cast<const float2*>(tD + 8 * t + col_base);
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+              for (int e2 = 0; e2 < 2; ++e2) {
+                float& g = dp_acc[4 * t + 2 * hf + e2];
+                g = s_acc[4 * t + 2 * hf + e2] * (g - (e2 ? d2.y : d2.x));
+              }
+          }
+        } else {
+#pragma unroll
+          for (int t = 0; t < kQTiles; ++t) {
+            const float2 d2 = *reinterpret_cast<const float2*>(tD + 8 * t + col_base);
+            const float2 l2 = *reinterpret_cast<const float2*>(tL + 8 * t + col_base);
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+              for (int e2 = 0; e2 < 2; ++e2) {
+                float& v = s_acc[4 * t + 2 * hf + e2];
+                float& g = dp_acc[4 * t + 2 * hf + e2];
+                float dtanh = 1.0f;
+                v = prob(v, t, hf, e2, e2 ? l2.y : l2.x, dtanh);
+                g = v * (g - (e2 ? d2.y : d2.x)) * dtanh;
+              }
+          }
+        }
+        // P^T, dS^T to shared memory: (key, queries q_half0 + 8t + col_base, +1) -> one 32-bit
+        // store each; the 16-byte chunk of query 8t' is chunk t' of the single 64-query panel.
+#pragma unroll
+        for (int t = 0; t < kQTiles; ++t)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int off = panel_offset(BN, key_loc0 + 8 * hf, (q_half0 >> 3) + t) + col_base;
+            *reinterpret_cast<uint32_t*>(sP + off) = Elem::pack(s_acc[4 * t + 2 * hf], s_acc[4 * t + 2 * hf + 1]);
+            *reinterpret_cast<uint32_t*>(sdS + off) = Elem::pack(dp_acc[4 * t + 2 * hf], dp_acc[4 * t + 2 * hf + 1]);
+          }
+        fence_proxy_async();  // P^T / dS^T stores (generic proxy) -> wgmma reads (async proxy)
+        __syncthreads();      // P^T / dS^T of both warpgroups in shared memory
+
+        // ---- dQ = dS K first (its atomics overlap dV, dK), then dV += P^T dO, dK += dS^T Q ------
+        {
+          uint64_t s_desc = make_desc(sdS_u32, BN * 128, 1024);  // dS: MN-major view of dS^T
+          asm volatile("" : "+l"(s_desc));
+          uint64_t kt_desc = make_desc(sK_u32 + wg * kOwnPanels * (BN * 128), BN * 128, 1024);
+          asm volatile("" : "+l"(kt_desc));
+          wg_fence();
+#pragma unroll
+          for (int ks = 0; ks < BN / 16; ++ks)
+#pragma unroll
+            for (int p = 0; p < kOwnPanels; ++p)
+              wgmma_ss_m64n64k16<kBf16, 1, 1>(dq_acc[p], s_desc + ((ks * 2048) >> 4),
+                                              kt_desc + ((p * (BN * 128) + ks * 2048) >> 4), ks > 0 ? 1 : 0);
+          wg_commit();
+          uint64_t p_desc = make_desc(sP_u32, 16, 1024);  // P^T, dS^T K-major (keys x queries)
+          asm volatile("" : "+l"(p_desc));
+          uint64_t ds_desc = make_desc(sdS_u32, 16, 1024);
+          asm volatile("" : "+l"(ds_desc));
+          uint64_t o_desc = make_desc(sdO_u32 + buf * (BM * D * 2) + wg * kOwnPanels * (BM * 128), BM * 128, 1024);
+          asm volatile("" : "+l"(o_desc));
+          uint64_t q_desc = make_desc(sQ_u32 + buf * (BM * D * 2) + wg * kOwnPanels * (BM * 128), BM * 128, 1024);
+          asm volatile("" : "+l"(q_desc));
+#pragma unroll
+          for (int ks = 0; ks < BM / 16; ++ks)
+#pragma unroll
+            for (int p = 0; p < kOwnPanels; ++p)
+              wgmma_ss_m64n64k16<kBf16, 0, 1>(dv_acc[p], p_desc + ((ks * 32) >> 4),
+                                              o_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
+#pragma unroll
+          for (int ks = 0; ks < BM / 16; ++ks)
+#pragma unroll
+            for (int p = 0; p < kOwnPanels; ++p)
+              wgmma_ss_m64n64k16<kBf16, 0, 1>(dk_acc[p], ds_desc + ((ks * 32) >> 4),
+                                              q_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
+          wg_commit();
+          wg_wait<1>();
+#pragma unroll
+          for (int p = 0; p < kOwnPanels; ++p) fence_regs(dq_acc[p]);
+          // dQ into the fp32 workspace by 16-byte vector atomics: lanes 2k and 2k+1 swap halves so
+          // each holds 4 consecutive columns of one row (even lane: row r, odd lane: row r + 8).
+          if (FLASHPORT_HOPPER_BWD_DIAG == 0) {
+            const bool odd = lane & 1;
+            const int i = i0 + wwarp * 16 + (lane >> 2) + (odd ? 8 : 0);
+            float* dq_row = a.ws_dq + (int64_t(h) * a.total_rows + ws_row0 + i) * a.dacc;
+#pragma unroll
+            for (int p = 0; p < kOwnPanels; ++p) {
+              const int col0 = (wg * kOwnPanels + p) * 64 + (lane & 2) * 2;
+#pragma unroll
+              for (int t = 0; t < 8; ++t) {
+                const float send0 = odd ? dq_acc[p][4 * t + 0] : dq_acc[p][4 * t + 2];
+                const float send1 = odd ? dq_acc[p][4 * t + 1] : dq_acc[p][4 * t + 3];
+                const float r0 = shfl_xor(send0, 1), r1 = shfl_xor(send1, 1);
+                const float4 v = odd ? make_float4(r0, r1, dq_acc[p][4 * t + 2], dq_acc[p][4 * t + 3])
+                                     : make_float4(dq_acc[p][4 * t + 0], dq_acc[p][4 * t + 1], r0, r1);
+                if (i < lq) atomicAdd(reinterpret_cast<float4*>(dq_row + col0 + 8 * t), v);
+              }
+            }
+          }
+          wg_wait<0>();  // P^T / dS^T / Q / dO reads done before the next step's barrier
+#pragma unroll
+          for (int p = 0; p < kOwnPanels; ++p) fence_regs(dv_acc[p]), fence_regs(dk_acc[p]);
+        }
+      }
+    }
+  }
+
+  // ---- epilogue: dK = scale * acc, dV; columns [128 wg, +128); rows past Lk of a batched tensor
+  //      get 0 ------------------------------------------------------------------------------------
+  const int row_limit = a.k_rows_cap > 0 ? static_cast<int>(a.k_rows_cap) : lk;
+  using T = typename Elem::T;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int j = n0 + key_loc0 + 8 * hf;
+    if (j >= row_limit) continue;
+    const bool kpacked = a.dk_addr.layout == KvLayout::Packed, vpacked = a.dv_addr.layout == KvLayout::Packed;
+    T* dk_row = reinterpret_cast<T*>(a.dk_ptr) +
+                (kpacked ? (a.seq.k_start(b) + j) * a.dk_addr.s0 : int64_t(b) * a.dk_addr.s0 + int64_t(j) * a.dk_addr.s1) +
+                kvh * a.dk_addr.s2;
+    T* dv_row = reinterpret_cast<T*>(a.dv_ptr) +
+                (vpacked ? (a.seq.k_start(b) + j) * a.dv_addr.s0 : int64_t(b) * a.dv_addr.s0 + int64_t(j) * a.dv_addr.s1) +
+                kvh * a.dv_addr.s2;
+#pragma unroll
+    for (int p = 0; p < kOwnPanels; ++p)
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        const int col = (wg * kOwnPanels + p) * 64 + t * 8 + col_base;
+        const float k0 = dk_acc[p][4 * t + 2 * hf] * a.scale, k1 = dk_acc[p][4 * t + 2 * hf + 1] * a.scale;
+        const float v0 = dv_acc[p][4 * t + 2 * hf], v1 = dv_acc[p][4 * t + 2 * hf + 1];
+        if (a.kv_out_vec_ok) {
+          *reinterpret_cast<uint32_t*>(dk_row + col) = Elem::pack(k0, k1);
+          *reinterpret_cast<uint32_t*>(dv_row + col) = Elem::pack(v0, v1);
+        } else {
+          dk_row[col] = Elem::from_float(k0), dk_row[col + 1] = Elem::from_float(k1);
+          dv_row[col] = Elem::from_float(v0), dv_row[col + 1] = Elem::from_float(v1);
+        }
+      }
+  }
+#else
+  if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0)
+    printf("flashport: the Hopper backward kernel needs sm_90a\n");
+  __trap();
+#endif
+}
+
+}  // namespace sm90
+
+// ---- host side -----------------------------------------------------------------------------
+constexpr int kMaxHopperBwdDevices = 64;
+
+template <int D, typename Elem>
+constexpr auto hopper_bwd_kernel_for() {
+  if constexpr (D == 256) return sm90::bwd_hopper_d256_kernel<Elem>;
+  else return sm90::bwd_hopper_kernel<D, Elem>;
+}
+constexpr int hopper_bwd_threads(int d) { return d == 256 ? HopperBwdTileD256::kThreads : HopperBwdTile::kThreads; }
+
+template <int D, bool kBf16>
+BwdKernelInfo hopper_bwd_kernel_info(int device) {
+  using Elem = std::conditional_t<kBf16, BFloat16, Half>;
+  constexpr auto kernel = hopper_bwd_kernel_for<D, Elem>();
+  static BwdKernelInfo cache[kMaxHopperBwdDevices];
+  static std::atomic<bool> ready[kMaxHopperBwdDevices];
+  if (device < 0 || device >= kMaxHopperBwdDevices) return BwdKernelInfo{gpuErrorInvalidDevice};
+  if (ready[device].load(std::memory_order_acquire)) return cache[device];
+  BwdKernelInfo info;
+  gpuFuncAttributes attr;
+  const int smem = hopper_bwd_smem_bytes(D);
+  info.status = gpuFuncGetAttributes(&attr, kernel);
+  if (info.status == gpuSuccess) {
+    info.num_regs = attr.numRegs;
+    info.local_bytes = static_cast<int>(attr.localSizeBytes);
+    info.status = gpuFuncSetAttribute(kernel, gpuFuncAttributeMaxDynamicSharedMemorySize, smem);
+  }
+  if (info.status == gpuSuccess)
+    info.status = gpuOccupancyMaxActiveBlocksPerMultiprocessor(&info.blocks_per_sm, kernel,
+                                                                hopper_bwd_threads(D), smem);
+  gpuGetLastError();
+  cache[device] = info;
+  ready[device].store(true, std::memory_order_release);
+  return info;
+}
+
+template <int D, bool kBf16>
+gpuError_t launch_hopper_bwd(const BwdArgs& a, dim3 grid, gpuStream_t stream) {
+  using Elem = std::conditional_t<kBf16, BFloat16, Half>;
+  hopper_bwd_kernel_for<D, Elem>()<<<grid, hopper_bwd_threads(D), hopper_bwd_smem_bytes(D), stream>>>(a);
+  return gpuGetLastError();
+}
+
+#define FP_INSTANTIATE_HOPPER_BWD(D, bf16)                           \
+  template BwdKernelInfo hopper_bwd_kernel_info<D, bf16>(int);       \
+  template gpuError_t launch_hopper_bwd<D, bf16>(const BwdArgs&, dim3, gpuStream_t);
+FP_INSTANTIATE_HOPPER_BWD(64, false)
+FP_INSTANTIATE_HOPPER_BWD(64, true)
+FP_INSTANTIATE_HOPPER_BWD(128, false)
+FP_INSTANTIATE_HOPPER_BWD(128, true)
+FP_INSTANTIATE_HOPPER_BWD(256, false)
+FP_INSTANTIATE_HOPPER_BWD(256, true)
+
+namespace {
+
+size_t align256(size_t x) { return (x + 255) / 256 * 256; }
+
+// The workspace of the mma.sync backward (bwd_aux.cu, layout_of) in the atomic mode:
+// lse2 [Hq][rows], dsum [Hq][rows], dq_acc [Hq][rows][dacc], no semaphores.
+struct HopperBwdLayout {
+  int64_t total_rows = 0;
+  int32_t dacc = 0;
+  size_t lse_off = 0, dsum_off = 0, dq_off = 0, total = 0;
+};
+HopperBwdLayout hopper_layout(const Problem& p) {
+  HopperBwdLayout l;
+  l.total_rows = p.total_q_rows;
+  l.dacc = static_cast<int32_t>((p.d + 7) / 8 * 8);
+  const size_t rows = size_t(p.hq) * size_t(l.total_rows);
+  l.lse_off = 0;
+  l.dsum_off = align256(rows * 4);
+  l.dq_off = l.dsum_off + align256(rows * 4);
+  l.total = l.dq_off + align256(rows * size_t(l.dacc) * 4);
+  return l;
+}
+
+const char* hopper_bwd_name(int d) {
+  return d == 64 ? "sm90_wgmma_bwd_d64_m128n128" : d == 128 ? "sm90_wgmma_bwd_d128_m64n128" : "sm90_wgmma_bwd_d256_m64n64";
+}
+
+}  // namespace
+
+bool hopper_bwd_plan(const BwdProblem& bp, Plan* plan) {
+  const Problem& p = bp.fwd;
+  if (hopper_layout(p).total != plan->workspace_bytes) return false;  // layouts drifted apart
+  std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:%s:atomic-dq", hopper_bwd_name(int(p.d)),
+                p.dtype == FP_BF16 ? "bf16" : "fp16");
+  plan->num_splits = 1;
+  plan->kernel_id = kHopperBwdKernelId;
+  return true;
+}
+
+Status run_bwd_hopper(const BwdProblem& bp, const Plan& plan, void* workspace, gpuStream_t stream) {
+  const Problem& p = bp.fwd;
+  const HopperBwdLayout l = hopper_layout(p);
+  if (l.total != plan.workspace_bytes || plan.kernel_id != kHopperBwdKernelId || bp.deterministic)
+    return {FP_ERR_RUNTIME, "cuda backend: plan does not match the call (re-select after changing it)"};
+  if (p.seq.batch == 0) return Status::ok();
+  char* ws = static_cast<char*>(workspace);
+  BwdArgs a;
+  a.q = static_cast<const uint16_t*>(p.q_ptr);
+  a.k = static_cast<const uint16_t*>(p.k_ptr);
+  a.v = static_cast<const uint16_t*>(p.v_ptr);
+  a.out = static_cast<const uint16_t*>(p.out_ptr);
+  a.dout = static_cast<const uint16_t*>(bp.dout_ptr);
+  a.lse = static_cast<const float*>(p.lse_ptr);
+  a.dq_ptr = static_cast<uint16_t*>(bp.dq_ptr);
+  a.dk_ptr = static_cast<uint16_t*>(bp.dk_ptr);
+  a.dv_ptr = static_cast<uint16_t*>(bp.dv_ptr);
+  a.d_sinks = p.rules.sinks != nullptr ? bp.d_sinks : nullptr;
+  a.seq = p.seq;
+  a.q_addr = p.q, a.out_addr = p.out, a.dout_addr = bp.dout, a.dq_addr = bp.dq;
+  a.k_addr = p.k, a.v_addr = p.v, a.dk_addr = bp.dk, a.dv_addr = bp.dv;
+  a.lse_addr = p.lse;
+  a.rules = p.rules;
+  a.k_rows_cap = p.seq.kv_layout == KvLayout::Batched ? p.seq.sk : 0;
+  a.total_rows = l.total_rows;
+  a.hq = int32_t(p.hq), a.hkv = int32_t(p.hkv), a.d = int32_t(p.d), a.dv = int32_t(p.dv);
+  a.group = int32_t(p.group);
+  a.dacc = l.dacc;
+  a.m_blocks = 0;
+  a.bf16 = p.dtype == FP_BF16;
+  a.vec_ok = true;  // checked by hopper_bwd_check
+  auto even = [](int64_t x) { return (x & 1) == 0; };
+  a.kv_out_vec_ok = (reinterpret_cast<uintptr_t>(a.dk_ptr) & 3) == 0 && (reinterpret_cast<uintptr_t>(a.dv_ptr) & 3) == 0 &&
+                    even(bp.dk.s0) && even(bp.dk.s1) && even(bp.dk.s2) && even(bp.dv.s0) &&
+                    even(bp.dv.s1) && even(bp.dv.s2);
+  a.deterministic = false;
+  a.scale = p.rules.scale;
+  a.scale_log2 = p.rules.scale * sm90::kBwdLog2eH;
+  if (p.rules.softcap > 0.0f) {
+    a.softcap_in = p.rules.scale / p.rules.softcap;
+    a.softcap_out = p.rules.softcap * sm90::kBwdLog2eH;
+  }
+  a.ws_lse2 = reinterpret_cast<float*>(ws + l.lse_off);
+  a.ws_dsum = reinterpret_cast<float*>(ws + l.dsum_off);
+  a.ws_dq = reinterpret_cast<float*>(ws + l.dq_off);
+  a.ws_sema = nullptr;
+  a.sema_count = 0;
+
+  if (gpuError_t e = launch_bwd_preprocess(a, stream); e != gpuSuccess)
+    return {FP_ERR_RUNTIME, std::string("cuda backend: backward preprocess launch: ") + gpuGetErrorString(e)};
+  const int block_n = hopper_bwd_block_n(int(p.d));
+  const int64_t key_blocks = (p.seq.sk + block_n - 1) / block_n;
+  if (key_blocks > 0 && p.hkv > 0) {
+    const dim3 grid(unsigned(key_blocks), unsigned(p.hkv), unsigned(p.seq.batch));
+    const bool bf16 = a.bf16;
+    const gpuError_t e =
+        p.d == 64    ? (bf16 ? launch_hopper_bwd<64, true>(a, grid, stream) : launch_hopper_bwd<64, false>(a, grid, stream))
+        : p.d == 128 ? (bf16 ? launch_hopper_bwd<128, true>(a, grid, stream) : launch_hopper_bwd<128, false>(a, grid, stream))
+                     : (bf16 ? launch_hopper_bwd<256, true>(a, grid, stream) : launch_hopper_bwd<256, false>(a, grid, stream));
+    if (e != gpuSuccess)
+      return {FP_ERR_RUNTIME, std::string("cuda backend: ") + hopper_bwd_name(int(p.d)) + " launch: " + gpuGetErrorString(e)};
+  }
+  if (gpuError_t e = launch_bwd_convert(a, stream); e != gpuSuccess)
+    return {FP_ERR_RUNTIME, std::string("cuda backend: backward dq conversion launch: ") + gpuGetErrorString(e)};
+  return Status::ok();
+}
+
+}  // namespace flashport::gpu

@@ -1,0 +1,446 @@
+// The sm_90a wgmma backward (src/gpu/bwd_hopper.cu) against the fp64 reference backward: head
+// dims 64/128/256 in both dtypes (D256: its own kernel, 64-key blocks), odd lengths (tails in both directions), several query blocks per key
+// block (the double-buffered Q/dO ring), causal in both alignments, windows, GQA (dK/dV summed over
+// the group), varlen, seqused_k, softcap (with its derivative), ALiBi, sinks with d_sinks, rows
+// without keys, graph capture on the caller's stream; poisoned outputs, sentinels, NaN checks. Each
+// case also checks which kernel ran: the Hopper kernel on an sm_90 device where the capability
+// check allows it, the mma.sync backward (still correct) where it declines: dropout, deterministic
+// mode, other head dims, unaligned dout, FLASHPORT_HOPPER_BWD=0, and D256 when built with
+// FLASHPORT_HOPPER_BWD_D256=0 (then every D256 case expects the mma.sync kernel). Skipped without a
+// CUDA device.
+//
+// The call helpers (BwdCall, DeviceBwd, run_reference_bwd) follow tests/gpu/bwd_test.cpp.
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "gpu/bwd_hopper.hpp"  // kHopperBwdD256: the D256 switch
+#include "gpu_harness.hpp"
+
+namespace gputest {
+namespace {
+
+using flashport::test::close;
+
+constexpr const char* kHopperBwdName = "sm90_wgmma_bwd";
+
+bool device_is_sm90() {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess) return false;
+  return major == 9 && minor == 0;
+}
+
+bool hopper_built() {
+#if defined(FLASHPORT_TEST_HOPPER_BUILT)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// Whether the Hopper backward takes head dim d (D == Dv) at all: D256 only when switched on.
+bool hopper_takes(int64_t d) { return d != 256 || flashport::gpu::kHopperBwdD256; }
+
+fp_dtype rand_dtype() { return rand_int(0, 1) ? FP_BF16 : FP_F16; }
+
+// The reference forward (out and lse for the backward) with value-initialised views: unset ones
+// are empty tensors (gpu_harness.hpp's run_reference leaves them indeterminate).
+Outputs reference_forward(const Call& call) {
+  Outputs r;
+  HostTensor q = to_f64(call.q), k = to_f64(call.k), v = to_f64(call.v);
+  HostTensor out(FP_F64, call.out.shape()), lse(FP_F64, call.lse.shape());
+  out.fill_poison();
+  lse.fill_poison();
+  Call::Views w{};
+  w.q = q.view(), w.k = k.view(), w.v = v.view(), w.out = out.view(), w.lse = lse.view();
+  if (!call.cu_q.empty()) w.cu_q = call.cu_q.view(), w.cu_k = call.cu_k.view();
+  if (!call.seqused.empty()) w.seqused = call.seqused.view();
+  if (!call.alibi.empty()) w.alibi = call.alibi.view();
+  if (!call.sinks.empty()) w.sinks = call.sinks.view();
+  fp_attn_params p = call.params(w, FP_BACKEND_REFERENCE);
+  p.num_splits = 0;
+  const fp_status st = fp_attn_fwd(&p);
+  r.ok = st == FP_OK;
+  if (!r.ok) r.error = std::string("reference fwd: ") + fp_status_name(st) + ": " + fp_last_error();
+  r.out = out, r.lse = lse;
+  return r;
+}
+
+struct BwdOutputs {
+  HostTensor dq, dk, dv, dsinks;
+  bool ok = false;
+  std::string error;
+  fp_selection sel{};
+};
+
+// Host inputs of one backward call (the forward's tensors plus out, lse and dout).
+struct BwdCall {
+  Call call;
+  HostTensor out, lse, dout;  // out in the call's dtype, lse float32
+
+  explicit BwdCall(const Case& c) : call(c) {
+    const Outputs ref = reference_forward(call);
+    ok = ref.ok;
+    error = ref.error;
+    out = call.out;
+    lse = call.lse;
+    if (ok) {
+      out.from_double(ref.out.to_double());
+      lse.from_double(ref.lse.to_double());
+    }
+    dout = call.out;
+    dout.fill_normal();
+  }
+  bool ok = false;
+  std::string error;
+
+  fp_attn_bwd_params params(const Call::Views& w, fp_tensor dout_v, fp_tensor dq, fp_tensor dk,
+                            fp_tensor dv, fp_tensor dsinks, fp_backend backend, bool det) const {
+    fp_attn_bwd_params p;
+    fp_attn_bwd_params_init(&p);
+    p.fwd = call.params(w, backend);
+    p.fwd.lse = w.lse;  // required by the backward even when the case's forward had none
+    p.fwd.num_splits = 0;
+    p.dout = dout_v, p.dq = dq, p.dk = dk, p.dv = dv;
+    if (!call.sinks.empty()) p.d_sinks = dsinks;
+    p.deterministic = det ? 1 : 0;
+    return p;
+  }
+};
+
+BwdOutputs run_reference_bwd(const BwdCall& bc) {
+  BwdOutputs r;
+  const Call& call = bc.call;
+  HostTensor q = to_f64(call.q), k = to_f64(call.k), v = to_f64(call.v), out = to_f64(bc.out),
+             lse = to_f64(bc.lse), dout = to_f64(bc.dout);
+  r.dq = HostTensor(FP_F64, call.q.shape());
+  r.dk = HostTensor(FP_F64, call.k.shape());
+  r.dv = HostTensor(FP_F64, call.v.shape());
+  r.dq.fill_poison(), r.dk.fill_poison(), r.dv.fill_poison();
+  if (!call.sinks.empty()) {
+    r.dsinks = HostTensor(FP_F32, {call.c.hq});
+    r.dsinks.fill_poison();
+  }
+  Call::Views w{};  // value-initialised: unset views are empty tensors
+  w.q = q.view(), w.k = k.view(), w.v = v.view(), w.out = out.view(), w.lse = lse.view();
+  if (!call.cu_q.empty()) w.cu_q = call.cu_q.view(), w.cu_k = call.cu_k.view();
+  if (!call.seqused.empty()) w.seqused = call.seqused.view();
+  if (!call.alibi.empty()) w.alibi = call.alibi.view();
+  if (!call.sinks.empty()) w.sinks = call.sinks.view();
+  fp_attn_bwd_params p = bc.params(w, dout.view(), r.dq.view(), r.dk.view(), r.dv.view(),
+                                   r.dsinks.empty() ? fp_tensor{} : r.dsinks.view(),
+                                   FP_BACKEND_REFERENCE, false);
+  const fp_status st = fp_attn_bwd(&p);
+  r.ok = st == FP_OK;
+  if (!r.ok) r.error = std::string("reference bwd: ") + fp_status_name(st) + ": " + fp_last_error();
+  return r;
+}
+
+// Device copies of one backward call; run() can be repeated (deterministic checks).
+struct DeviceBwd {
+  DevBuf q, k, v, out, lse, dout, cu_q, cu_k, seqused, alibi, sinks, dq, dk, dv, dsinks, ws;
+  Call::Views views{};
+  fp_tensor dout_v{}, dq_v{}, dk_v{}, dv_v{}, dsinks_v{};
+  HostTensor dq_h, dk_h, dv_h, dsinks_h;
+
+  explicit DeviceBwd(const BwdCall& bc) {
+    const Call& c = bc.call;
+    auto up = [](DevBuf& d, const HostTensor& t, fp_tensor& view) {
+      if (t.empty()) return;
+      d.upload(t);
+      view = d.view(t);
+    };
+    up(q, c.q, views.q), up(k, c.k, views.k), up(v, c.v, views.v), up(out, bc.out, views.out);
+    up(lse, bc.lse, views.lse), up(cu_q, c.cu_q, views.cu_q), up(cu_k, c.cu_k, views.cu_k);
+    up(seqused, c.seqused, views.seqused), up(alibi, c.alibi, views.alibi);
+    up(sinks, c.sinks, views.sinks);
+    up(dout, bc.dout, dout_v);
+    dq_h = c.q, dk_h = c.k, dv_h = c.v;
+    dq_h.fill_poison(), dk_h.fill_poison(), dv_h.fill_poison();
+    up(dq, dq_h, dq_v), up(dk, dk_h, dk_v), up(dv, dv_h, dv_v);
+    if (!c.sinks.empty()) {
+      dsinks_h = HostTensor(FP_F32, {c.c.hq});
+      dsinks_h.fill_poison();
+      up(dsinks, dsinks_h, dsinks_v);
+    }
+  }
+
+  BwdOutputs run(const BwdCall& bc, bool det, cudaStream_t stream = nullptr) {
+    BwdOutputs r;
+    // Poison the outputs again, so a repeat proves every element is rewritten.
+    dq.upload(dq_h), dk.upload(dk_h), dv.upload(dv_h);
+    if (!dsinks_h.empty()) dsinks.upload(dsinks_h);
+    dq_v = dq.view(dq_h), dk_v = dk.view(dk_h), dv_v = dv.view(dv_h);
+    if (!dsinks_h.empty()) dsinks_v = dsinks.view(dsinks_h);
+    fp_attn_bwd_params p = bc.params(views, dout_v, dq_v, dk_v, dv_v, dsinks_v, FP_BACKEND_CUDA, det);
+    fp_status st = fp_attn_bwd_select(&p, &r.sel);
+    if (st == FP_OK) {
+      if (r.sel.workspace_bytes > ws.bytes) {
+        HostTensor dummy(FP_F32, {static_cast<int64_t>((r.sel.workspace_bytes + 3) / 4)});
+        dummy.fill_poison();  // the backward must not rely on a zeroed workspace
+        ws.upload(dummy);
+      }
+      p.fwd.workspace = ws.ptr;
+      p.fwd.workspace_bytes = ws.bytes;
+      p.fwd.stream = stream;
+      st = fp_attn_bwd(&p);
+    }
+    const cudaError_t e = cudaDeviceSynchronize();
+    r.ok = st == FP_OK && e == cudaSuccess;
+    if (st != FP_OK) r.error = std::string("cuda bwd: ") + fp_status_name(st) + ": " + fp_last_error();
+    else if (e != cudaSuccess) r.error = std::string("cuda runtime: ") + cudaGetErrorString(e);
+    r.dq = dq_h, r.dk = dk_h, r.dv = dv_h, r.dsinks = dsinks_h;
+    if (r.ok) {
+      dq.download(r.dq), dk.download(r.dk), dv.download(r.dv);
+      if (!dsinks_h.empty()) dsinks.download(r.dsinks);
+    }
+    return r;
+  }
+};
+
+// Runs the case on the CUDA backend against the reference; checks which kernel ran.
+void check_hopper_bwd(const Case& cs, bool expect_hopper, bool det = false) {
+  SCOPED_TRACE(cs.describe() + (det ? " deterministic" : ""));
+  BwdCall bc(cs);
+  ASSERT_TRUE(bc.ok) << bc.error;
+  const BwdOutputs ref = run_reference_bwd(bc);
+  ASSERT_TRUE(ref.ok) << ref.error;
+  DeviceBwd dev(bc);
+  const BwdOutputs got = dev.run(bc, det);
+  ASSERT_TRUE(got.ok) << got.error;
+  SCOPED_TRACE(std::string("kernel ") + got.sel.kernel);
+  const bool took = std::string(got.sel.kernel).find(kHopperBwdName) != std::string::npos;
+  EXPECT_EQ(took, expect_hopper && device_is_sm90() && hopper_built()) << "ran " << got.sel.kernel;
+  const double tol = flashport::test::grad_tolerance(cs.dtype);
+  EXPECT_TRUE(close(got.dq.to_double(), ref.dq.to_double(), tol, "dq"));
+  EXPECT_TRUE(close(got.dk.to_double(), ref.dk.to_double(), tol, "dk"));
+  EXPECT_TRUE(close(got.dv.to_double(), ref.dv.to_double(), tol, "dv"));
+  EXPECT_TRUE(got.dq.all_written());
+  EXPECT_TRUE(got.dk.all_written());
+  EXPECT_TRUE(got.dv.all_written());
+  EXPECT_TRUE(dev.dq.sentinel_intact()) << "write past the end of dq";
+  EXPECT_TRUE(dev.dk.sentinel_intact()) << "write past the end of dk";
+  EXPECT_TRUE(dev.dv.sentinel_intact()) << "write past the end of dv";
+  EXPECT_TRUE(dev.ws.sentinel_intact()) << "write past the end of the workspace";
+  if (!ref.dsinks.empty()) {
+    EXPECT_TRUE(close(got.dsinks.to_double(), ref.dsinks.to_double(), tol, "d_sinks"));
+    EXPECT_TRUE(dev.dsinks.sentinel_intact());
+  }
+}
+
+TEST(CudaHopperBwd, HeadDimsDtypesAndOddLengths) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t d : {64, 128, 256})
+    for (fp_dtype t : {FP_BF16, FP_F16})
+      for (auto [sq, sk] : {std::pair<int64_t, int64_t>{1, 1}, {3, 113}, {113, 3}, {129, 257}, {200, 77},
+                            {1025, 130}, {77, 1025}, {256, 256}, {63, 65}, {65, 63}}) {
+        Case c;
+        c.dtype = t;
+        c.batch = rand_int(1, 2);
+        c.hq = 2, c.hkv = 2, c.d = d, c.dv = d, c.sq = sq, c.sk = sk;
+        check_hopper_bwd(c, hopper_takes(d));
+      }
+}
+
+TEST(CudaHopperBwd, CausalBothAlignmentsAndWindows) {
+  SKIP_WITHOUT_GPU();
+  struct W { bool causal, top_left; int wl, wr; };
+  for (int64_t d : {64, 128, 256})
+    for (W w : {W{true, false, -1, -1}, W{true, true, -1, -1}, W{false, false, 100, 0}, W{false, false, 37, 200},
+                W{false, true, 0, 0}, W{false, false, -1, 5}, W{true, false, 300, -1}})
+      for (auto [sq, sk] : {std::pair<int64_t, int64_t>{700, 700}, {200, 600}, {600, 200}, {129, 131}, {1, 64}, {65, 1}}) {
+        Case c;
+        c.dtype = rand_dtype();
+        c.batch = 2, c.hq = 2, c.hkv = 1, c.d = d, c.dv = d, c.sq = sq, c.sk = sk;
+        c.causal = w.causal, c.top_left = w.top_left, c.wl = w.wl, c.wr = w.wr;
+        check_hopper_bwd(c, hopper_takes(d));
+      }
+}
+
+TEST(CudaHopperBwd, GqaRatios) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t d : {64, 128, 256})
+    for (auto [hq, hkv] : {std::pair<int64_t, int64_t>{8, 8}, {8, 2}, {8, 1}, {12, 3}}) {
+      Case c;
+      c.dtype = rand_dtype();
+      c.batch = 2, c.hq = hq, c.hkv = hkv, c.d = d, c.dv = d, c.sq = rand_int(1, 300), c.sk = 517;
+      c.causal = rand_int(0, 1);
+      check_hopper_bwd(c, hopper_takes(d));
+    }
+}
+
+TEST(CudaHopperBwd, ScoreFeatures) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t d : {64, 128, 256}) {
+    Case base;
+    base.dtype = rand_dtype();
+    base.batch = 2, base.hq = 4, base.hkv = 2, base.d = d, base.dv = d, base.sq = 300, base.sk = 333;
+    Case c = base;
+    c.softcap = 30.0f, c.input_std = 3.0;
+    check_hopper_bwd(c, hopper_takes(d));
+    c.causal = true, c.softcap = 5.0f;
+    check_hopper_bwd(c, hopper_takes(d));
+    c = base;
+    c.alibi = true, c.causal = true;
+    check_hopper_bwd(c, hopper_takes(d));
+    c = base;
+    c.alibi = true, c.alibi_per_batch = true;
+    check_hopper_bwd(c, hopper_takes(d));
+    c = base;
+    c.sinks = true;
+    check_hopper_bwd(c, hopper_takes(d));
+    c = base;
+    c.sinks = true, c.causal = true, c.sq = 400, c.sk = 100;  // rows with no key: sink only
+    check_hopper_bwd(c, hopper_takes(d));
+    c = base;
+    c.scale = 0.3f;
+    c.softcap = 5.0f, c.alibi = true, c.sinks = true, c.causal = true, c.wl = 50;
+    check_hopper_bwd(c, hopper_takes(d));
+  }
+}
+
+TEST(CudaHopperBwd, RowsWithoutKeys) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.dtype = FP_BF16;
+  c.hq = 2, c.hkv = 2, c.d = 128, c.dv = 128, c.sq = 300, c.sk = 50;
+  c.causal = true;  // bottom-right: the first 250 rows see nothing (lse = -inf, dq = 0)
+  check_hopper_bwd(c, true);
+  c.d = 256, c.dv = 256, c.dtype = FP_F16;
+  check_hopper_bwd(c, hopper_takes(256));
+}
+
+TEST(CudaHopperBwd, VarlenAndSequsedK) {
+  SKIP_WITHOUT_GPU();
+  for (int rep = 0; rep < 6; ++rep) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.varlen = true;
+    const int64_t nb = rand_int(1, 4);
+    for (int64_t b = 0; b < nb; ++b) {
+      c.lq.push_back(rand_int(0, 400));
+      c.lk.push_back(rand_int(1, 400));
+    }
+    c.hq = 4, c.hkv = rand_int(0, 1) ? 4 : 1;
+    c.d = rep % 3 == 0 ? 64 : rep % 3 == 1 ? 128 : 256, c.dv = c.d;
+    c.causal = rand_int(0, 1), c.top_left = rand_int(0, 1);
+    c.sinks = rand_int(0, 1);
+    check_hopper_bwd(c, hopper_takes(c.d));
+  }
+  Case c;
+  c.dtype = rand_dtype();
+  c.batch = 3, c.hq = 4, c.hkv = 2, c.d = 128, c.dv = 128, c.sq = 20, c.sk = 300;
+  c.cache = true;
+  c.causal = true;  // rows past seqused_k[b] must get dk = dv = 0
+  check_hopper_bwd(c, true);
+  c.d = 256, c.dv = 256, c.sk = 190;  // 64-key blocks: the last one partly past seqused_k
+  check_hopper_bwd(c, hopper_takes(256));
+}
+
+TEST(CudaHopperBwd, LongerSequences) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t d : {64, 128, 256}) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.batch = 1, c.hq = 2, c.hkv = 1, c.d = d, c.dv = d, c.sq = 1300, c.sk = 1300;
+    c.causal = d != 64;
+    check_hopper_bwd(c, hopper_takes(d));
+  }
+}
+
+TEST(CudaHopperBwd, DeclinesToMmaSync) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.dtype = rand_dtype();
+  c.batch = 2, c.hq = 4, c.hkv = 2, c.d = 128, c.dv = 128, c.sq = 130, c.sk = 260;
+  c.dropout = 0.2f;
+  check_hopper_bwd(c, false);
+  c.dropout = 0.0f;
+  check_hopper_bwd(c, false, /*det=*/true);
+  for (int64_t d : {96, 32}) {
+    c.d = d, c.dv = d;
+    check_hopper_bwd(c, false);
+  }
+  c.d = 256, c.dv = 256;
+  check_hopper_bwd(c, hopper_takes(256));  // FLASHPORT_HOPPER_BWD_D256=0: "D256 Hopper backward disabled"
+  c.dropout = 0.2f;
+  check_hopper_bwd(c, false);
+  c.dropout = 0.0f;
+  check_hopper_bwd(c, false, /*det=*/true);
+  c.strided = true;
+  check_hopper_bwd(c, false);
+  c.strided = false;
+  c.d = 256, c.dv = 128;
+  check_hopper_bwd(c, false);
+  c.d = 128, c.dv = 64;
+  check_hopper_bwd(c, false);
+  c.d = 64, c.dv = 64;
+  c.strided = true;  // dout copies out's padded rows: not 16-byte aligned
+  check_hopper_bwd(c, false);
+  c.strided = false;
+  setenv("FLASHPORT_HOPPER_BWD", "0", 1);
+  check_hopper_bwd(c, false);
+  unsetenv("FLASHPORT_HOPPER_BWD");
+  check_hopper_bwd(c, true);
+}
+
+// Captured into a CUDA graph on a non-blocking stream (no allocation, sync or host read inside
+// the call) and replayed twice: both replays close to the reference (atomic dQ: not bitwise).
+void check_graph_capture(int64_t d) {
+  SCOPED_TRACE("d " + std::to_string(d));
+  Case c;
+  c.dtype = FP_BF16;
+  c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = d, c.sq = 300, c.sk = 300;
+  c.causal = true, c.sinks = true;
+  BwdCall bc(c);
+  ASSERT_TRUE(bc.ok) << bc.error;
+  const BwdOutputs ref = run_reference_bwd(bc);
+  ASSERT_TRUE(ref.ok) << ref.error;
+  DeviceBwd dev(bc);
+  const BwdOutputs first = dev.run(bc, false);  // sizes the workspace
+  ASSERT_TRUE(first.ok) << first.error;
+  EXPECT_EQ(std::string(first.sel.kernel).find(kHopperBwdName) != std::string::npos,
+            device_is_sm90() && hopper_built() && hopper_takes(d))
+      << first.sel.kernel;
+  dev.dq.upload(dev.dq_h), dev.dk.upload(dev.dk_h), dev.dv.upload(dev.dv_h);  // poison again
+  dev.dsinks.upload(dev.dsinks_h);
+  fp_attn_bwd_params p = bc.params(dev.views, dev.dout_v, dev.dq.view(dev.dq_h), dev.dk.view(dev.dk_h),
+                                   dev.dv.view(dev.dv_h), dev.dsinks.view(dev.dsinks_h), FP_BACKEND_CUDA, false);
+  p.fwd.workspace = dev.ws.ptr;
+  p.fwd.workspace_bytes = dev.ws.bytes;
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  p.fwd.stream = stream;
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const fp_status st = fp_attn_bwd(&p);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  ASSERT_EQ(st, FP_OK) << fp_last_error();
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  const double tol = flashport::test::grad_tolerance(c.dtype);
+  for (int r = 0; r < 2; ++r) {
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    HostTensor dq = dev.dq_h, dk = dev.dk_h, dv = dev.dv_h, ds = dev.dsinks_h;
+    dev.dq.download(dq), dev.dk.download(dk), dev.dv.download(dv), dev.dsinks.download(ds);
+    EXPECT_TRUE(close(dq.to_double(), ref.dq.to_double(), tol, "dq (graph replay)"));
+    EXPECT_TRUE(close(dk.to_double(), ref.dk.to_double(), tol, "dk (graph replay)"));
+    EXPECT_TRUE(close(dv.to_double(), ref.dv.to_double(), tol, "dv (graph replay)"));
+    EXPECT_TRUE(close(ds.to_double(), ref.dsinks.to_double(), tol, "d_sinks (graph replay)"));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(CudaHopperBwd, GraphCaptureOnCallerStream) {
+  SKIP_WITHOUT_GPU();
+  check_graph_capture(128);
+  check_graph_capture(256);
+}
+
+}  // namespace
+}  // namespace gputest
