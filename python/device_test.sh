@@ -18,7 +18,7 @@ if [ "$phase" = test ] || [ "$phase" = all ]; then
   gpu=$({ nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || true; } | head -1 | tr ' ' '-')
   log="${OUT:-build-py}/python-tests-${gpu:-nogpu}.txt"
   {
-    echo "# tests/python on ${gpu:-no GPU}, $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo ?)"
+    echo "# tests/python on ${gpu:-no GPU}, $(date -u +%FT%TZ), commit ${FP_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo ?)}"
     echo "# command: bash python/device_test.sh $phase"
     PYTHONPATH="$site" python3 -c "import flashport, torch; print('backends:', [b.name for b in flashport.available_backends()], 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
     PYTHONPATH="$site" python3 -m pytest -q -rxs tests/python
