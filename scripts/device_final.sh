@@ -36,7 +36,7 @@ if [ "$mode" = check ]; then
   build gpu_tests
   # Suites run as parallel processes: most of their time is the fp64 reference on the host.
   tt=$(date +%s)
-  suites=$($B/tests/gpu/gpu_tests --gtest_list_tests | grep -E '^[A-Za-z]' | tr -d '.')
+  suites=$($B/tests/gpu/gpu_tests --gtest_list_tests | grep -E '^[A-Za-z0-9_]+\.$' | tr -d '.')
   for s in $suites; do
     timeout 420 $B/tests/gpu/gpu_tests --gtest_filter="$s.*" > "$OUT/t_$s.log" 2>&1 &
   done
