@@ -561,17 +561,22 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
   const uint32_t base_u32 = (raw_u32 + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
   uint16_t* sK = reinterpret_cast<uint16_t*>(smem_raw + (base_u32 - raw_u32));
   uint16_t* sV = sK + BN * D;
-  uint16_t* sQ = sV + BN * D;       // [2][BM * D]
-  uint16_t* sdO = sQ + 2 * BM * D;  // [2][BM * D]
-  uint16_t* sP = sdO + 2 * BM * D;  // P^T: [BN keys][BM queries], one 64-query panel
+  // Q(buf) = sQ + buf * kBufStride, dO(buf) = sdO + buf * kBufStride; bulk mode: Q(buf), dO(buf)
+  // adjacent (the pair is the step's dQ staging tile), else Q[2] then dO[2].
+  constexpr bool kBulk = HopperBwdTileD256::kDqBulk;
+  constexpr int kBufStride = kBulk ? 2 * BM * D : BM * D;
+  constexpr int kDoOff = kBulk ? BM * D : 2 * BM * D;
+  uint16_t* sQ = sV + BN * D;
+  uint16_t* sdO = sQ + kDoOff;
+  uint16_t* sP = sQ + 4 * BM * D;   // P^T: [BN keys][BM queries], one 64-query panel
   uint16_t* sdS = sP + BN * BM;     // dS^T, same layout
   float* sL = reinterpret_cast<float*>(sdS + BN * BM);  // [2][BM] LSE2
   float* sDs = sL + 2 * BM;                             // [2][BM] D
   const uint32_t sK_u32 = base_u32;
   const uint32_t sV_u32 = sK_u32 + BN * D * 2;
   const uint32_t sQ_u32 = sV_u32 + BN * D * 2;
-  const uint32_t sdO_u32 = sQ_u32 + 2 * BM * D * 2;
-  const uint32_t sP_u32 = sdO_u32 + 2 * BM * D * 2;
+  const uint32_t sdO_u32 = sQ_u32 + kDoOff * 2;
+  const uint32_t sP_u32 = sQ_u32 + 4 * BM * D * 2;
   const uint32_t sdS_u32 = sP_u32 + BN * BM * 2;
 
   const int tid = threadIdx.x, lane = tid & 31;
@@ -651,9 +656,9 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
           const int i = m * BM + ld_row + k * kRowStep;
           const bool in = i < lq;
           const int ii = in ? i : 0;
-          cp_async_16(sQ + buf * BM * D + qsoff + k * kRowStep * 64,
+          cp_async_16(sQ + buf * kBufStride + qsoff + k * kRowStep * 64,
                       a.q + a.q_addr.at(b, q_start, ii, h) + ld_chunk * 8, in ? 16 : 0);
-          cp_async_16(sdO + buf * BM * D + qsoff + k * kRowStep * 64,
+          cp_async_16(sdO + buf * kBufStride + qsoff + k * kRowStep * 64,
                       a.dout + a.dout_addr.at(b, q_start, ii, h) + ld_chunk * 8, in ? 16 : 0);
         }
         if (tid < BM) {
@@ -672,12 +677,59 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
 
       float dq_acc[kOwnPanels][32];  // dQ: 64 queries x columns [128 wg, +128)
 
+      // Bulk mode. stage_dq: this thread's dQ fragment into the staging tile of buffer `sbuf`
+      // (fp32 [BM][D] row-major, the workspace's column order). A quad's row is 1 KB apart from
+      // the next quad's, so store t of quad r writes 8-column chunk (t + r) & 7 (chunks rotated in
+      // registers by two select stages): the 8 quads of a warp cover 4 bank groups twice.
+      [[maybe_unused]] int dq_h = 0, dq_i0 = 0;  // the step whose dQ is staged
+      auto stage_dq = [&](int sbuf) {
+        float* tile = reinterpret_cast<float*>(sQ + sbuf * kBufStride);
+        const int row0 = wwarp * 16 + (lane >> 2);
+        const int rot = (lane >> 2) & 3;
+#pragma unroll
+        for (int p = 0; p < kOwnPanels; ++p) {
+          float y[32], z[32];
+#pragma unroll
+          for (int t = 0; t < 8; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) y[4 * t + e] = (rot & 1) ? dq_acc[p][4 * ((t + 1) & 7) + e] : dq_acc[p][4 * t + e];
+#pragma unroll
+          for (int t = 0; t < 8; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) z[4 * t + e] = (rot & 2) ? y[4 * ((t + 2) & 7) + e] : y[4 * t + e];
+#pragma unroll
+          for (int t = 0; t < 8; ++t) {
+            const int col = (wg * kOwnPanels + p) * 64 + ((t + rot) & 7) * 8 + col_base;
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+              *reinterpret_cast<float2*>(tile + (row0 + 8 * hf) * D + col) = make_float2(z[4 * t + 2 * hf], z[4 * t + 2 * hf + 1]);
+          }
+        }
+      };
+      // issue_dq, after a block barrier: lane l < BM / 8 of warp w adds row 8w + l of staging
+      // buffer `sbuf` (the dQ of step (hh, ii0)) into the workspace, rows past Lq skipped.
+      constexpr int kDqRowsPerWarp = BM / 8;
+      const bool dq_issuer = lane < kDqRowsPerWarp;
+      const int dq_issue_row = (tid >> 5) * kDqRowsPerWarp + lane;
+      auto issue_dq = [&](int sbuf, int hh, int ii0) {
+        if (FLASHPORT_HOPPER_BWD_DIAG != 0) return;
+        if (dq_issuer) {
+          const int i = ii0 + dq_issue_row;
+          if (i < lq)
+            bulk_reduce_add_f32(a.ws_dq + (int64_t(hh) * a.total_rows + ws_row0 + i) * a.dacc,
+                                sQ_u32 + sbuf * (kBufStride * 2) + dq_issue_row * (D * 4), D * 4);
+          bulk_commit();
+        }
+      };
+
       for (int s = 0; s < steps; ++s) {
         const int buf = s & 1;
         cp_async_wait<0>();
         fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
         __syncthreads();      // step s landed everywhere; step s-1's products are all done
-        if (s + 1 < steps) {
+        // Bulk mode: buffer buf ^ 1 holds step s-1's dQ until its reduce has read it, so the load
+        // waits for the middle barrier (except at s = 0).
+        if (s + 1 < steps && (!kBulk || s == 0)) {
           load_step(s + 1, buf ^ 1);
           cp_async_commit();
         }
@@ -690,7 +742,7 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
         {
           uint64_t k_desc = make_desc(sK_u32, 16, 1024);
           asm volatile("" : "+l"(k_desc));
-          uint64_t q_desc = make_desc(sQ_u32 + buf * (BM * D * 2) + q_half0 * 128, 16, 1024);
+          uint64_t q_desc = make_desc(sQ_u32 + buf * (kBufStride * 2) + q_half0 * 128, 16, 1024);
           asm volatile("" : "+l"(q_desc));
           wg_fence();
 #pragma unroll
@@ -702,7 +754,7 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
           wg_commit();
           uint64_t v_desc = make_desc(sV_u32, 16, 1024);
           asm volatile("" : "+l"(v_desc));
-          uint64_t o_desc = make_desc(sdO_u32 + buf * (BM * D * 2) + q_half0 * 128, 16, 1024);
+          uint64_t o_desc = make_desc(sdO_u32 + buf * (kBufStride * 2) + q_half0 * 128, 16, 1024);
           asm volatile("" : "+l"(o_desc));
 #pragma unroll
           for (int ks = 0; ks < D / 16; ++ks) {
@@ -711,6 +763,9 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
                                             o_desc + (((ks >> 2) * (BM * 128) + koff) >> 4), ks > 0 ? 1 : 0);
           }
           wg_commit();
+        }
+        if constexpr (kBulk) {
+          if (s > 0) issue_dq(buf ^ 1, dq_h, dq_i0);  // step s-1's dQ, while S^T and dP^T run
         }
 
         // ---- P^T (element (key j, query i): s_acc[4t + 2hf + e2], j = n0 + key_loc0 + 8hf,
@@ -805,8 +860,17 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
             *reinterpret_cast<uint32_t*>(sP + off) = Elem::pack(s_acc[4 * t + 2 * hf], s_acc[4 * t + 2 * hf + 1]);
             *reinterpret_cast<uint32_t*>(sdS + off) = Elem::pack(dp_acc[4 * t + 2 * hf], dp_acc[4 * t + 2 * hf + 1]);
           }
+        if constexpr (kBulk) {
+          if (dq_issuer) bulk_wait_read<0>();  // step s-1's staging read: buffer buf ^ 1 is free
+        }
         fence_proxy_async();  // P^T / dS^T stores (generic proxy) -> wgmma reads (async proxy)
         __syncthreads();      // P^T / dS^T of both warpgroups in shared memory
+        if constexpr (kBulk) {
+          if (s > 0 && s + 1 < steps) {
+            load_step(s + 1, buf ^ 1);
+            cp_async_commit();
+          }
+        }
 
         // ---- dQ = dS K first (its atomics overlap dV, dK), then dV += P^T dO, dK += dS^T Q ------
         {
@@ -826,9 +890,9 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
           asm volatile("" : "+l"(p_desc));
           uint64_t ds_desc = make_desc(sdS_u32, 16, 1024);
           asm volatile("" : "+l"(ds_desc));
-          uint64_t o_desc = make_desc(sdO_u32 + buf * (BM * D * 2) + wg * kOwnPanels * (BM * 128), BM * 128, 1024);
+          uint64_t o_desc = make_desc(sdO_u32 + buf * (kBufStride * 2) + wg * kOwnPanels * (BM * 128), BM * 128, 1024);
           asm volatile("" : "+l"(o_desc));
-          uint64_t q_desc = make_desc(sQ_u32 + buf * (BM * D * 2) + wg * kOwnPanels * (BM * 128), BM * 128, 1024);
+          uint64_t q_desc = make_desc(sQ_u32 + buf * (kBufStride * 2) + wg * kOwnPanels * (BM * 128), BM * 128, 1024);
           asm volatile("" : "+l"(q_desc));
 #pragma unroll
           for (int ks = 0; ks < BM / 16; ++ks)
@@ -843,33 +907,48 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
               wgmma_ss_m64n64k16<kBf16, 0, 1>(dk_acc[p], ds_desc + ((ks * 32) >> 4),
                                               q_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
           wg_commit();
-          wg_wait<1>();
+          if constexpr (kBulk) {
+            wg_wait<0>();
 #pragma unroll
-          for (int p = 0; p < kOwnPanels; ++p) fence_regs(dq_acc[p]);
-          // dQ into the fp32 workspace by 16-byte vector atomics: lanes 2k and 2k+1 swap halves so
-          // each holds 4 consecutive columns of one row (even lane: row r, odd lane: row r + 8).
-          if (FLASHPORT_HOPPER_BWD_DIAG == 0) {
-            const bool odd = lane & 1;
-            const int i = i0 + wwarp * 16 + (lane >> 2) + (odd ? 8 : 0);
-            float* dq_row = a.ws_dq + (int64_t(h) * a.total_rows + ws_row0 + i) * a.dacc;
+            for (int p = 0; p < kOwnPanels; ++p) fence_regs(dq_acc[p]), fence_regs(dv_acc[p]), fence_regs(dk_acc[p]);
+            __syncthreads();  // both warpgroups' dV/dK are done with Q(buf), dO(buf): staging tile
+            stage_dq(buf);    // fenced for the copy engine at the next step's barrier
+            dq_h = h, dq_i0 = i0;
+          } else {
+            wg_wait<1>();
 #pragma unroll
-            for (int p = 0; p < kOwnPanels; ++p) {
-              const int col0 = (wg * kOwnPanels + p) * 64 + (lane & 2) * 2;
+            for (int p = 0; p < kOwnPanels; ++p) fence_regs(dq_acc[p]);
+            // dQ into the fp32 workspace by 16-byte vector atomics: lanes 2k and 2k+1 swap halves so
+            // each holds 4 consecutive columns of one row (even lane: row r, odd lane: row r + 8).
+            if (FLASHPORT_HOPPER_BWD_DIAG == 0) {
+              const bool odd = lane & 1;
+              const int i = i0 + wwarp * 16 + (lane >> 2) + (odd ? 8 : 0);
+              float* dq_row = a.ws_dq + (int64_t(h) * a.total_rows + ws_row0 + i) * a.dacc;
 #pragma unroll
-              for (int t = 0; t < 8; ++t) {
-                const float send0 = odd ? dq_acc[p][4 * t + 0] : dq_acc[p][4 * t + 2];
-                const float send1 = odd ? dq_acc[p][4 * t + 1] : dq_acc[p][4 * t + 3];
-                const float r0 = shfl_xor(send0, 1), r1 = shfl_xor(send1, 1);
-                const float4 v = odd ? make_float4(r0, r1, dq_acc[p][4 * t + 2], dq_acc[p][4 * t + 3])
-                                     : make_float4(dq_acc[p][4 * t + 0], dq_acc[p][4 * t + 1], r0, r1);
-                if (i < lq) atomicAdd(reinterpret_cast<float4*>(dq_row + col0 + 8 * t), v);
+              for (int p = 0; p < kOwnPanels; ++p) {
+                const int col0 = (wg * kOwnPanels + p) * 64 + (lane & 2) * 2;
+#pragma unroll
+                for (int t = 0; t < 8; ++t) {
+                  const float send0 = odd ? dq_acc[p][4 * t + 0] : dq_acc[p][4 * t + 2];
+                  const float send1 = odd ? dq_acc[p][4 * t + 1] : dq_acc[p][4 * t + 3];
+                  const float r0 = shfl_xor(send0, 1), r1 = shfl_xor(send1, 1);
+                  const float4 v = odd ? make_float4(r0, r1, dq_acc[p][4 * t + 2], dq_acc[p][4 * t + 3])
+                                       : make_float4(dq_acc[p][4 * t + 0], dq_acc[p][4 * t + 1], r0, r1);
+                  if (i < lq) atomicAdd(reinterpret_cast<float4*>(dq_row + col0 + 8 * t), v);
+                }
               }
             }
-          }
-          wg_wait<0>();  // P^T / dS^T / Q / dO reads done before the next step's barrier
+            wg_wait<0>();  // P^T / dS^T / Q / dO reads done before the next step's barrier
 #pragma unroll
-          for (int p = 0; p < kOwnPanels; ++p) fence_regs(dv_acc[p]), fence_regs(dk_acc[p]);
+            for (int p = 0; p < kOwnPanels; ++p) fence_regs(dv_acc[p]), fence_regs(dk_acc[p]);
+          }
         }
+      }
+      if constexpr (kBulk) {
+        fence_proxy_async();
+        __syncthreads();
+        issue_dq((steps - 1) & 1, dq_h, dq_i0);
+        if (dq_issuer) bulk_wait_all();  // the staging tile must outlive the copy engine's reads
       }
     }
   }

@@ -76,11 +76,22 @@ struct HopperBwdTile {
 #define FLASHPORT_HOPPER_BWD_D256 1
 #endif
 inline constexpr bool kHopperBwdD256 = FLASHPORT_HOPPER_BWD_D256 != 0;
+// D256 dQ through shared memory (v2 experiment, 1) instead of red.v4 atomics (0): Q and dO of a
+// buffer sit next to each other (64 KB); once both warpgroups' dV/dK are done with them they hold
+// the step's fp32 dQ (64 x 256, row-major, unpadded: each quad rotates its 8-column chunks so a
+// warp's stores hit every bank twice), added into the workspace by one cp.reduce.async.bulk per
+// query row (1 KB) issued while the next step's S^T/dP^T run. The price: the next-but-one Q/dO
+// load starts after the middle barrier (the reduce must have read the buffer), one more block
+// barrier per step, and the staging stores are not overlapped with dV/dK.
+#ifndef FLASHPORT_HOPPER_BWD_D256_DQ_BULK
+#define FLASHPORT_HOPPER_BWD_D256_DQ_BULK 0
+#endif
 struct HopperBwdTileD256 {
   static constexpr int kD = 256;
   static constexpr int kBlockN = 64;
   static constexpr int kBlockM = 64;
   static constexpr int kThreads = 256;
+  static constexpr bool kDqBulk = FLASHPORT_HOPPER_BWD_D256_DQ_BULK != 0;
   // K, V; Q and dO double-buffered; P^T and dS^T; LSE2 and D double-buffered; + 1024 atom
   // alignment slack: 210,944 bytes.
   static constexpr int smem_bytes() {
