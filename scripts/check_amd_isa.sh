@@ -5,7 +5,10 @@
 # v_mfma instructions on gfx90a/gfx942 and v_wmma instructions on gfx1100/gfx1201 (and none of the
 # other family) and no scratch (VGPR spills or stack arrays). Prints instruction counts,
 # VGPRs/AGPRs/SGPRs, static LDS, scratch and spills per kernel. The attention kernels are the
-# forward main loop shared with CUDA (src/gpu/fwd_kernel.cuh).
+# forward main loop shared with CUDA (src/gpu/fwd_kernel.cuh). The aux kernels shared with CUDA
+# (src/gpu/aux_kernels.cu: merge / split-KV combine, merge backward, KV-cache append, rotary q)
+# are memory-bound and have no matrix instructions: each must be present on every target, with
+# no scratch, and no matrix instruction is required of them.
 # Usage: scripts/check_amd_isa.sh [BUILD_DIR]        (default build-hip-isa)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +28,9 @@ import glob, os, re, subprocess, sys
 isa_dir, archs = sys.argv[1], sys.argv[2].split(";")
 # Attention kernels: the forward main loop shared with CUDA (fwd_kernel.cuh, instances in fwd_amd.hip).
 ATTENTION = re.compile(r"fwd_kernel")
+# Aux kernels (aux_kernels.cu): no matrix instruction required; 6 instances a target.
+AUX = re.compile(r"merge_kernel|merge_bwd_kernel|append_kv_kernel|rotate_q_kernel")
+AUX_PER_TARGET = 6
 FIELDS = ["vgpr_count", "agpr_count", "sgpr_count", "group_segment_fixed_size",
           "private_segment_fixed_size", "vgpr_spill_count", "sgpr_spill_count"]
 
@@ -43,7 +49,7 @@ def kernels(path):
     found = {}
     for m in re.finditer(r"^(\S+):\s*(?:;[^\n]*)?\n(.*?)^\.Lfunc_end\d+:", text, re.S | re.M):
         name, body = m.group(1), m.group(2)
-        if name.startswith(".") or not ATTENTION.search(name):
+        if name.startswith(".") or not (ATTENTION.search(name) or AUX.search(name)):
             continue
         found[name] = {"mfma": len(re.findall(r"^\s+v_mfma_\S+", body, re.M)),
                        "wmma": len(re.findall(r"^\s+v_wmma_\S+", body, re.M))}
@@ -69,13 +75,19 @@ for arch in archs:
     if not files:
         failures.append(f"{arch}: no device ISA in {isa_dir}")
         continue
-    seen = 0
+    seen = aux_seen = 0
     for path in files:
         ks = kernels(path)
         names = demangle(list(ks))
         for name, k in sorted(ks.items(), key=lambda kv: names[kv[0]]):
-            seen += 1
             rows.append((arch, names[name], k))
+            if AUX.search(name):
+                aux_seen += 1
+                if k.get("private_segment_fixed_size", 0) or k.get("vgpr_spill_count", 0):
+                    failures.append(f"{arch}: {names[name]} uses scratch ({k.get('private_segment_fixed_size', 0)} "
+                                    f"bytes, {k.get('vgpr_spill_count', 0)} VGPRs spilled)")
+                continue
+            seen += 1
             if want and k[want] == 0:
                 failures.append(f"{arch}: {names[name]} has no v_{want} instruction")
             if other and k[other] != 0:
@@ -85,13 +97,17 @@ for arch in archs:
                                 f"bytes, {k.get('vgpr_spill_count', 0)} VGPRs spilled)")
     if seen == 0:
         failures.append(f"{arch}: no attention kernel found")
+    if aux_seen != AUX_PER_TARGET:
+        failures.append(f"{arch}: {aux_seen} aux kernels found, expected {AUX_PER_TARGET}")
 
 # lds: static LDS only; the main loop's tiles are dynamic LDS sized by tile_config.hpp's AMD rows.
 print(f"{'target':8} {'kernel':58} {'mfma':>5} {'wmma':>5} {'vgpr':>5} {'agpr':>5} {'sgpr':>5} "
       f"{'lds':>6} {'scratch':>7} {'vspill':>6} {'sspill':>6}")
 for arch, name, k in rows:
     short = (name.replace("flashport::gpu::", "").replace("amd_target::", "")
-             .replace("(FwdArgs)", "").replace("(flashport::gpu::FwdArgs)", ""))
+             .replace("(FwdArgs)", "").replace("(flashport::gpu::FwdArgs)", "")
+             .replace("(anonymous namespace)::", "").replace("(flashport::gpu::MergeArgs)", "")
+             .replace("(flashport::gpu::MergeBwdArgs)", "").replace("(flashport::gpu::AppendArgs)", ""))
     print(f"{arch:8} {short:58} {k['mfma']:5} {k['wmma']:5} {k.get('vgpr_count', 0):5} "
           f"{k.get('agpr_count', 0):5} {k.get('sgpr_count', 0):5} {k.get('group_segment_fixed_size', 0):6} "
           f"{k.get('private_segment_fixed_size', 0):7} {k.get('vgpr_spill_count', 0):6} "
@@ -99,7 +115,8 @@ for arch, name, k in rows:
 if failures:
     print("AMD ISA check FAILED:\n  " + "\n  ".join(failures))
     sys.exit(1)
-print(f"AMD ISA check passed: {len(rows)} attention kernels over {len(archs)} targets "
+n_aux = sum(1 for r in rows if AUX.search(r[1]))
+print(f"AMD ISA check passed: {len(rows) - n_aux} attention + {n_aux} aux kernels over {len(archs)} targets "
       "(compile-verified and ISA-checked; not run on AMD hardware)")
 EOF
 echo "AMD ISA check took $(( $(date +%s) - start )) s"

@@ -1,13 +1,16 @@
-// The HIP backend's forward plan, host side: whether the shared forward main loop
-// (fwd_kernel.cuh) can run a validated call on AMD with the hooks this backend has (or the reason
-// not), which tile row and launch shape it takes, and its kernel arguments. Read by the HIP backend
-// (hip_backend.hip) and by the CPU emulation test (tests/amd), so what is tested is what is
+// The HIP backend's plans, host side: whether the shared forward main loop (fwd_kernel.cuh) and
+// the aux kernels (aux_kernels.cu: split-KV combine / merge, KV-cache append + rotary) can run a
+// validated call on AMD (or the reason not), which tile row, split count, workspace layout and
+// launch shape it takes, and the kernel arguments of each launch. Read by the HIP backend
+// (hip_backend.hip) and by the CPU emulation tests (tests/amd), so what is tested is what is
 // launched. AMD rows of tile_config.hpp only (HIP host pass or the emulation).
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
+#include "core/heuristics.hpp"
 #include "gpu_target.hpp"
 #include "kernel_args.hpp"
 #include "tile_config.hpp"
@@ -19,61 +22,137 @@
 namespace flashport::gpu {
 FP_TARGET_NS_BEGIN
 
-// The launch of one call: tile row, packed GQA rows, grid (row blocks, heads, batch).
+// The launches of one call: KV-cache append + rotary pre-pass (optional), the main loop over
+// (row blocks, heads, batch x splits), the split-KV combine (splits > 1), and the workspace.
 struct AmdFwdLaunch {
   TileId tile = kPrefill64;
   int pack = 1;            // query heads of a GQA group packed into the rows of a block
+  int splits = 1;          // key ranges per (row block, head): partials merged by the combine kernel
   int64_t m_blocks = 0;    // grid x
   int64_t heads_grid = 0;  // grid y: query heads, or kv heads when packed
-  int64_t batch = 0;       // grid z (no split-KV on AMD)
+  int64_t batch = 0;       // grid z = batch * splits
+  int64_t work_tiles = 0, key_blocks = 0;
+  bool append = false;     // k_new/v_new written into the cache before the main loop
+  bool rotary_q = false;   // q rotated into the workspace (the main loop reads the copy)
+  // Workspace (256-byte aligned parts, the CUDA backend's layout): rotated q [rows, Hq, round8(D)]
+  // 16-bit; split partials o [splits][B*Hq*Sq][dv] fp32 and lse [splits][B*Hq*Sq] fp32.
+  int64_t q_rot_row_stride = 0, ws_rows = 0;
+  size_t ws_o_offset = 0, ws_lse_offset = 0, ws_bytes = 0;
 };
 
-// "" when the main loop runs the call on AMD; else why not. The features that need other kernels
-// (the split-KV combine, the KV-cache append and rotary pre-pass: aux_kernels.cu) are not built
-// for HIP yet, so calls that need them are declined rather than run without them.
+// "" when the main loop and the aux kernels run the call on AMD; else why not.
 inline std::string amd_fwd_refusal(const Problem& p) {
   if (p.dtype != FP_F16 && p.dtype != FP_BF16) return "dtype must be float16 or bfloat16";
   if (p.has_lse && p.lse_dtype != FP_F32) return "lse must be float32";
   if (std::max(p.d, p.dv) > 256) return "head dim > 256";
-  if (p.num_splits >= 2)
-    return "split-KV needs the combine kernel, which is not built for HIP yet (num_splits must be 0 or 1)";
-  if (p.seq.snew > 0 || p.rotary_dim > 0)
-    return "KV-cache append / rotary needs the append kernel, which is not built for HIP yet";
+  if (p.rotary_dim > 0 && p.rotary_dtype != FP_F32 && p.rotary_dtype != p.dtype)
+    return "rotary_cos/sin must be float32 or q's dtype";
   return "";
 }
 
+inline int64_t amd_max_keys(const Problem& p) {
+  if (p.seq.kv_layout == KvLayout::Paged) return p.seq.max_blocks * p.seq.page_size;
+  return p.seq.sk;  // batched/cache capacity, or max_seqlen_k for varlen
+}
+
+inline size_t amd_align256(size_t x) { return (x + 255) / 256 * 256; }
+
 // Same packing rule as the CUDA plan: the query heads of a GQA group become rows of one block
-// when the call is decode-shaped (Sq * group <= 128), so K/V are read once per group.
-inline AmdFwdLaunch amd_fwd_launch(const Problem& p) {
+// when the call is decode-shaped (Sq * group <= 128), so K/V are read once per group. Split count:
+// the caller's num_splits (>= 2 forced, 1 off), or with 0 the pure heuristic of
+// core/heuristics.hpp over the device's `compute_units` (one workgroup of the prefill tile per CU
+// counted as the wave; AMD runs the prefill tiles only).
+inline AmdFwdLaunch amd_fwd_launch(const Problem& p, int64_t compute_units) {
   AmdFwdLaunch l;
   l.tile = tile_id_for(std::max(p.d, p.dv), false);
   l.pack = (p.group > 1 && p.seq.sq * p.group <= 128) ? static_cast<int>(p.group) : 1;
   const TileConfig& c = kTileConfigs[l.tile];
   l.m_blocks = (p.seq.sq * l.pack + c.block_m - 1) / c.block_m;
   l.heads_grid = l.pack > 1 ? p.hkv : p.hq;
+  l.work_tiles = l.m_blocks * l.heads_grid * p.seq.batch;
+  l.key_blocks = std::max<int64_t>(1, (amd_max_keys(p) + c.block_n - 1) / c.block_n);
+  l.splits = resolve_num_splits(p.num_splits, l.work_tiles, l.key_blocks, compute_units, kMaxSplits);
   l.batch = p.seq.batch;
+  l.append = p.seq.snew > 0;
+  l.rotary_q = p.rotary_dim > 0;
+  size_t off = 0;
+  if (l.rotary_q) {
+    l.q_rot_row_stride = p.hq * ((p.d + 7) / 8 * 8);
+    off += amd_align256(size_t(p.total_q_rows) * size_t(l.q_rot_row_stride) * 2);
+  }
+  if (l.splits > 1) {
+    l.ws_rows = p.seq.batch * p.hq * p.seq.sq;
+    l.ws_o_offset = off;
+    off += amd_align256(size_t(l.splits) * size_t(l.ws_rows) * size_t(p.dv) * 4);
+    l.ws_lse_offset = off;
+    off += amd_align256(size_t(l.splits) * size_t(l.ws_rows) * 4);
+  }
+  l.ws_bytes = off;
   return l;
 }
 
 // "" when the grid fits the launch limits; else why not.
 inline std::string amd_grid_refusal(const AmdFwdLaunch& l) {
-  if (l.m_blocks > 0x7fffffff || l.heads_grid > 65535 || l.batch > 65535)
-    return "grid too large (heads and batch <= 65535)";
+  if (l.m_blocks > 0x7fffffff || l.heads_grid > 65535 || l.batch * l.splits > 65535)
+    return "grid too large (heads and batch * splits <= 65535)";
   return "";
 }
 
+// The rotated-q copy in the workspace: dense [B|T, Sq, Hq, round8(D)].
+inline RowAddr amd_q_rot_addr(const Problem& p, const AmdFwdLaunch& l) {
+  RowAddr r;
+  r.packed = p.q.packed;
+  r.head_stride = (p.d + 7) / 8 * 8;
+  r.row_stride = l.q_rot_row_stride;
+  r.batch_stride = p.q.packed ? 0 : p.seq.sq * l.q_rot_row_stride;
+  return r;
+}
+
+// The append / rotary pre-pass arguments (l.append or l.rotary_q).
+inline AppendArgs amd_append_args(const Problem& p, const AmdFwdLaunch& l, void* workspace) {
+  AppendArgs ap;
+  ap.seq = p.seq;
+  ap.k_new = static_cast<const uint16_t*>(p.k_new_ptr);
+  ap.v_new = static_cast<const uint16_t*>(p.v_new_ptr);
+  ap.k_new_addr = p.k_new;
+  ap.v_new_addr = p.v_new;
+  ap.k = static_cast<uint16_t*>(p.k_ptr);
+  ap.v = static_cast<uint16_t*>(p.v_ptr);
+  ap.k_addr = p.k;
+  ap.v_addr = p.v;
+  ap.num_pages = p.raw->k.shape[0];
+  ap.q = static_cast<const uint16_t*>(p.q_ptr);
+  ap.q_addr = p.q;
+  ap.cos = p.rotary_cos;
+  ap.sin = p.rotary_sin;
+  ap.rot_f32 = p.rotary_dtype == FP_F32;
+  ap.rot_stride = p.rotary_row_stride;
+  ap.rot_rows = p.rotary_rows;
+  ap.rot_dim = static_cast<int32_t>(p.rotary_dim);
+  ap.interleaved = p.rotary_interleaved;
+  ap.q_pos_per_row = p.rules.window_left >= 0 || p.rules.window_right >= 0;
+  ap.hq = int32_t(p.hq), ap.hkv = int32_t(p.hkv), ap.d = int32_t(p.d), ap.dv = int32_t(p.dv);
+  if (l.rotary_q) {
+    ap.q_rot = static_cast<uint16_t*>(workspace);
+    ap.q_rot_addr = amd_q_rot_addr(p, l);
+  }
+  return ap;
+}
+
 // The kernel arguments of a call (the CUDA backend builds the same fields in run_fwd).
-inline FwdArgs amd_fwd_args(const Problem& p, const AmdFwdLaunch& l) {
+// `workspace`: l.ws_bytes bytes (may be null when that is 0); its content on entry is anything.
+inline FwdArgs amd_fwd_args(const Problem& p, const AmdFwdLaunch& l, void* workspace) {
   auto aligned16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
   auto mult8 = [](int64_t x) { return (x & 7) == 0; };
+  char* ws = static_cast<char*>(workspace);
   FwdArgs a;
-  a.q = static_cast<const uint16_t*>(p.q_ptr);
+  a.q = l.rotary_q ? reinterpret_cast<const uint16_t*>(ws) : static_cast<const uint16_t*>(p.q_ptr);
   a.k = static_cast<const uint16_t*>(p.k_ptr);
   a.v = static_cast<const uint16_t*>(p.v_ptr);
   a.out = p.out_ptr;
   a.lse = p.has_lse ? static_cast<float*>(p.lse_ptr) : nullptr;
   a.seq = p.seq;
-  a.q_addr = p.q;
+  a.q_addr = l.rotary_q ? amd_q_rot_addr(p, l) : p.q;
   a.out_addr = p.out;
   a.k_addr = p.k;
   a.v_addr = p.v;
@@ -85,18 +164,77 @@ inline FwdArgs amd_fwd_args(const Problem& p, const AmdFwdLaunch& l) {
   a.hq = int32_t(p.hq), a.hkv = int32_t(p.hkv), a.d = int32_t(p.d), a.dv = int32_t(p.dv);
   a.group = int32_t(p.group);
   a.pack = l.pack;
-  a.splits = 1;
+  a.splits = l.splits;
+  if (l.splits > 1) {
+    a.ws_o = reinterpret_cast<float*>(ws + l.ws_o_offset);
+    a.ws_lse = reinterpret_cast<float*>(ws + l.ws_lse_offset);
+    a.ws_rows = l.ws_rows;  // ws_counters stays null: the combine kernel merges (no fused epilogue)
+  }
   a.scale_log2 = p.rules.scale * 1.4426950408889634f;
   if (p.rules.softcap > 0.0f) {
     a.softcap_in = p.rules.scale / p.rules.softcap;
     a.softcap_out = p.rules.softcap * 1.4426950408889634f;
   }
-  a.vec_ok = aligned16(a.q) && aligned16(a.k) && aligned16(a.v) && mult8(p.q.row_stride) &&
-             mult8(p.q.head_stride) && mult8(p.q.batch_stride) && mult8(p.k.s0) && mult8(p.k.s1) &&
+  a.vec_ok = aligned16(a.q) && aligned16(a.k) && aligned16(a.v) && mult8(a.q_addr.row_stride) &&
+             mult8(a.q_addr.head_stride) && mult8(a.q_addr.batch_stride) && mult8(p.k.s0) && mult8(p.k.s1) &&
              mult8(p.k.s2) && mult8(p.v.s0) && mult8(p.v.s1) && mult8(p.v.s2);
   a.out_vec_ok = (reinterpret_cast<uintptr_t>(a.out) & 3) == 0 && (p.out.row_stride & 1) == 0 &&
                  (p.out.head_stride & 1) == 0 && (p.out.batch_stride & 1) == 0;
   return a;
+}
+
+// The split-KV combine of the partials into out / lse (l.splits > 1): the merge kernel on the
+// workspace, normalised (split, b, s, h, d) like the public merge op.
+inline MergeArgs amd_combine_args(const Problem& p, const AmdFwdLaunch& l, void* workspace) {
+  char* ws = static_cast<char*>(workspace);
+  MergeArgs m;
+  m.part = ws + l.ws_o_offset;
+  m.part_dtype = FP_F32;
+  m.lse_part = reinterpret_cast<const float*>(ws + l.ws_lse_offset);
+  m.out = p.out_ptr;
+  m.out_dtype = p.dtype;
+  m.lse = p.has_lse ? static_cast<float*>(p.lse_ptr) : nullptr;
+  m.splits = l.splits, m.batch = p.seq.batch, m.seqlen = p.seq.sq, m.heads = p.hq, m.dv = p.dv;
+  const int64_t S = p.seq.sq, H = p.hq, DV = p.dv;
+  const int64_t ps[5] = {l.ws_rows * DV, H * S * DV, DV, S * DV, 1};
+  const int64_t ls[4] = {l.ws_rows, H * S, S, 1};  // (split, b, h, s)
+  std::memcpy(m.part_stride, ps, sizeof(ps));
+  std::memcpy(m.lse_part_stride, ls, sizeof(ls));
+  const int64_t os[4] = {p.out.batch_stride, p.out.row_stride, p.out.head_stride, 1};
+  std::memcpy(m.out_stride, os, sizeof(os));
+  const int64_t lss[3] = {p.lse.batch_stride, p.lse.head_stride, p.lse.row_stride};
+  std::memcpy(m.lse_stride, lss, sizeof(lss));
+  m.cu_q = p.seq.cu_q;
+  m.out_packed = p.out.packed;
+  m.lse_packed = p.lse.packed;
+  return m;
+}
+
+// The public merge op (fp_merge_fwd): "" when the merge kernel runs it; else why not.
+inline std::string amd_merge_refusal(const MergeProblem& p) {
+  auto ok = [](fp_dtype t) { return t == FP_F32 || t == FP_F16 || t == FP_BF16; };
+  if (!ok(p.part_dtype) || !ok(p.out_dtype)) return "merge supports float32/float16/bfloat16 partials and output";
+  if (p.lse_dtype != FP_F32) return "merge lse must be float32";
+  // Blocks of 4 warps over (row, 32-column chunk) items at wave32: the grid's x limit.
+  if (p.batch * p.seqlen * p.heads * ((p.dv + 31) / 32) / 4 >= int64_t(0x7fffffff)) return "merge grid too large";
+  return "";
+}
+
+inline MergeArgs amd_merge_args(const MergeProblem& p) {
+  const fp_merge_params& raw = *p.raw;
+  MergeArgs m;
+  m.part = raw.out_partials.data;
+  m.part_dtype = p.part_dtype;
+  m.lse_part = static_cast<const float*>(raw.lse_partials.data);
+  m.out = raw.out.data;
+  m.out_dtype = p.out_dtype;
+  m.lse = p.has_lse ? static_cast<float*>(raw.lse.data) : nullptr;
+  m.splits = p.splits, m.batch = p.batch, m.seqlen = p.seqlen, m.heads = p.heads, m.dv = p.dv;
+  std::memcpy(m.part_stride, p.part_stride, sizeof(m.part_stride));
+  std::memcpy(m.lse_part_stride, p.lse_part_stride, sizeof(m.lse_part_stride));
+  std::memcpy(m.out_stride, p.out_stride, sizeof(m.out_stride));
+  std::memcpy(m.lse_stride, p.lse_stride, sizeof(m.lse_stride));
+  return m;
 }
 
 FP_TARGET_NS_END

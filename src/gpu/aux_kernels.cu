@@ -1,31 +1,50 @@
 // Small kernels around the main loop: the split-KV combine (also the public merge op) and the
 // KV-cache append with rotary (plus rotary of q into the workspace). Memory-bound, one warp per
 // row; dtypes are runtime branches (one instance each, no template fan-out).
+//
+// One source for CUDA and HIP (and tests/amd's CPU workgroup emulation, which includes this file
+// after simt_emu.hpp): a warp is kWarpSize lanes (vendor.hpp: 32 on NVIDIA, the target's wave
+// size on AMD), element types are the tile layer's Half/BFloat16. The HIP build compiles this
+// file for every AMD target (hip.cmake); its launches take the device's wave size (the host pass
+// has no single one). The AMD definitions live in the inline namespace of gpu_target.hpp.
 #include <cstdint>
 
 #include "fwd_launch.hpp"
+#include "gpu_target.hpp"
+#if defined(FP_TARGET_AMD)
+#include "tile_mma_amd.hpp"
+#else
 #include "tile_mma.hpp"
+#endif
 
 namespace flashport::gpu {
+FP_TARGET_NS_BEGIN
 
 namespace {
 
+// fp32 partials read through the same interface as the 16-bit storage types.
+struct Float32 {
+  using T = float;
+  __device__ __forceinline__ static float to_float(T v) { return v; }
+};
+
 __device__ __forceinline__ void store_f(void* p, fp_dtype t, int64_t i, float v) {
   switch (t) {
-    case FP_F16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
-    case FP_BF16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
+    case FP_F16: static_cast<Half::T*>(p)[i] = Half::from_float(v); break;
+    case FP_BF16: static_cast<BFloat16::T*>(p)[i] = BFloat16::from_float(v); break;
     default: static_cast<float*>(p)[i] = v; break;
   }
 }
 
 constexpr int kMergeWarps = 4;
 constexpr int kMergeUnroll = 8;  // splits whose loads are in flight together
+constexpr int kAppendWarps = 4;
 
-// One warp per (row, 32-column chunk), one output column per lane:
+// One warp per (row, kWarpSize-column chunk), one output column per lane:
 //   lse = log sum_s exp(lse_s); out = sum_s exp(lse_s - lse) * out_s; all -inf => out 0, lse -inf.
 // Loads of kMergeUnroll splits are issued before any is used (latency-bound for few rows).
-template <typename PartT>
-__device__ __forceinline__ float merge_column(const MergeArgs& a, const PartT* part, int64_t pbase,
+template <typename Part>
+__device__ __forceinline__ float merge_column(const MergeArgs& a, const typename Part::T* part, int64_t pbase,
                                               const float* lp, float lse, int64_t col) {
   float acc = 0.0f;
   if (lse == -INFINITY) return acc;
@@ -36,7 +55,7 @@ __device__ __forceinline__ float merge_column(const MergeArgs& a, const PartT* p
       const int64_t sp = s0 + u;
       const bool ok = sp < a.splits;
       l[u] = ok ? lp[sp * a.lse_part_stride[0]] : -INFINITY;
-      v[u] = ok && col < a.dv ? float(part[pbase + sp * a.part_stride[0] + col * a.part_stride[4]]) : 0.0f;
+      v[u] = ok && col < a.dv ? Part::to_float(part[pbase + sp * a.part_stride[0] + col * a.part_stride[4]]) : 0.0f;
     }
 #pragma unroll
     for (int u = 0; u < kMergeUnroll; ++u) {
@@ -47,9 +66,9 @@ __device__ __forceinline__ float merge_column(const MergeArgs& a, const PartT* p
   return acc;
 }
 
-__global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_constant__ MergeArgs a) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t chunks = (a.dv + 31) / 32;
+__global__ void __launch_bounds__(kMergeWarps * kWarpSize) merge_kernel(const FP_GRID_CONSTANT MergeArgs a) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int64_t chunks = (a.dv + kWarpSize - 1) / kWarpSize;
   const int64_t item = int64_t(blockIdx.x) * kMergeWarps + warp;
   if (item >= a.batch * a.seqlen * a.heads * chunks) return;
   const int64_t row = item / chunks, chunk = item % chunks;
@@ -65,23 +84,23 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
   const float* lp = a.lse_part + b * a.lse_part_stride[1] + h * a.lse_part_stride[2] +
                     s * a.lse_part_stride[3];
   float mx = -INFINITY;
-  for (int64_t sp = lane; sp < a.splits; sp += 32) mx = fmaxf(mx, lp[sp * a.lse_part_stride[0]]);
+  for (int64_t sp = lane; sp < a.splits; sp += kWarpSize) mx = fmaxf(mx, lp[sp * a.lse_part_stride[0]]);
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, shfl_xor(mx, o));
+  for (int o = kWarpSize / 2; o > 0; o >>= 1) mx = fmaxf(mx, shfl_xor(mx, o));
   float sum = 0.0f;
   if (mx != -INFINITY)
-    for (int64_t sp = lane; sp < a.splits; sp += 32) sum += __expf(lp[sp * a.lse_part_stride[0]] - mx);
+    for (int64_t sp = lane; sp < a.splits; sp += kWarpSize) sum += __expf(lp[sp * a.lse_part_stride[0]] - mx);
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sum += shfl_xor(sum, o);
+  for (int o = kWarpSize / 2; o > 0; o >>= 1) sum += shfl_xor(sum, o);
   const float lse = sum > 0.0f ? mx + __logf(sum) : -INFINITY;
 
   const int64_t pbase = b * a.part_stride[1] + s * a.part_stride[2] + h * a.part_stride[3];
-  const int64_t col = chunk * 32 + lane;
+  const int64_t col = chunk * kWarpSize + lane;
   float acc;
   switch (a.part_dtype) {
-    case FP_F16: acc = merge_column(a, static_cast<const __half*>(a.part), pbase, lp, lse, col); break;
-    case FP_BF16: acc = merge_column(a, static_cast<const __nv_bfloat16*>(a.part), pbase, lp, lse, col); break;
-    default: acc = merge_column(a, static_cast<const float*>(a.part), pbase, lp, lse, col); break;
+    case FP_F16: acc = merge_column<Half>(a, static_cast<const Half::T*>(a.part), pbase, lp, lse, col); break;
+    case FP_BF16: acc = merge_column<BFloat16>(a, static_cast<const BFloat16::T*>(a.part), pbase, lp, lse, col); break;
+    default: acc = merge_column<Float32>(a, static_cast<const float*>(a.part), pbase, lp, lse, col); break;
   }
   const int64_t obase = (a.out_packed ? out_row * a.out_stride[1]
                                       : b * a.out_stride[0] + s * a.out_stride[1]) +
@@ -96,16 +115,16 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
 
 __device__ __forceinline__ float load_any(const void* p, fp_dtype t, int64_t i) {
   switch (t) {
-    case FP_F16: return __half2float(static_cast<const __half*>(p)[i]);
-    case FP_BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case FP_F16: return Half::to_float(static_cast<const Half::T*>(p)[i]);
+    case FP_BF16: return BFloat16::to_float(static_cast<const BFloat16::T*>(p)[i]);
     default: return static_cast<const float*>(p)[i];
   }
 }
 
 // One warp per (row, split); lanes over the columns.
-__global__ void __launch_bounds__(kMergeWarps * 32) merge_bwd_kernel(const __grid_constant__ MergeBwdArgs g) {
+__global__ void __launch_bounds__(kMergeWarps * kWarpSize) merge_bwd_kernel(const FP_GRID_CONSTANT MergeBwdArgs g) {
   const MergeArgs& a = g.fwd;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int64_t item = int64_t(blockIdx.x) * kMergeWarps + warp;
   if (item >= a.batch * a.seqlen * a.heads * a.splits) return;
   const int64_t sp = item % a.splits, row = item / a.splits;
@@ -123,7 +142,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_bwd_kernel(const __gri
   const int64_t dpbase = sp * g.d_part_stride[0] + b * g.d_part_stride[1] + s * g.d_part_stride[2] +
                          h * g.d_part_stride[3];
   float dot = 0.0f;
-  for (int64_t d = lane; d < a.dv; d += 32) {
+  for (int64_t d = lane; d < a.dv; d += kWarpSize) {
     const float gd = load_any(g.dout, a.out_dtype, gbase + d * g.dout_stride[3]);
     if (w != 0.0f)
       dot += gd * (load_any(a.part, a.part_dtype, pbase + d * a.part_stride[4]) -
@@ -131,7 +150,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_bwd_kernel(const __gri
     store_f(g.d_part, a.part_dtype, dpbase + d * g.d_part_stride[4], w * gd);
   }
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) dot += shfl_xor(dot, o);
+  for (int o = kWarpSize / 2; o > 0; o >>= 1) dot += shfl_xor(dot, o);
   if (lane == 0)
     g.d_lse_part[sp * g.d_lse_part_stride[0] + b * g.d_lse_part_stride[1] + h * g.d_lse_part_stride[2] +
                  s * g.d_lse_part_stride[3]] = w == 0.0f ? 0.0f : w * (dot + dl);
@@ -156,7 +175,7 @@ __device__ void rotate_row(const AppendArgs& a, const typename Elem::T* x, typen
     if (pos >= a.rot_rows) pos = a.rot_rows - 1;  // clamp, don't fault
     if (pos < 0) pos = 0;
     const int half = a.rot_dim / 2;
-    for (int t = lane; t < half; t += 32) {
+    for (int t = lane; t < half; t += kWarpSize) {
       const int i0 = a.interleaved ? 2 * t : t;
       const int i1 = a.interleaved ? 2 * t + 1 : t + half;
       const int64_t ci = pos * a.rot_stride + t;
@@ -169,15 +188,15 @@ __device__ void rotate_row(const AppendArgs& a, const typename Elem::T* x, typen
       dst[i1] = Elem::from_float(x0 * sn + x1 * c);
     }
   }
-  for (int t = a.rot_dim + lane; t < dim; t += 32) dst[t] = x[t];
+  for (int t = a.rot_dim + lane; t < dim; t += kWarpSize) dst[t] = x[t];
 }
 
 // One warp per new row (b, j, kv head): rotary on k, then both written into the cache.
 template <typename Elem>
-__global__ void __launch_bounds__(128) append_kv_kernel(const __grid_constant__ AppendArgs a) {
+__global__ void __launch_bounds__(kAppendWarps * kWarpSize) append_kv_kernel(const FP_GRID_CONSTANT AppendArgs a) {
   using T = typename Elem::T;
-  const int lane = threadIdx.x & 31;
-  const int64_t row = int64_t(blockIdx.x) * 4 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t row = int64_t(blockIdx.x) * kAppendWarps + (threadIdx.x / kWarpSize);
   if (row >= a.seq.batch * a.seq.snew * a.hkv) return;
   const int64_t h = row % a.hkv;
   const int64_t j = (row / a.hkv) % a.seq.snew;
@@ -190,15 +209,15 @@ __global__ void __launch_bounds__(128) append_kv_kernel(const __grid_constant__ 
   T* kd = reinterpret_cast<T*>(a.k) + cache_row(a.seq, a.k_addr, a.num_pages, b, pos, h);
   T* vd = reinterpret_cast<T*>(a.v) + cache_row(a.seq, a.v_addr, a.num_pages, b, pos, h);
   rotate_row<Elem>(a, kn, kd, a.d, pos, lane);
-  for (int t = lane; t < a.dv; t += 32) vd[t] = vn[t];
+  for (int t = lane; t < a.dv; t += kWarpSize) vd[t] = vn[t];
 }
 
 // One warp per q row (b, i, head): rotated copy into the workspace.
 template <typename Elem>
-__global__ void __launch_bounds__(128) rotate_q_kernel(const __grid_constant__ AppendArgs a) {
+__global__ void __launch_bounds__(kAppendWarps * kWarpSize) rotate_q_kernel(const FP_GRID_CONSTANT AppendArgs a) {
   using T = typename Elem::T;
-  const int lane = threadIdx.x & 31;
-  const int64_t row = int64_t(blockIdx.x) * 4 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t row = int64_t(blockIdx.x) * kAppendWarps + (threadIdx.x / kWarpSize);
   if (row >= a.seq.batch * a.seq.sq * a.hq) return;
   const int64_t h = row % a.hq;
   const int64_t i = (row / a.hq) % a.seq.sq;
@@ -211,40 +230,71 @@ __global__ void __launch_bounds__(128) rotate_q_kernel(const __grid_constant__ A
                    a.d, pos, lane);
 }
 
+// Launch shapes, read by the launches below and by tests/amd (which runs every workgroup of them):
+// warps of `wave` lanes, kMergeWarps / kAppendWarps warps a block.
+inline int64_t merge_items(const MergeArgs& a, int wave) {
+  return a.batch * a.seqlen * a.heads * ((a.dv + wave - 1) / wave);
+}
+inline int64_t merge_bwd_items(const MergeBwdArgs& a) {
+  return a.fwd.batch * a.fwd.seqlen * a.fwd.heads * a.fwd.splits;
+}
+inline int64_t append_kv_rows(const AppendArgs& a) { return a.seq.batch * a.seq.snew * a.hkv; }
+inline int64_t rotate_q_rows(const AppendArgs& a) { return a.q_rot != nullptr ? a.seq.batch * a.seq.sq * a.hq : 0; }
+
+#if !defined(FP_AMD_EMULATION)
 template <typename Elem>
-gpuError_t launch_append_t(const AppendArgs& a, gpuStream_t stream) {
-  const int64_t kv_rows = a.seq.batch * a.seq.snew * a.hkv;
-  if (kv_rows > 0) append_kv_kernel<Elem><<<unsigned((kv_rows + 3) / 4), 128, 0, stream>>>(a);
-  if (a.q_rot != nullptr) {
-    const int64_t q_rows = a.seq.batch * a.seq.sq * a.hq;
-    if (q_rows > 0) rotate_q_kernel<Elem><<<unsigned((q_rows + 3) / 4), 128, 0, stream>>>(a);
-  }
+gpuError_t launch_append_t(const AppendArgs& a, int wave, gpuStream_t stream) {
+  const int64_t kv_rows = append_kv_rows(a), q_rows = rotate_q_rows(a);
+  const unsigned threads = unsigned(kAppendWarps * wave);
+  if (kv_rows > 0)
+    append_kv_kernel<Elem><<<unsigned((kv_rows + kAppendWarps - 1) / kAppendWarps), threads, 0, stream>>>(a);
+  if (q_rows > 0)
+    rotate_q_kernel<Elem><<<unsigned((q_rows + kAppendWarps - 1) / kAppendWarps), threads, 0, stream>>>(a);
   return gpuGetLastError();
 }
+
+gpuError_t launch_merge_w(const MergeArgs& a, int wave, gpuStream_t stream) {
+  const int64_t items = merge_items(a, wave);
+  if (items <= 0) return gpuSuccess;
+  merge_kernel<<<unsigned((items + kMergeWarps - 1) / kMergeWarps), unsigned(kMergeWarps * wave), 0, stream>>>(a);
+  return gpuGetLastError();
+}
+
+gpuError_t launch_merge_bwd_w(const MergeBwdArgs& a, int wave, gpuStream_t stream) {
+  const int64_t items = merge_bwd_items(a);
+  if (items <= 0) return gpuSuccess;
+  merge_bwd_kernel<<<unsigned((items + kMergeWarps - 1) / kMergeWarps), unsigned(kMergeWarps * wave), 0, stream>>>(a);
+  return gpuGetLastError();
+}
+#endif  // !FP_AMD_EMULATION
 
 }  // namespace
 
-gpuError_t launch_merge(const MergeArgs& a, gpuStream_t stream) {
-  const int64_t items = a.batch * a.seqlen * a.heads * ((a.dv + 31) / 32);
-  if (items <= 0) return gpuSuccess;
-  merge_kernel<<<unsigned((items + kMergeWarps - 1) / kMergeWarps), kMergeWarps * 32, 0, stream>>>(a);
-  return gpuGetLastError();
-}
-
+#if defined(FP_TARGET_NVIDIA)
+gpuError_t launch_merge(const MergeArgs& a, gpuStream_t stream) { return launch_merge_w(a, kWarpSize, stream); }
 gpuError_t launch_merge_bwd(const MergeBwdArgs& a, gpuStream_t stream) {
-  const int64_t items = a.fwd.batch * a.fwd.seqlen * a.fwd.heads * a.fwd.splits;
-  if (items <= 0) return gpuSuccess;
-  merge_bwd_kernel<<<unsigned((items + kMergeWarps - 1) / kMergeWarps), kMergeWarps * 32, 0, stream>>>(a);
-  return gpuGetLastError();
+  return launch_merge_bwd_w(a, kWarpSize, stream);
 }
-
 gpuError_t launch_append(const AppendArgs& a, bool bf16, gpuStream_t stream) {
-  return bf16 ? launch_append_t<BFloat16>(a, stream) : launch_append_t<Half>(a, stream);
+  return bf16 ? launch_append_t<BFloat16>(a, kWarpSize, stream) : launch_append_t<Half>(a, kWarpSize, stream);
 }
+#elif !defined(FP_AMD_EMULATION)
+// HIP: the device's wave size (the gate has checked it is the one these code objects were built for).
+gpuError_t launch_merge_amd(const MergeArgs& a, int wave_size, gpuStream_t stream) {
+  return launch_merge_w(a, wave_size, stream);
+}
+gpuError_t launch_merge_bwd_amd(const MergeBwdArgs& a, int wave_size, gpuStream_t stream) {
+  return launch_merge_bwd_w(a, wave_size, stream);
+}
+gpuError_t launch_append_amd(const AppendArgs& a, bool bf16, int wave_size, gpuStream_t stream) {
+  return bf16 ? launch_append_t<BFloat16>(a, wave_size, stream) : launch_append_t<Half>(a, wave_size, stream);
+}
+#endif
 
+FP_TARGET_NS_END
 }  // namespace flashport::gpu
 
-#if defined(FLASHPORT_DECODE_EXPERIMENTS)
+#if defined(FLASHPORT_DECODE_EXPERIMENTS) && defined(FP_TARGET_NVIDIA)
 // Decode tile candidates, built only for experiments (tile_config.hpp).
 #include "fwd_kernel.cuh"
 namespace flashport::gpu {

@@ -5,8 +5,9 @@
 // Host dispatch gates on the device's gcnArchName: a device whose gfx target is not among the
 // built targets (FLASHPORT_GPU_ARCHS) is refused with that reason before any launch. What runs is
 // the forward main loop shared with CUDA (fwd_kernel.cuh on the AMD tile-MMA layer, instances in
-// fwd_amd.hip), planned by amd_plan.hpp; what needs kernels not built for HIP (the split-KV combine,
-// the KV-cache append, the backward) is refused by name.
+// fwd_amd.hip) with split-KV over key ranges, and the aux kernels shared with CUDA (aux_kernels.cu:
+// the split-KV combine, which is also the public merge op and its backward, and the KV-cache append
+// + rotary), all planned by amd_plan.hpp. The attention backward is refused by name.
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -20,6 +21,13 @@
 
 namespace flashport {
 namespace gpu {
+FP_TARGET_NS_BEGIN
+// aux_kernels.cu's HIP launches: warps of the device's wave size.
+gpuError_t launch_merge_amd(const MergeArgs& a, int wave_size, gpuStream_t stream);
+gpuError_t launch_merge_bwd_amd(const MergeBwdArgs& a, int wave_size, gpuStream_t stream);
+gpuError_t launch_append_amd(const AppendArgs& a, bool bf16, int wave_size, gpuStream_t stream);
+FP_TARGET_NS_END
+
 namespace {
 
 constexpr int kMaxAmdDevices = 64;
@@ -30,6 +38,7 @@ struct AmdDevice {
   int gfx = 0;        // gfx number of gcnArchName, hex digits as written (gfx942 -> 0x942)
   int wave_size = 0;  // the device's wavefront size
   int lds_per_block = 0;
+  int compute_units = 0;  // the split-KV heuristic's wave
   char arch_name[64] = {0};
 };
 
@@ -47,6 +56,7 @@ const AmdDevice& amd_device(int dev) {
       d.gfx = amd::gfx_number(prop.gcnArchName);
       d.wave_size = prop.warpSize;
       d.lds_per_block = static_cast<int>(prop.sharedMemPerBlock);
+      d.compute_units = prop.multiProcessorCount;
     }
     (void)gpuGetLastError();
     cache[dev] = d;
@@ -102,57 +112,112 @@ class HipBackend final : public Backend {
     return Status::ok();
   }
 
-  // Everything plan and run must agree on comes from amd_plan.hpp (tile row, packing, grid).
+  // Everything plan and run must agree on comes from amd_plan.hpp (tile row, packing, splits,
+  // workspace, grid); run_fwd re-derives it and refuses a plan that differs.
+  Status decide_fwd(const Problem& p, AmdFwdLaunch* l, AmdDevice* dev) const {
+    if (const std::string why = amd_fwd_refusal(p); !why.empty()) return unsupported("hip backend: " + why);
+    const AmdDevice& d = amd_device(p.device_index);
+    *l = amd_fwd_launch(p, d.ok ? d.compute_units : 0);
+    if (const std::string why = amd_grid_refusal(*l); !why.empty()) return unsupported("hip backend: " + why);
+    return check_device(p.device_index, kTileConfigs[l->tile].smem_bytes(), dev);
+  }
+
   Status plan_fwd(const Problem& p, Plan* plan) const override {
     if (p.device != FP_DEVICE_HIP) return unsupported("hip backend: tensors are not on a HIP device");
-    if (const std::string why = amd_fwd_refusal(p); !why.empty()) return unsupported("hip backend: " + why);
-    const AmdFwdLaunch l = amd_fwd_launch(p);
-    if (const std::string why = amd_grid_refusal(l); !why.empty()) return unsupported("hip backend: " + why);
-    const TileConfig& C = kTileConfigs[l.tile];
+    AmdFwdLaunch l;
     AmdDevice dev;
-    FP_RETURN_IF_ERROR(check_device(p.device_index, C.smem_bytes(), &dev));
-    std::snprintf(plan->kernel, sizeof(plan->kernel), "hip:%s:%s:%s:%s%s", C.name,
+    FP_RETURN_IF_ERROR(decide_fwd(p, &l, &dev));
+    const TileConfig& C = kTileConfigs[l.tile];
+    std::snprintf(plan->kernel, sizeof(plan->kernel), "hip:%s:%s:%s:%s%s%s%s", C.name,
                   p.dtype == FP_BF16 ? "bf16" : "fp16", unit_name(dev.gfx), dev.arch_name,
-                  l.pack > 1 ? ":packgqa" : "");
-    plan->workspace_bytes = 0;
-    plan->num_splits = 1;  // num_splits 0 (auto) runs one split: no combine on AMD yet
+                  l.pack > 1 ? ":packgqa" : "", l.splits > 1 ? ":splitkv+combine" : "",
+                  l.append ? (l.rotary_q ? ":append+rotary" : ":append") : (l.rotary_q ? ":rotary" : ""));
+    plan->workspace_bytes = l.ws_bytes;
+    plan->num_splits = l.splits;
     plan->kernel_id = l.tile * 2 + (p.dtype == FP_BF16 ? 1 : 0);
     return Status::ok();
   }
 
-  Status run_fwd(const Problem& p, const Plan& plan, void*) const override {
-    if (const std::string why = amd_fwd_refusal(p); !why.empty()) return unsupported("hip backend: " + why);
-    const AmdFwdLaunch l = amd_fwd_launch(p);
-    if (plan.num_splits != 1 || plan.workspace_bytes != 0 ||
+  Status run_fwd(const Problem& p, const Plan& plan, void* workspace) const override {
+    AmdFwdLaunch l;
+    AmdDevice dev;
+    FP_RETURN_IF_ERROR(decide_fwd(p, &l, &dev));
+    if (plan.num_splits != l.splits || plan.workspace_bytes != l.ws_bytes ||
         plan.kernel_id != l.tile * 2 + (p.dtype == FP_BF16 ? 1 : 0))
       return {FP_ERR_RUNTIME, "hip backend: plan does not match the call (re-select after changing it)"};
-    AmdDevice dev;
-    FP_RETURN_IF_ERROR(check_device(p.device_index, kTileConfigs[l.tile].smem_bytes(), &dev));
     DeviceGuard guard(p.device_index);
-    if (l.m_blocks == 0 || l.batch == 0) return Status::ok();
-    const FwdArgs a = amd_fwd_args(p, l);
-    const dim3 grid(unsigned(l.m_blocks), unsigned(l.heads_grid), unsigned(l.batch));
-    if (gpuError_t e = launch_fwd_amd(l.tile, p.dtype == FP_BF16, a, grid, dev.wave_size,
-                                      static_cast<gpuStream_t>(p.raw->stream));
-        e != gpuSuccess)
-      return {FP_ERR_RUNTIME, std::string("hip backend: ") + plan.kernel + " launch: " + gpuGetErrorString(e)};
+    const auto stream = static_cast<gpuStream_t>(p.raw->stream);
+    const bool bf16 = p.dtype == FP_BF16;
+    // In stream order: cache append (+ rotated q), the main loop, the split combine.
+    if (l.append || l.rotary_q) {
+      if (gpuError_t e = launch_append_amd(amd_append_args(p, l, workspace), bf16, dev.wave_size, stream);
+          e != gpuSuccess)
+        return {FP_ERR_RUNTIME, std::string("hip backend: append/rotary launch: ") + gpuGetErrorString(e)};
+    }
+    if (l.m_blocks > 0 && l.batch > 0) {
+      const FwdArgs a = amd_fwd_args(p, l, workspace);
+      const dim3 grid(unsigned(l.m_blocks), unsigned(l.heads_grid), unsigned(l.batch * l.splits));
+      if (gpuError_t e = launch_fwd_amd(l.tile, bf16, a, grid, dev.wave_size, stream); e != gpuSuccess)
+        return {FP_ERR_RUNTIME, std::string("hip backend: ") + plan.kernel + " launch: " + gpuGetErrorString(e)};
+    }
+    if (l.splits > 1) {
+      if (gpuError_t e = launch_merge_amd(amd_combine_args(p, l, workspace), dev.wave_size, stream);
+          e != gpuSuccess)
+        return {FP_ERR_RUNTIME, std::string("hip backend: split-KV combine launch: ") + gpuGetErrorString(e)};
+    }
     return Status::ok();
   }
 
   Status plan_bwd(const BwdProblem&, Plan*) const override {
-    return unsupported("hip backend: backward not implemented");
+    return unsupported("hip backend: attention backward is not ported to AMD (bwd_kernel.cuh is NVIDIA-only)");
   }
   Status run_bwd(const BwdProblem&, const Plan&, void*) const override {
-    return unsupported("hip backend: backward not implemented");
+    return unsupported("hip backend: attention backward is not ported to AMD (bwd_kernel.cuh is NVIDIA-only)");
   }
-  Status plan_merge(const MergeProblem&, Plan*) const override {
-    return unsupported("hip backend: merge is not ported to AMD yet");
+
+  // The merge op: the aux merge kernel (no workspace). Its device gate needs no LDS.
+  Status merge_device(const MergeProblem& p, AmdDevice* dev) const {
+    if (const std::string why = amd_merge_refusal(p); !why.empty()) return unsupported("hip backend: " + why);
+    return check_device(p.raw != nullptr ? p.raw->out.device_index : 0, 0, dev);
   }
-  Status run_merge(const MergeProblem&, const Plan&) const override {
-    return unsupported("hip backend: merge is not ported to AMD yet");
+  Status plan_merge(const MergeProblem& p, Plan* plan) const override {
+    if (p.device != FP_DEVICE_HIP) return unsupported("hip backend: tensors are not on a HIP device");
+    AmdDevice dev;
+    FP_RETURN_IF_ERROR(merge_device(p, &dev));
+    std::snprintf(plan->kernel, sizeof(plan->kernel), "hip:merge:%s", dev.arch_name);
+    plan->workspace_bytes = 0;
+    plan->num_splits = static_cast<int32_t>(p.splits);
+    return Status::ok();
   }
-  Status run_merge_bwd(const MergeBwdProblem&, const Plan&) const override {
-    return unsupported("hip backend: merge backward not implemented");
+  Status run_merge(const MergeProblem& p, const Plan&) const override {
+    AmdDevice dev;
+    FP_RETURN_IF_ERROR(merge_device(p, &dev));
+    DeviceGuard guard(p.raw->out.device_index);
+    if (gpuError_t e = launch_merge_amd(amd_merge_args(p), dev.wave_size, static_cast<gpuStream_t>(p.raw->stream));
+        e != gpuSuccess)
+      return {FP_ERR_RUNTIME, std::string("hip backend: merge launch: ") + gpuGetErrorString(e)};
+    return Status::ok();
+  }
+  Status run_merge_bwd(const MergeBwdProblem& mb, const Plan&) const override {
+    const MergeProblem& p = mb.fwd;
+    if (!p.has_lse || p.raw->lse.data == nullptr) return unsupported("hip backend: merge backward needs the forward lse");
+    AmdDevice dev;
+    FP_RETURN_IF_ERROR(merge_device(p, &dev));
+    DeviceGuard guard(p.raw->out.device_index);
+    MergeBwdArgs g;
+    g.fwd = amd_merge_args(p);
+    g.dout = mb.raw->dout.data;
+    g.dlse = mb.has_dlse ? static_cast<const float*>(mb.raw->dlse.data) : nullptr;
+    g.d_part = mb.raw->d_out_partials.data;
+    g.d_lse_part = static_cast<float*>(mb.raw->d_lse_partials.data);
+    std::memcpy(g.dout_stride, mb.dout_stride, sizeof(g.dout_stride));
+    std::memcpy(g.dlse_stride, mb.dlse_stride, sizeof(g.dlse_stride));
+    std::memcpy(g.d_part_stride, mb.d_part_stride, sizeof(g.d_part_stride));
+    std::memcpy(g.d_lse_part_stride, mb.d_lse_part_stride, sizeof(g.d_lse_part_stride));
+    if (gpuError_t e = launch_merge_bwd_amd(g, dev.wave_size, static_cast<gpuStream_t>(p.raw->stream));
+        e != gpuSuccess)
+      return {FP_ERR_RUNTIME, std::string("hip backend: merge backward launch: ") + gpuGetErrorString(e)};
+    return Status::ok();
   }
 };
 
