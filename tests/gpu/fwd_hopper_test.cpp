@@ -30,8 +30,6 @@ bool hopper_built() {
 #endif
 }
 
-fp_dtype rand_dtype() { return rand_int(0, 1) ? FP_BF16 : FP_F16; }
-
 // Runs the case against the reference and checks which kernel ran.
 void check_hopper(const Case& c, bool expect_hopper) {
   fp_selection sel{};

@@ -14,8 +14,6 @@ namespace {
 
 using flashport::test::close;
 
-fp_dtype rand_dtype() { return rand_int(0, 1) ? FP_BF16 : FP_F16; }
-
 TEST(CudaFwd, BackendAvailableAndNamed) {
   SKIP_WITHOUT_GPU();
   EXPECT_EQ(fp_backend_available(FP_BACKEND_CUDA), 1);

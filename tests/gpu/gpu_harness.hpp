@@ -42,6 +42,15 @@ inline int64_t rand_int(int64_t lo, int64_t hi) {
   return std::uniform_int_distribution<int64_t>(lo, hi)(test_rng());
 }
 
+// (seed, offset) as the 32-bit words of fp_attn_params.dropout_rng: seed lo, seed hi, offset lo, hi.
+inline std::vector<int32_t> rng_words(uint64_t seed, uint64_t offset) {
+  auto w = [](uint64_t x, int hi) { return static_cast<int32_t>(static_cast<uint32_t>(x >> (32 * hi))); };
+  return {w(seed, 0), w(seed, 1), w(offset, 0), w(offset, 1)};
+}
+
+// fp16 or bf16, at random: the CUDA backend's two dtypes.
+inline fp_dtype rand_dtype() { return rand_int(0, 1) ? FP_BF16 : FP_F16; }
+
 // A device copy of a host tensor's storage, followed by sentinel bytes.
 struct DevBuf {
   static constexpr size_t kSentinel = 256;
@@ -232,10 +241,7 @@ struct Call {
       sinks = HostTensor(FP_F32, {c.hq});
       sinks.fill_uniform(-2.0, 3.0);
     }
-    if (c.rng_on_device) {
-      auto word = [](uint64_t x, int hi) { return static_cast<int32_t>(static_cast<uint32_t>(x >> (32 * hi))); };
-      rng = HostTensor::i32({4}, {word(kSeed, 0), word(kSeed, 1), word(kOffset, 0), word(kOffset, 1)});
-    }
+    if (c.rng_on_device) rng = HostTensor::i32({4}, rng_words(kSeed, kOffset));
   }
 
   // Parameters over the given views (host fp64 copies for the reference, device copies for CUDA).

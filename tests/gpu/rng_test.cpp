@@ -6,8 +6,6 @@
 namespace gputest {
 namespace {
 
-fp_dtype rand_dtype() { return rand_int(0, 1) ? FP_BF16 : FP_F16; }
-
 TEST(CudaRng, ForwardReadsDeviceState) {
   SKIP_WITHOUT_GPU();
   for (int64_t sq : {1, 131}) {      // decode tile (packed GQA rows) and prefill
@@ -20,12 +18,6 @@ TEST(CudaRng, ForwardReadsDeviceState) {
       check_case(c);
     }
   }
-}
-
-// Words of a (seed, offset) pair in dropout_rng's layout.
-std::vector<int32_t> rng_words(uint64_t seed, uint64_t offset) {
-  auto w = [](uint64_t x, int hi) { return static_cast<int32_t>(static_cast<uint32_t>(x >> (32 * hi))); };
-  return {w(seed, 0), w(seed, 1), w(offset, 0), w(offset, 1)};
 }
 
 TEST(CudaRng, GraphReplayFollowsNewDeviceState) {
