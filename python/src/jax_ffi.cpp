@@ -38,13 +38,12 @@ bool to_fp_dtype(ffi::DataType t, fp_dtype* out) {
   }
 }
 
-// XLA buffers are dense row-major (jax passes the default layout).
-ffi::Error view(const char* name, const ffi::AnyBuffer& b, fp_device_type dev, int32_t ordinal,
-                fp_tensor* t) {
+// XLA buffers are dense row-major (jax passes the default layout). `dtype`: how flashport reads
+// the elements.
+ffi::Error view_as(const char* name, const ffi::AnyBuffer& b, fp_dtype dtype, fp_device_type dev,
+                   int32_t ordinal, fp_tensor* t) {
   std::memset(t, 0, sizeof(*t));
-  if (!to_fp_dtype(b.element_type(), &t->dtype))
-    return ffi::Error::InvalidArgument(std::string("flashport: '") + name +
-                                       "' has an unsupported dtype");
+  t->dtype = dtype;
   const auto dims = b.dimensions();
   if (dims.size() == 0 || dims.size() > FP_MAX_DIMS)
     return ffi::Error::InvalidArgument(std::string("flashport: '") + name + "' has a bad rank");
@@ -59,6 +58,15 @@ ffi::Error view(const char* name, const ffi::AnyBuffer& b, fp_device_type dev, i
   t->device_type = dev;
   t->device_index = ordinal;
   return ffi::Error::Success();
+}
+
+ffi::Error view(const char* name, const ffi::AnyBuffer& b, fp_device_type dev, int32_t ordinal,
+                fp_tensor* t) {
+  fp_dtype dtype;
+  if (!to_fp_dtype(b.element_type(), &dtype))
+    return ffi::Error::InvalidArgument(std::string("flashport: '") + name +
+                                       "' has an unsupported dtype");
+  return view_as(name, b, dtype, dev, ordinal, t);
 }
 
 ffi::Error status_error(fp_status s) {
@@ -113,14 +121,7 @@ ffi::Error fill_common(fp_attn_params& p, const ScalarAttrs& a, ffi::RemainingAr
     if (buf.has_error()) return buf.error();
     if (buf->element_type() != ffi::DataType::U32 || buf->element_count() != 4)
       return ffi::Error::InvalidArgument("flashport: dropout rng state must be uint32[4]");
-    std::memset(&p.dropout_rng, 0, sizeof(p.dropout_rng));
-    p.dropout_rng.data = buf->untyped_data();
-    p.dropout_rng.dtype = FP_I32;  // same 32-bit words
-    p.dropout_rng.ndim = 1;
-    p.dropout_rng.shape[0] = 4;
-    p.dropout_rng.stride[0] = 1;
-    p.dropout_rng.device_type = dev;
-    p.dropout_rng.device_index = ordinal;
+    FP_TRY(view_as("dropout_rng", *buf, FP_I32, dev, ordinal, &p.dropout_rng));  // same 32-bit words
   } else if (a.dropout_p > 0.f) {
     return ffi::Error::InvalidArgument("flashport: dropout_p > 0 needs an rng state");
   }

@@ -85,6 +85,9 @@ struct LseAddr {
   }
 };
 
+// A 64-bit value from its 32-bit words {lo, hi}: the layout of fp_attn_params.dropout_rng.
+FP_HD uint64_t u64_from_words(const uint32_t* w) { return uint64_t(w[0]) | (uint64_t(w[1]) << 32); }
+
 // The score rules of one call (everything between q.k and the softmax).
 struct ScoreRules {
   float scale = 1.0f;     // softmax_scale, resolved
@@ -117,12 +120,8 @@ struct ScoreRules {
   }
   FP_HD bool has_dropout() const { return dropout_p > 0.0f; }
   // The Philox seed and offset of this call (device-resident state when dropout_rng is set).
-  FP_HD uint64_t rng_seed() const {
-    return dropout_rng ? (uint64_t(dropout_rng[0]) | (uint64_t(dropout_rng[1]) << 32)) : dropout_seed;
-  }
-  FP_HD uint64_t rng_offset() const {
-    return dropout_rng ? (uint64_t(dropout_rng[2]) | (uint64_t(dropout_rng[3]) << 32)) : dropout_offset;
-  }
+  FP_HD uint64_t rng_seed() const { return dropout_rng ? u64_from_words(dropout_rng) : dropout_seed; }
+  FP_HD uint64_t rng_offset() const { return dropout_rng ? u64_from_words(dropout_rng + 2) : dropout_offset; }
 };
 
 // A validated forward call.

@@ -580,8 +580,8 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, bool lse_required
   if (given(p.dropout_rng)) {
     const auto* w = static_cast<const uint32_t*>(p.dropout_rng.data);
     if (p.dropout_rng.device_type == FP_DEVICE_CPU) {  // host memory: read it once, here
-      sr.dropout_seed = uint64_t(w[0]) | (uint64_t(w[1]) << 32);
-      sr.dropout_offset = uint64_t(w[2]) | (uint64_t(w[3]) << 32);
+      sr.dropout_seed = u64_from_words(w);
+      sr.dropout_offset = u64_from_words(w + 2);
     } else {
       sr.dropout_rng = w;  // device memory: the kernel reads it
     }
