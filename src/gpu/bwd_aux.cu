@@ -142,10 +142,8 @@ size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 struct BwdLayout {
   int tile = 0;
-  int64_t key_blocks = 0, m_blocks = 0, total_rows = 0;
-  int32_t dacc = 0;
-  size_t lse_off = 0, dsum_off = 0, dq_off = 0, sema_off = 0, total = 0;
-  int64_t sema_count = 0;
+  int64_t key_blocks = 0, m_blocks = 0;
+  BwdWorkspace ws;
 };
 
 BwdLayout layout_of(const BwdProblem& bp) {
@@ -156,20 +154,7 @@ BwdLayout layout_of(const BwdProblem& bp) {
   const int64_t max_keys = p.seq.sk;  // batched: rows per sequence; varlen: max_seqlen_k
   l.key_blocks = (max_keys + C.block_n - 1) / C.block_n;
   l.m_blocks = (p.seq.sq + C.block_m - 1) / C.block_m;
-  l.total_rows = p.total_q_rows;
-  l.dacc = static_cast<int32_t>((p.d + 7) / 8 * 8);
-  const size_t rows = size_t(p.hq) * size_t(l.total_rows);
-  size_t off = 0;
-  l.lse_off = off;
-  off += align_up(rows * 4, 256);
-  l.dsum_off = off;
-  off += align_up(rows * 4, 256);
-  l.dq_off = off;
-  off += align_up(rows * size_t(l.dacc) * 4, 256);
-  l.sema_off = off;
-  l.sema_count = bp.deterministic ? p.seq.batch * p.hq * l.m_blocks : 0;
-  off += align_up(size_t(l.sema_count) * 4, 256);
-  l.total = off;
+  l.ws = bwd_workspace(p, bp.deterministic ? p.seq.batch * p.hq * l.m_blocks : 0);
   return l;
 }
 
@@ -177,6 +162,66 @@ bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15)
 bool mult8(int64_t x) { return (x & 7) == 0; }
 
 }  // namespace
+
+BwdWorkspace bwd_workspace(const Problem& p, int64_t sema_count) {
+  BwdWorkspace w;
+  w.total_rows = p.total_q_rows;
+  w.dacc = static_cast<int32_t>((p.d + 7) / 8 * 8);
+  const size_t rows = size_t(p.hq) * size_t(w.total_rows);
+  size_t off = 0;
+  w.lse_off = off;
+  off += align_up(rows * 4, 256);
+  w.dsum_off = off;
+  off += align_up(rows * 4, 256);
+  w.dq_off = off;
+  off += align_up(rows * size_t(w.dacc) * 4, 256);
+  w.sema_off = off;
+  w.sema_count = sema_count;
+  off += align_up(size_t(sema_count) * 4, 256);
+  w.total = off;
+  return w;
+}
+
+BwdArgs bwd_common_args(const BwdProblem& bp, const BwdWorkspace& w, void* workspace) {
+  const Problem& p = bp.fwd;
+  char* ws = static_cast<char*>(workspace);
+  BwdArgs a;
+  a.q = static_cast<const uint16_t*>(p.q_ptr);
+  a.k = static_cast<const uint16_t*>(p.k_ptr);
+  a.v = static_cast<const uint16_t*>(p.v_ptr);
+  a.out = static_cast<const uint16_t*>(p.out_ptr);
+  a.dout = static_cast<const uint16_t*>(bp.dout_ptr);
+  a.lse = static_cast<const float*>(p.lse_ptr);
+  a.dq_ptr = static_cast<uint16_t*>(bp.dq_ptr);
+  a.dk_ptr = static_cast<uint16_t*>(bp.dk_ptr);
+  a.dv_ptr = static_cast<uint16_t*>(bp.dv_ptr);
+  a.d_sinks = p.rules.sinks != nullptr ? bp.d_sinks : nullptr;
+  a.seq = p.seq;
+  a.q_addr = p.q, a.out_addr = p.out, a.dout_addr = bp.dout, a.dq_addr = bp.dq;
+  a.k_addr = p.k, a.v_addr = p.v, a.dk_addr = bp.dk, a.dv_addr = bp.dv;
+  a.lse_addr = p.lse;
+  a.rules = p.rules;
+  a.k_rows_cap = p.seq.kv_layout == KvLayout::Batched ? p.seq.sk : 0;
+  a.total_rows = w.total_rows;
+  a.hq = int32_t(p.hq), a.hkv = int32_t(p.hkv), a.d = int32_t(p.d), a.dv = int32_t(p.dv);
+  a.group = int32_t(p.group);
+  a.dacc = w.dacc;
+  a.bf16 = p.dtype == FP_BF16;
+  auto even = [](int64_t x) { return (x & 1) == 0; };
+  a.kv_out_vec_ok = (reinterpret_cast<uintptr_t>(a.dk_ptr) & 3) == 0 && (reinterpret_cast<uintptr_t>(a.dv_ptr) & 3) == 0 &&
+                    even(bp.dk.s0) && even(bp.dk.s1) && even(bp.dk.s2) && even(bp.dv.s0) &&
+                    even(bp.dv.s1) && even(bp.dv.s2);
+  a.scale = p.rules.scale;
+  a.scale_log2 = p.rules.scale * kLog2eAux;
+  if (p.rules.softcap > 0.0f) {
+    a.softcap_in = p.rules.scale / p.rules.softcap;
+    a.softcap_out = p.rules.softcap * kLog2eAux;
+  }
+  a.ws_lse2 = reinterpret_cast<float*>(ws + w.lse_off);
+  a.ws_dsum = reinterpret_cast<float*>(ws + w.dsum_off);
+  a.ws_dq = reinterpret_cast<float*>(ws + w.dq_off);
+  return a;
+}
 
 Status plan_bwd_cuda(const BwdProblem& bp, int smem_optin, Plan* plan) {
   const Problem& p = bp.fwd;
@@ -207,7 +252,7 @@ Status plan_bwd_cuda(const BwdProblem& bp, int smem_optin, Plan* plan) {
   *plan = Plan{};
   std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:%s%s", C.name,
                 p.dtype == FP_BF16 ? "bf16" : "fp16", bp.deterministic ? ":deterministic" : ":atomic-dq");
-  plan->workspace_bytes = l.total;
+  plan->workspace_bytes = l.ws.total;
   plan->num_splits = 1;
   plan->kernel_id = l.tile * 2 + (p.dtype == FP_BF16 ? 1 : 0);
   return Status::ok();
@@ -216,54 +261,19 @@ Status plan_bwd_cuda(const BwdProblem& bp, int smem_optin, Plan* plan) {
 Status run_bwd_cuda(const BwdProblem& bp, const Plan& plan, void* workspace, gpuStream_t stream) {
   const Problem& p = bp.fwd;
   const BwdLayout l = layout_of(bp);
-  if (l.total != plan.workspace_bytes || plan.kernel_id != l.tile * 2 + (p.dtype == FP_BF16 ? 1 : 0))
+  if (l.ws.total != plan.workspace_bytes || plan.kernel_id != l.tile * 2 + (p.dtype == FP_BF16 ? 1 : 0))
     return {FP_ERR_RUNTIME, "cuda backend: plan does not match the call (re-select after changing it)"};
   if (p.seq.batch == 0) return Status::ok();
-  char* ws = static_cast<char*>(workspace);
-  BwdArgs a;
-  a.q = static_cast<const uint16_t*>(p.q_ptr);
-  a.k = static_cast<const uint16_t*>(p.k_ptr);
-  a.v = static_cast<const uint16_t*>(p.v_ptr);
-  a.out = static_cast<const uint16_t*>(p.out_ptr);
-  a.dout = static_cast<const uint16_t*>(bp.dout_ptr);
-  a.lse = static_cast<const float*>(p.lse_ptr);
-  a.dq_ptr = static_cast<uint16_t*>(bp.dq_ptr);
-  a.dk_ptr = static_cast<uint16_t*>(bp.dk_ptr);
-  a.dv_ptr = static_cast<uint16_t*>(bp.dv_ptr);
-  a.d_sinks = p.rules.sinks != nullptr ? bp.d_sinks : nullptr;
-  a.seq = p.seq;
-  a.q_addr = p.q, a.out_addr = p.out, a.dout_addr = bp.dout, a.dq_addr = bp.dq;
-  a.k_addr = p.k, a.v_addr = p.v, a.dk_addr = bp.dk, a.dv_addr = bp.dv;
-  a.lse_addr = p.lse;
-  a.rules = p.rules;
-  a.k_rows_cap = p.seq.kv_layout == KvLayout::Batched ? p.seq.sk : 0;
-  a.total_rows = l.total_rows;
-  a.hq = int32_t(p.hq), a.hkv = int32_t(p.hkv), a.d = int32_t(p.d), a.dv = int32_t(p.dv);
-  a.group = int32_t(p.group);
-  a.dacc = l.dacc;
+  BwdArgs a = bwd_common_args(bp, l.ws, workspace);
   a.m_blocks = static_cast<int32_t>(l.m_blocks);
-  a.bf16 = p.dtype == FP_BF16;
   a.vec_ok = aligned16(a.q) && aligned16(a.k) && aligned16(a.v) && aligned16(a.dout) &&
              mult8(p.q.row_stride) && mult8(p.q.head_stride) && mult8(p.q.batch_stride) &&
              mult8(bp.dout.row_stride) && mult8(bp.dout.head_stride) && mult8(bp.dout.batch_stride) &&
              mult8(p.k.s0) && mult8(p.k.s1) && mult8(p.k.s2) && mult8(p.v.s0) && mult8(p.v.s1) &&
              mult8(p.v.s2);
-  auto even = [](int64_t x) { return (x & 1) == 0; };
-  a.kv_out_vec_ok = (reinterpret_cast<uintptr_t>(a.dk_ptr) & 3) == 0 && (reinterpret_cast<uintptr_t>(a.dv_ptr) & 3) == 0 &&
-                    even(bp.dk.s0) && even(bp.dk.s1) && even(bp.dk.s2) && even(bp.dv.s0) &&
-                    even(bp.dv.s1) && even(bp.dv.s2);
   a.deterministic = bp.deterministic;
-  a.scale = p.rules.scale;
-  a.scale_log2 = p.rules.scale * kLog2eAux;
-  if (p.rules.softcap > 0.0f) {
-    a.softcap_in = p.rules.scale / p.rules.softcap;
-    a.softcap_out = p.rules.softcap * kLog2eAux;
-  }
-  a.ws_lse2 = reinterpret_cast<float*>(ws + l.lse_off);
-  a.ws_dsum = reinterpret_cast<float*>(ws + l.dsum_off);
-  a.ws_dq = reinterpret_cast<float*>(ws + l.dq_off);
-  a.ws_sema = reinterpret_cast<int32_t*>(ws + l.sema_off);
-  a.sema_count = l.sema_count;
+  a.ws_sema = reinterpret_cast<int32_t*>(static_cast<char*>(workspace) + l.ws.sema_off);
+  a.sema_count = l.ws.sema_count;
 
   if (gpuError_t e = launch_bwd_preprocess(a, stream); e != gpuSuccess)
     return {FP_ERR_RUNTIME, std::string("cuda backend: backward preprocess launch: ") + gpuGetErrorString(e)};

@@ -1048,27 +1048,6 @@ FP_INSTANTIATE_HOPPER_BWD(256, true)
 
 namespace {
 
-size_t align256(size_t x) { return (x + 255) / 256 * 256; }
-
-// The workspace of the mma.sync backward (bwd_aux.cu, layout_of) in the atomic mode:
-// lse2 [Hq][rows], dsum [Hq][rows], dq_acc [Hq][rows][dacc], no semaphores.
-struct HopperBwdLayout {
-  int64_t total_rows = 0;
-  int32_t dacc = 0;
-  size_t lse_off = 0, dsum_off = 0, dq_off = 0, total = 0;
-};
-HopperBwdLayout hopper_layout(const Problem& p) {
-  HopperBwdLayout l;
-  l.total_rows = p.total_q_rows;
-  l.dacc = static_cast<int32_t>((p.d + 7) / 8 * 8);
-  const size_t rows = size_t(p.hq) * size_t(l.total_rows);
-  l.lse_off = 0;
-  l.dsum_off = align256(rows * 4);
-  l.dq_off = l.dsum_off + align256(rows * 4);
-  l.total = l.dq_off + align256(rows * size_t(l.dacc) * 4);
-  return l;
-}
-
 const char* hopper_bwd_name(int d) {
   return d == 64 ? "sm90_wgmma_bwd_d64_m128n128" : d == 128 ? "sm90_wgmma_bwd_d128_m64n128" : "sm90_wgmma_bwd_d256_m64n64";
 }
@@ -1077,7 +1056,8 @@ const char* hopper_bwd_name(int d) {
 
 bool hopper_bwd_plan(const BwdProblem& bp, Plan* plan) {
   const Problem& p = bp.fwd;
-  if (hopper_layout(p).total != plan->workspace_bytes) return false;  // layouts drifted apart
+  // The Hopper kernel uses the mma.sync plan's workspace without semaphores (atomic dQ).
+  if (bwd_workspace(p, 0).total != plan->workspace_bytes) return false;
   std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:%s:atomic-dq", hopper_bwd_name(int(p.d)),
                 p.dtype == FP_BF16 ? "bf16" : "fp16");
   plan->num_splits = 1;
@@ -1087,51 +1067,12 @@ bool hopper_bwd_plan(const BwdProblem& bp, Plan* plan) {
 
 Status run_bwd_hopper(const BwdProblem& bp, const Plan& plan, void* workspace, gpuStream_t stream) {
   const Problem& p = bp.fwd;
-  const HopperBwdLayout l = hopper_layout(p);
-  if (l.total != plan.workspace_bytes || plan.kernel_id != kHopperBwdKernelId || bp.deterministic)
+  const BwdWorkspace w = bwd_workspace(p, 0);
+  if (w.total != plan.workspace_bytes || plan.kernel_id != kHopperBwdKernelId || bp.deterministic)
     return {FP_ERR_RUNTIME, "cuda backend: plan does not match the call (re-select after changing it)"};
   if (p.seq.batch == 0) return Status::ok();
-  char* ws = static_cast<char*>(workspace);
-  BwdArgs a;
-  a.q = static_cast<const uint16_t*>(p.q_ptr);
-  a.k = static_cast<const uint16_t*>(p.k_ptr);
-  a.v = static_cast<const uint16_t*>(p.v_ptr);
-  a.out = static_cast<const uint16_t*>(p.out_ptr);
-  a.dout = static_cast<const uint16_t*>(bp.dout_ptr);
-  a.lse = static_cast<const float*>(p.lse_ptr);
-  a.dq_ptr = static_cast<uint16_t*>(bp.dq_ptr);
-  a.dk_ptr = static_cast<uint16_t*>(bp.dk_ptr);
-  a.dv_ptr = static_cast<uint16_t*>(bp.dv_ptr);
-  a.d_sinks = p.rules.sinks != nullptr ? bp.d_sinks : nullptr;
-  a.seq = p.seq;
-  a.q_addr = p.q, a.out_addr = p.out, a.dout_addr = bp.dout, a.dq_addr = bp.dq;
-  a.k_addr = p.k, a.v_addr = p.v, a.dk_addr = bp.dk, a.dv_addr = bp.dv;
-  a.lse_addr = p.lse;
-  a.rules = p.rules;
-  a.k_rows_cap = p.seq.kv_layout == KvLayout::Batched ? p.seq.sk : 0;
-  a.total_rows = l.total_rows;
-  a.hq = int32_t(p.hq), a.hkv = int32_t(p.hkv), a.d = int32_t(p.d), a.dv = int32_t(p.dv);
-  a.group = int32_t(p.group);
-  a.dacc = l.dacc;
-  a.m_blocks = 0;
-  a.bf16 = p.dtype == FP_BF16;
+  BwdArgs a = bwd_common_args(bp, w, workspace);  // atomic dQ: no semaphores
   a.vec_ok = true;  // checked by hopper_bwd_check
-  auto even = [](int64_t x) { return (x & 1) == 0; };
-  a.kv_out_vec_ok = (reinterpret_cast<uintptr_t>(a.dk_ptr) & 3) == 0 && (reinterpret_cast<uintptr_t>(a.dv_ptr) & 3) == 0 &&
-                    even(bp.dk.s0) && even(bp.dk.s1) && even(bp.dk.s2) && even(bp.dv.s0) &&
-                    even(bp.dv.s1) && even(bp.dv.s2);
-  a.deterministic = false;
-  a.scale = p.rules.scale;
-  a.scale_log2 = p.rules.scale * sm90::kBwdLog2eH;
-  if (p.rules.softcap > 0.0f) {
-    a.softcap_in = p.rules.scale / p.rules.softcap;
-    a.softcap_out = p.rules.softcap * sm90::kBwdLog2eH;
-  }
-  a.ws_lse2 = reinterpret_cast<float*>(ws + l.lse_off);
-  a.ws_dsum = reinterpret_cast<float*>(ws + l.dsum_off);
-  a.ws_dq = reinterpret_cast<float*>(ws + l.dq_off);
-  a.ws_sema = nullptr;
-  a.sema_count = 0;
 
   if (gpuError_t e = launch_bwd_preprocess(a, stream); e != gpuSuccess)
     return {FP_ERR_RUNTIME, std::string("cuda backend: backward preprocess launch: ") + gpuGetErrorString(e)};

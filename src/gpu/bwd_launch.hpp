@@ -120,6 +120,22 @@ gpuError_t launch_bwd(const BwdArgs& a, dim3 grid, gpuStream_t stream);
 gpuError_t launch_bwd_preprocess(const BwdArgs& a, gpuStream_t stream);
 gpuError_t launch_bwd_convert(const BwdArgs& a, gpuStream_t stream);
 
+// The backward's workspace, shared by the mma.sync and the Hopper paths: lse2 [Hq][rows],
+// dsum [Hq][rows], dq_acc [Hq][rows][dacc] (fp32), then `sema_count` int32 semaphores
+// (deterministic mode), each area 256-byte aligned.
+struct BwdWorkspace {
+  int64_t total_rows = 0;  // rows of each per-head area: B * Sq (batched) or Tq (packed)
+  int32_t dacc = 0;        // row stride of dq_acc: D rounded up to 8
+  size_t lse_off = 0, dsum_off = 0, dq_off = 0, sema_off = 0, total = 0;
+  int64_t sema_count = 0;
+};
+BwdWorkspace bwd_workspace(const Problem& p, int64_t sema_count);
+
+// The BwdArgs fields every backward path fills alike: tensors and their addressing, score rules,
+// scales, sizes, and the lse2/dsum/dq_acc areas of `workspace`. The caller sets the rest
+// (m_blocks, vec_ok, deterministic, semaphores).
+BwdArgs bwd_common_args(const BwdProblem& bp, const BwdWorkspace& w, void* workspace);
+
 // Called from CudaBackend::plan_bwd / run_bwd (cuda_backend.cu) after its device checks.
 Status plan_bwd_cuda(const BwdProblem& p, int smem_optin, Plan* plan);
 Status run_bwd_cuda(const BwdProblem& p, const Plan& plan, void* workspace, gpuStream_t stream);

@@ -122,8 +122,9 @@ struct Decision {
   int splits = 1;
   int64_t m_blocks = 0, heads_grid = 0, work_tiles = 0, key_blocks = 0;
   bool rotary_q = false;
-  bool fused_combine = false;  // splits > 1: the main kernel's last split block merges (no combine kernel)
-  SplitCombine combine = SplitCombine::Kernel;
+  SplitCombine combine = SplitCombine::Kernel;  // set only when splits > 1
+  // The main kernel's last split block merges the partials (no combine kernel).
+  bool fused_combine() const { return combine != SplitCombine::Kernel; }
   size_t ws_q_bytes = 0, ws_o_offset = 0, ws_lse_offset = 0, ws_counters_offset = 0, ws_total = 0;
   int64_t ws_rows = 0;
   int64_t q_rot_row_stride = 0;  // dense rotated-q copy: [rows, Hq, round_up(D, 8)]
@@ -190,8 +191,7 @@ Status decide(const Problem& p, const DeviceInfo& dev, Decision* out) {
     // Fused combine (decode tiles only): one uint32 arrival counter per work tile, zeroed on the
     // stream before each launch.
     d.combine = d.tile >= kDecode64 ? split_combine_mode() : SplitCombine::Kernel;
-    d.fused_combine = d.combine == SplitCombine::Fused || d.combine == SplitCombine::FusedNoMemset;
-    if (d.fused_combine) {
+    if (d.fused_combine()) {
       d.ws_counters_offset = off;
       off += align_up(size_t(d.work_tiles) * 4, 256);
     }
@@ -263,7 +263,7 @@ class CudaBackend final : public Backend {
     std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:%s%s%s%s",
                   kTileConfigs[d.tile].name, p.dtype == FP_BF16 ? "bf16" : "fp16",
                   d.pack > 1 ? ":packgqa" : "",
-                  d.splits > 1 ? (d.fused_combine ? ":splitkv+fused" : ":splitkv+combine") : "",
+                  d.splits > 1 ? (d.fused_combine() ? ":splitkv+fused" : ":splitkv+combine") : "",
                   p.seq.snew > 0 ? (d.rotary_q ? ":append+rotary" : ":append") : "");
     plan->workspace_bytes = d.ws_total;
     plan->num_splits = d.splits;
@@ -354,7 +354,7 @@ class CudaBackend final : public Backend {
       a.ws_o = reinterpret_cast<float*>(ws + d.ws_o_offset);
       a.ws_lse = reinterpret_cast<float*>(ws + d.ws_lse_offset);
       a.ws_rows = d.ws_rows;
-      if (d.fused_combine) a.ws_counters = reinterpret_cast<uint32_t*>(ws + d.ws_counters_offset);
+      if (d.fused_combine()) a.ws_counters = reinterpret_cast<uint32_t*>(ws + d.ws_counters_offset);
     }
     if (plan.kernel_id == kHopperKernelId) {
 #if defined(FLASHPORT_WITH_HOPPER_FWD)
@@ -385,7 +385,7 @@ class CudaBackend final : public Backend {
         return {FP_ERR_RUNTIME, std::string("cuda backend: ") + kTileConfigs[d.tile].name +
                                     " launch: " + gpuGetErrorString(e)};
     }
-    if (d.splits > 1 && !d.fused_combine) {
+    if (d.splits > 1 && !d.fused_combine()) {
       MergeArgs m;
       m.part = a.ws_o;
       m.part_dtype = FP_F32;
