@@ -98,88 +98,24 @@ inline std::string amd_grid_refusal(const AmdFwdLaunch& l) {
   return "";
 }
 
-// The rotated-q copy in the workspace: dense [B|T, Sq, Hq, round8(D)].
-inline RowAddr amd_q_rot_addr(const Problem& p, const AmdFwdLaunch& l) {
-  RowAddr r;
-  r.packed = p.q.packed;
-  r.head_stride = (p.d + 7) / 8 * 8;
-  r.row_stride = l.q_rot_row_stride;
-  r.batch_stride = p.q.packed ? 0 : p.seq.sq * l.q_rot_row_stride;
-  return r;
-}
-
 // The append / rotary pre-pass arguments (l.append or l.rotary_q).
 inline AppendArgs amd_append_args(const Problem& p, const AmdFwdLaunch& l, void* workspace) {
-  AppendArgs ap;
-  ap.seq = p.seq;
-  ap.k_new = static_cast<const uint16_t*>(p.k_new_ptr);
-  ap.v_new = static_cast<const uint16_t*>(p.v_new_ptr);
-  ap.k_new_addr = p.k_new;
-  ap.v_new_addr = p.v_new;
-  ap.k = static_cast<uint16_t*>(p.k_ptr);
-  ap.v = static_cast<uint16_t*>(p.v_ptr);
-  ap.k_addr = p.k;
-  ap.v_addr = p.v;
-  ap.num_pages = p.raw->k.shape[0];
-  ap.q = static_cast<const uint16_t*>(p.q_ptr);
-  ap.q_addr = p.q;
-  ap.cos = p.rotary_cos;
-  ap.sin = p.rotary_sin;
-  ap.rot_f32 = p.rotary_dtype == FP_F32;
-  ap.rot_stride = p.rotary_row_stride;
-  ap.rot_rows = p.rotary_rows;
-  ap.rot_dim = static_cast<int32_t>(p.rotary_dim);
-  ap.interleaved = p.rotary_interleaved;
-  ap.q_pos_per_row = p.rules.window_left >= 0 || p.rules.window_right >= 0;
-  ap.hq = int32_t(p.hq), ap.hkv = int32_t(p.hkv), ap.d = int32_t(p.d), ap.dv = int32_t(p.dv);
-  if (l.rotary_q) {
-    ap.q_rot = static_cast<uint16_t*>(workspace);
-    ap.q_rot_addr = amd_q_rot_addr(p, l);
-  }
-  return ap;
+  return append_args(p, l.rotary_q ? static_cast<uint16_t*>(workspace) : nullptr, l.q_rot_row_stride);
 }
 
-// The kernel arguments of a call (the CUDA backend builds the same fields in run_fwd).
-// `workspace`: l.ws_bytes bytes (may be null when that is 0); its content on entry is anything.
+// The kernel arguments of a call: the fields every backend fills alike (kernel_args.hpp), plus
+// the split partials. `workspace`: l.ws_bytes bytes (may be null when that is 0); its content on
+// entry is anything.
 inline FwdArgs amd_fwd_args(const Problem& p, const AmdFwdLaunch& l, void* workspace) {
-  auto aligned16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
-  auto mult8 = [](int64_t x) { return (x & 7) == 0; };
   char* ws = static_cast<char*>(workspace);
-  FwdArgs a;
-  a.q = l.rotary_q ? reinterpret_cast<const uint16_t*>(ws) : static_cast<const uint16_t*>(p.q_ptr);
-  a.k = static_cast<const uint16_t*>(p.k_ptr);
-  a.v = static_cast<const uint16_t*>(p.v_ptr);
-  a.out = p.out_ptr;
-  a.lse = p.has_lse ? static_cast<float*>(p.lse_ptr) : nullptr;
-  a.seq = p.seq;
-  a.q_addr = l.rotary_q ? amd_q_rot_addr(p, l) : p.q;
-  a.out_addr = p.out;
-  a.k_addr = p.k;
-  a.v_addr = p.v;
-  a.lse_addr = p.lse;
-  a.rules = p.rules;
-  a.k_rows_cap = p.seq.kv_layout == KvLayout::Batched ? p.seq.sk
-                 : p.seq.kv_layout == KvLayout::Paged ? p.seq.max_blocks * p.seq.page_size : 0;
-  a.num_pages = p.seq.kv_layout == KvLayout::Paged ? p.raw->k.shape[0] : 0;
-  a.hq = int32_t(p.hq), a.hkv = int32_t(p.hkv), a.d = int32_t(p.d), a.dv = int32_t(p.dv);
-  a.group = int32_t(p.group);
-  a.pack = l.pack;
-  a.splits = l.splits;
+  FwdArgs a = l.rotary_q ? fwd_args(p, reinterpret_cast<const uint16_t*>(ws), q_rot_addr(p, l.q_rot_row_stride),
+                                    l.pack, l.splits)
+                         : fwd_args(p, static_cast<const uint16_t*>(p.q_ptr), p.q, l.pack, l.splits);
   if (l.splits > 1) {
     a.ws_o = reinterpret_cast<float*>(ws + l.ws_o_offset);
     a.ws_lse = reinterpret_cast<float*>(ws + l.ws_lse_offset);
     a.ws_rows = l.ws_rows;  // ws_counters stays null: the combine kernel merges (no fused epilogue)
   }
-  a.scale_log2 = p.rules.scale * 1.4426950408889634f;
-  if (p.rules.softcap > 0.0f) {
-    a.softcap_in = p.rules.scale / p.rules.softcap;
-    a.softcap_out = p.rules.softcap * 1.4426950408889634f;
-  }
-  a.vec_ok = aligned16(a.q) && aligned16(a.k) && aligned16(a.v) && mult8(a.q_addr.row_stride) &&
-             mult8(a.q_addr.head_stride) && mult8(a.q_addr.batch_stride) && mult8(p.k.s0) && mult8(p.k.s1) &&
-             mult8(p.k.s2) && mult8(p.v.s0) && mult8(p.v.s1) && mult8(p.v.s2);
-  a.out_vec_ok = (reinterpret_cast<uintptr_t>(a.out) & 3) == 0 && (p.out.row_stride & 1) == 0 &&
-                 (p.out.head_stride & 1) == 0 && (p.out.batch_stride & 1) == 0;
   return a;
 }
 

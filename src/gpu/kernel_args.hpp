@@ -94,4 +94,87 @@ struct AppendArgs {
   int32_t hq = 0, hkv = 0, d = 0, dv = 0;
 };
 
+// ---- host-side builders shared by the CUDA and HIP backends --------------------------------
+
+// The rotated-q copy in the workspace: dense [B|T, Sq, Hq, round8(D)] rows of `row_stride`.
+inline RowAddr q_rot_addr(const Problem& p, int64_t row_stride) {
+  RowAddr r;
+  r.packed = p.q.packed;
+  r.head_stride = (p.d + 7) / 8 * 8;
+  r.row_stride = row_stride;
+  r.batch_stride = p.q.packed ? 0 : p.seq.sq * row_stride;
+  return r;
+}
+
+// The append / rotary pre-pass arguments. `q_rot`: the workspace copy q is rotated into (with
+// rows of `q_rot_row_stride`), or null when q is not rotated.
+inline AppendArgs append_args(const Problem& p, uint16_t* q_rot, int64_t q_rot_row_stride) {
+  AppendArgs ap;
+  ap.seq = p.seq;
+  ap.k_new = static_cast<const uint16_t*>(p.k_new_ptr);
+  ap.v_new = static_cast<const uint16_t*>(p.v_new_ptr);
+  ap.k_new_addr = p.k_new;
+  ap.v_new_addr = p.v_new;
+  ap.k = static_cast<uint16_t*>(p.k_ptr);
+  ap.v = static_cast<uint16_t*>(p.v_ptr);
+  ap.k_addr = p.k;
+  ap.v_addr = p.v;
+  ap.num_pages = p.raw->k.shape[0];
+  ap.q = static_cast<const uint16_t*>(p.q_ptr);
+  ap.q_addr = p.q;
+  ap.cos = p.rotary_cos;
+  ap.sin = p.rotary_sin;
+  ap.rot_f32 = p.rotary_dtype == FP_F32;
+  ap.rot_stride = p.rotary_row_stride;
+  ap.rot_rows = p.rotary_rows;
+  ap.rot_dim = static_cast<int32_t>(p.rotary_dim);
+  ap.interleaved = p.rotary_interleaved;
+  ap.q_pos_per_row = p.rules.window_left >= 0 || p.rules.window_right >= 0;
+  ap.hq = int32_t(p.hq), ap.hkv = int32_t(p.hkv), ap.d = int32_t(p.d), ap.dv = int32_t(p.dv);
+  if (q_rot != nullptr) {
+    ap.q_rot = q_rot;
+    ap.q_rot_addr = q_rot_addr(p, q_rot_row_stride);
+  }
+  return ap;
+}
+
+// The main loop's arguments for q at (q, q_addr): the caller's q or its rotated workspace copy.
+// The split-KV workspace areas (ws_o, ws_lse, ws_rows, ws_counters) are the caller's to set.
+inline FwdArgs fwd_args(const Problem& p, const uint16_t* q, const RowAddr& q_addr, int pack, int splits) {
+  auto aligned16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
+  auto mult8 = [](int64_t x) { return (x & 7) == 0; };
+  constexpr float kLog2e = 1.4426950408889634f;
+  FwdArgs a;
+  a.q = q;
+  a.q_addr = q_addr;
+  a.k = static_cast<const uint16_t*>(p.k_ptr);
+  a.v = static_cast<const uint16_t*>(p.v_ptr);
+  a.out = p.out_ptr;
+  a.lse = p.has_lse ? static_cast<float*>(p.lse_ptr) : nullptr;
+  a.seq = p.seq;
+  a.out_addr = p.out;
+  a.k_addr = p.k;
+  a.v_addr = p.v;
+  a.lse_addr = p.lse;
+  a.rules = p.rules;
+  a.k_rows_cap = p.seq.kv_layout == KvLayout::Batched ? p.seq.sk
+                 : p.seq.kv_layout == KvLayout::Paged ? p.seq.max_blocks * p.seq.page_size : 0;
+  a.num_pages = p.seq.kv_layout == KvLayout::Paged ? p.raw->k.shape[0] : 0;
+  a.hq = int32_t(p.hq), a.hkv = int32_t(p.hkv), a.d = int32_t(p.d), a.dv = int32_t(p.dv);
+  a.group = int32_t(p.group);
+  a.pack = pack;
+  a.splits = splits;
+  a.scale_log2 = p.rules.scale * kLog2e;
+  if (p.rules.softcap > 0.0f) {
+    a.softcap_in = p.rules.scale / p.rules.softcap;
+    a.softcap_out = p.rules.softcap * kLog2e;
+  }
+  a.vec_ok = aligned16(a.q) && aligned16(a.k) && aligned16(a.v) && mult8(a.q_addr.row_stride) &&
+             mult8(a.q_addr.head_stride) && mult8(a.q_addr.batch_stride) && mult8(p.k.s0) && mult8(p.k.s1) &&
+             mult8(p.k.s2) && mult8(p.v.s0) && mult8(p.v.s1) && mult8(p.v.s2);
+  a.out_vec_ok = (reinterpret_cast<uintptr_t>(a.out) & 3) == 0 && (p.out.row_stride & 1) == 0 &&
+                 (p.out.head_stride & 1) == 0 && (p.out.batch_stride & 1) == 0;
+  return a;
+}
+
 }  // namespace flashport::gpu
