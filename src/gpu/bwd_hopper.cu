@@ -35,6 +35,7 @@
 #include "bwd_hopper.hpp"
 #include "bwd_hopper_wgmma.hpp"
 #include "hopper_smem.hpp"
+#include "kernel_info.cuh"
 #include "tile_io.cuh"
 #include "tile_mma.hpp"
 
@@ -994,7 +995,6 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
 }  // namespace sm90
 
 // ---- host side -----------------------------------------------------------------------------
-constexpr int kMaxHopperBwdDevices = 64;
 
 template <int D, typename Elem>
 constexpr auto hopper_bwd_kernel_for() {
@@ -1006,27 +1006,7 @@ constexpr int hopper_bwd_threads(int d) { return d == 256 ? HopperBwdTileD256::k
 template <int D, bool kBf16>
 BwdKernelInfo hopper_bwd_kernel_info(int device) {
   using Elem = std::conditional_t<kBf16, BFloat16, Half>;
-  constexpr auto kernel = hopper_bwd_kernel_for<D, Elem>();
-  static BwdKernelInfo cache[kMaxHopperBwdDevices];
-  static std::atomic<bool> ready[kMaxHopperBwdDevices];
-  if (device < 0 || device >= kMaxHopperBwdDevices) return BwdKernelInfo{gpuErrorInvalidDevice};
-  if (ready[device].load(std::memory_order_acquire)) return cache[device];
-  BwdKernelInfo info;
-  gpuFuncAttributes attr;
-  const int smem = hopper_bwd_smem_bytes(D);
-  info.status = gpuFuncGetAttributes(&attr, kernel);
-  if (info.status == gpuSuccess) {
-    info.num_regs = attr.numRegs;
-    info.local_bytes = static_cast<int>(attr.localSizeBytes);
-    info.status = gpuFuncSetAttribute(kernel, gpuFuncAttributeMaxDynamicSharedMemorySize, smem);
-  }
-  if (info.status == gpuSuccess)
-    info.status = gpuOccupancyMaxActiveBlocksPerMultiprocessor(&info.blocks_per_sm, kernel,
-                                                                hopper_bwd_threads(D), smem);
-  gpuGetLastError();
-  cache[device] = info;
-  ready[device].store(true, std::memory_order_release);
-  return info;
+  return cached_kernel_info<hopper_bwd_kernel_for<D, Elem>()>(device, hopper_bwd_threads(D), hopper_bwd_smem_bytes(D));
 }
 
 template <int D, bool kBf16>

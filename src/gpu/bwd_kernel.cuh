@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "bwd_launch.hpp"
+#include "kernel_info.cuh"
 #include "core/philox.hpp"
 #include "tile_io.cuh"
 #include "tile_mma.hpp"
@@ -25,7 +26,6 @@
 namespace flashport::gpu {
 
 constexpr float kBwdLog2e = 1.4426950408889634f;
-constexpr int kBwdMaxDevices = 64;
 
 // Element offset of key row j of sequence b, head kvh in a batched or packed k-like tensor (the
 // backward takes no paged cache and no cache_batch_idx: resolve_bwd declines them).
@@ -464,26 +464,7 @@ template <int kTile, bool kBf16>
 BwdKernelInfo bwd_kernel_info(int device) {
   using Elem = std::conditional_t<kBf16, BFloat16, Half>;
   constexpr BwdTile C = kBwdTiles[kTile];
-  static BwdKernelInfo cache[kBwdMaxDevices];
-  static std::atomic<bool> ready[kBwdMaxDevices];
-  if (device < 0 || device >= kBwdMaxDevices) return BwdKernelInfo{gpuErrorInvalidDevice};
-  if (ready[device].load(std::memory_order_acquire)) return cache[device];
-  BwdKernelInfo info;
-  gpuFuncAttributes attr;
-  info.status = gpuFuncGetAttributes(&attr, bwd_kernel<kTile, Elem>);
-  if (info.status == gpuSuccess) {
-    info.num_regs = attr.numRegs;
-    info.local_bytes = static_cast<int>(attr.localSizeBytes);
-    info.status = gpuFuncSetAttribute(bwd_kernel<kTile, Elem>,
-                                      gpuFuncAttributeMaxDynamicSharedMemorySize, C.smem_bytes());
-  }
-  if (info.status == gpuSuccess)
-    info.status = gpuOccupancyMaxActiveBlocksPerMultiprocessor(
-        &info.blocks_per_sm, bwd_kernel<kTile, Elem>, C.threads(), C.smem_bytes());
-  gpuGetLastError();
-  cache[device] = info;
-  ready[device].store(true, std::memory_order_release);
-  return info;
+  return cached_kernel_info<bwd_kernel<kTile, Elem>>(device, C.threads(), C.smem_bytes());
 }
 
 template <int kTile, bool kBf16>

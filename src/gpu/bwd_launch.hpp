@@ -16,6 +16,7 @@
 #include "core/backend.hpp"
 #include "core/problem.hpp"
 #include "core/status.hpp"
+#include "kernel_info.hpp"
 #include "vendor.hpp"
 
 namespace flashport::gpu {
@@ -105,12 +106,7 @@ struct BwdArgs {
   int64_t sema_count = 0;
 };
 
-struct BwdKernelInfo {
-  gpuError_t status = gpuSuccess;
-  int blocks_per_sm = 0;
-  int num_regs = 0;
-  int local_bytes = 0;
-};
+using BwdKernelInfo = KernelInfo;
 
 template <int kTile, bool kBf16>
 BwdKernelInfo bwd_kernel_info(int device);

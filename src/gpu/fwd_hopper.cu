@@ -22,6 +22,7 @@
 #include "fwd_hopper.hpp"
 #include "fwd_hopper_wgmma.hpp"
 #include "hopper_smem.hpp"
+#include "kernel_info.cuh"
 #include "tile_io.cuh"
 #include "tile_mma.hpp"
 
@@ -386,32 +387,11 @@ __global__ void __launch_bounds__(HopperTile::kThreads, 1) fwd_hopper_kernel(con
 
 }  // namespace sm90
 
-constexpr int kMaxHopperDevices = 64;
-
 template <int D, bool kBf16, bool kOverlap>
 KernelInfo hopper_fwd_kernel_info(int device) {
   using Elem = std::conditional_t<kBf16, BFloat16, Half>;
-  constexpr auto kernel = sm90::fwd_hopper_kernel<D, Elem, kOverlap>;
-  static KernelInfo cache[kMaxHopperDevices];
-  static std::atomic<bool> ready[kMaxHopperDevices];
-  if (device < 0 || device >= kMaxHopperDevices) return KernelInfo{gpuErrorInvalidDevice};
-  if (ready[device].load(std::memory_order_acquire)) return cache[device];
-  KernelInfo info;
-  gpuFuncAttributes attr;
-  const int smem = HopperTile::smem_bytes(D, kOverlap);
-  info.status = gpuFuncGetAttributes(&attr, kernel);
-  if (info.status == gpuSuccess) {
-    info.num_regs = attr.numRegs;
-    info.local_bytes = static_cast<int>(attr.localSizeBytes);
-    info.status = gpuFuncSetAttribute(kernel, gpuFuncAttributeMaxDynamicSharedMemorySize, smem);
-  }
-  if (info.status == gpuSuccess)
-    info.status = gpuOccupancyMaxActiveBlocksPerMultiprocessor(&info.blocks_per_sm, kernel,
-                                                                HopperTile::kThreads, smem);
-  gpuGetLastError();
-  cache[device] = info;
-  ready[device].store(true, std::memory_order_release);
-  return info;
+  return cached_kernel_info<sm90::fwd_hopper_kernel<D, Elem, kOverlap>>(device, HopperTile::kThreads,
+                                                                          HopperTile::smem_bytes(D, kOverlap));
 }
 
 template <int D, bool kBf16, bool kOverlap>

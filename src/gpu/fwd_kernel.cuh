@@ -607,34 +607,15 @@ FP_TARGET_NS_END
 
 // ---- host side: per-device setup and launch of one instance (CUDA; HIP: fwd_amd.hip) --------
 #if defined(FP_TARGET_NVIDIA)
-namespace flashport::gpu {
+#include "kernel_info.cuh"
 
-constexpr int kMaxDevices = 64;
+namespace flashport::gpu {
 
 template <int kTile, bool kBf16>
 KernelInfo fwd_kernel_info(int device) {
   using Elem = std::conditional_t<kBf16, BFloat16, Half>;
   constexpr TileConfig C = kTileConfigs[kTile];
-  static KernelInfo cache[kMaxDevices];
-  static std::atomic<bool> ready[kMaxDevices];
-  if (device < 0 || device >= kMaxDevices) return KernelInfo{gpuErrorInvalidDevice};
-  if (ready[device].load(std::memory_order_acquire)) return cache[device];
-  KernelInfo info;
-  gpuFuncAttributes attr;
-  info.status = gpuFuncGetAttributes(&attr, fwd_kernel<kTile, Elem>);
-  if (info.status == gpuSuccess) {
-    info.num_regs = attr.numRegs;
-    info.local_bytes = static_cast<int>(attr.localSizeBytes);
-    info.status = gpuFuncSetAttribute(fwd_kernel<kTile, Elem>,
-                                      gpuFuncAttributeMaxDynamicSharedMemorySize, C.smem_bytes());
-  }
-  if (info.status == gpuSuccess)
-    info.status = gpuOccupancyMaxActiveBlocksPerMultiprocessor(
-        &info.blocks_per_sm, fwd_kernel<kTile, Elem>, C.threads(), C.smem_bytes());
-  gpuGetLastError();  // a failed query must not surface as a later launch error
-  cache[device] = info;
-  ready[device].store(true, std::memory_order_release);
-  return info;
+  return cached_kernel_info<fwd_kernel<kTile, Elem>>(device, C.threads(), C.smem_bytes());
 }
 
 template <int kTile, bool kBf16>

@@ -3,19 +3,11 @@
 #pragma once
 #include "gpu_target.hpp"
 #include "kernel_args.hpp"
+#include "kernel_info.hpp"
 #include "tile_config.hpp"
 #include "vendor.hpp"
 
 namespace flashport::gpu {
-
-// Per-(device, kernel) facts read once: whether the device has an image of the kernel, and how
-// many blocks fit per SM at its shared-memory size (the dynamic limit is raised on first use).
-struct KernelInfo {
-  gpuError_t status = gpuSuccess;  // cudaErrorNoKernelImageForDevice when the arch wasn't built
-  int blocks_per_sm = 0;
-  int num_regs = 0;
-  int local_bytes = 0;
-};
 
 // kTile x {Half, BFloat16}; defined in the instance files.
 template <int kTile, bool kBf16>

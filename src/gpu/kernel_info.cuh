@@ -1,0 +1,37 @@
+// The per-device kernel query behind every *_kernel_info of the CUDA build (host code; reads
+// kernel attributes through the runtime, so only CUDA translation units include it).
+#pragma once
+#include <atomic>
+
+#include "kernel_info.hpp"
+#include "vendor.hpp"
+
+namespace flashport::gpu {
+
+// The query for kernel `kKernel` launched with `threads` threads and `smem` bytes of dynamic
+// shared memory, on the current device `device`; cached per device (each kernel instance has
+// its own cache). Host code of the CUDA build only: kernel attributes are read through the runtime.
+template <auto kKernel>
+KernelInfo cached_kernel_info(int device, int threads, int smem) {
+  constexpr int kMaxDevices = 64;
+  static KernelInfo cache[kMaxDevices];
+  static std::atomic<bool> ready[kMaxDevices];
+  if (device < 0 || device >= kMaxDevices) return KernelInfo{gpuErrorInvalidDevice};
+  if (ready[device].load(std::memory_order_acquire)) return cache[device];
+  KernelInfo info;
+  gpuFuncAttributes attr;
+  info.status = gpuFuncGetAttributes(&attr, kKernel);
+  if (info.status == gpuSuccess) {
+    info.num_regs = attr.numRegs;
+    info.local_bytes = static_cast<int>(attr.localSizeBytes);
+    info.status = gpuFuncSetAttribute(kKernel, gpuFuncAttributeMaxDynamicSharedMemorySize, smem);
+  }
+  if (info.status == gpuSuccess)
+    info.status = gpuOccupancyMaxActiveBlocksPerMultiprocessor(&info.blocks_per_sm, kKernel, threads, smem);
+  gpuGetLastError();  // a failed query must not surface as a later launch error
+  cache[device] = info;
+  ready[device].store(true, std::memory_order_release);
+  return info;
+}
+
+}  // namespace flashport::gpu
