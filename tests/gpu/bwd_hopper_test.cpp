@@ -25,21 +25,6 @@ using flashport::test::close;
 
 constexpr const char* kHopperBwdName = "sm90_wgmma_bwd";
 
-bool device_is_sm90() {
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess) return false;
-  return major == 9 && minor == 0;
-}
-
-bool hopper_built() {
-#if defined(FLASHPORT_TEST_HOPPER_BUILT)
-  return true;
-#else
-  return false;
-#endif
-}
-
 // Whether the Hopper backward takes head dim d (D == Dv) at all: D256 only when switched on.
 bool hopper_takes(int64_t d) { return d != 256 || flashport::gpu::kHopperBwdD256; }
 

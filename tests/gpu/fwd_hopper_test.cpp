@@ -15,21 +15,6 @@ namespace {
 
 constexpr const char* kHopperName = "sm90_wgmma";
 
-bool device_is_sm90() {
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess) return false;
-  return major == 9 && minor == 0;
-}
-
-bool hopper_built() {
-#if defined(FLASHPORT_TEST_HOPPER_BUILT)
-  return true;
-#else
-  return false;
-#endif
-}
-
 // Runs the case against the reference and checks which kernel ran.
 void check_hopper(const Case& c, bool expect_hopper) {
   fp_selection sel{};

@@ -42,6 +42,23 @@ inline int64_t rand_int(int64_t lo, int64_t hi) {
   return std::uniform_int_distribution<int64_t>(lo, hi)(test_rng());
 }
 
+// Device 0 is compute capability 9.0 (the sm_90a kernels' target).
+inline bool device_is_sm90() {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess) return false;
+  return major == 9 && minor == 0;
+}
+
+// The sm_90a (Hopper) objects are in this build (tests/gpu/CMakeLists.txt defines the macro).
+inline bool hopper_built() {
+#if defined(FLASHPORT_TEST_HOPPER_BUILT)
+  return true;
+#else
+  return false;
+#endif
+}
+
 // (seed, offset) as the 32-bit words of fp_attn_params.dropout_rng: seed lo, seed hi, offset lo, hi.
 inline std::vector<int32_t> rng_words(uint64_t seed, uint64_t offset) {
   auto w = [](uint64_t x, int hi) { return static_cast<int32_t>(static_cast<uint32_t>(x >> (32 * hi))); };
