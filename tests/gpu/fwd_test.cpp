@@ -448,6 +448,9 @@ void check_split_decode_mode(const Case& cs, int min_splits, bool fused) {
   DevBuf ws;
   ws.upload(garbage);
   CUDA_OK(cudaMemset(ws.ptr, 0xFF, ws.bytes));
+  // The memset runs on the legacy stream, asynchronously; `stream` is non-blocking and would not
+  // wait for it (it once landed after the library's counter reset: nothing merged, flaky).
+  CUDA_OK(cudaDeviceSynchronize());
   p.workspace = ws.ptr, p.workspace_bytes = ws.bytes, p.stream = stream;
   ASSERT_EQ(fp_attn_fwd(&p), FP_OK) << fp_last_error();
   CUDA_OK(cudaStreamSynchronize(stream));

@@ -90,6 +90,10 @@ struct DevBuf {
     }
     cudaMemset(static_cast<char*>(ptr) + bytes, kPattern, kSentinel);
     if (bytes) cudaMemcpy(ptr, t.storage(), bytes, cudaMemcpyHostToDevice);
+    // Both run on the legacy stream and may still be in flight when cudaMemcpy returns (the
+    // memset always, a pageable copy's DMA too); the tests' own streams are non-blocking and
+    // would not wait for them.
+    cudaDeviceSynchronize();
   }
   void download(HostTensor& t) const {
     if (bytes) cudaMemcpy(t.storage(), ptr, bytes, cudaMemcpyDeviceToHost);
