@@ -10,8 +10,27 @@ backend, e.g. "reference") and, for flash_attn_func/varlen, ``num_splits``.
 The kernels are torch.library custom ops (namespace ``flashport``) with fake implementations, so
 torch.compile(fullgraph=True) traces them, and autograd formulas (backward on every backend that has
 one). CPU and CUDA tensors; GPU calls run on the current CUDA stream with workspace from torch's
-caching allocator. Dropout draws (seed, offset) from torch's default generator of the tensors'
-device, so torch.manual_seed reproduces a run; backward replays the same pattern.
+caching allocator.
+
+Dropout RNG (CUDA-graph safe). Each dropout forward draws its Philox (seed, offset) as two random
+64-bit words with a torch random op (``Tensor.random_``) from torch's default generator of the
+tensors' device, into an int64 [2] tensor on that device; the kernels read it there (the C API's
+``dropout_rng``, whose int32 words are this tensor's little-endian halves), and the backward reads
+the same saved tensor, so it replays the forward's pattern. Nothing is read or decided on the host,
+so the same code is right eagerly and inside a CUDA graph (torch.cuda.graph, torch.compile
+mode="reduce-overhead"), where it inherits torch's own graph-safe RNG: the default generator is
+registered with the graph, each replay starts from the generator's current (seed, offset) and
+advances it, and each dropout call inside the graph has its own offset within the replay. Hence:
+  * torch.manual_seed reproduces an eager run, and a replay after torch.manual_seed(s) is
+    reproducible and keeps the same pattern as the eager run after torch.manual_seed(s) (same
+    sequence of random ops), as for torch's own dropout;
+  * every replay, and every call within one replay, gets a new pattern; the seed is not frozen at
+    capture time (torch.manual_seed between replays takes effect at the next replay);
+  * eager calls and replays consume the same generator, so they never reuse each other's draws.
+(A pattern is keyed by 128 random bits rather than by the generator's seed plus a reserved offset
+range, because the generator's seed and offset are host values that a graph would bake in; a graph
+can only reach them through a torch random op.) The custom op returns the tensor as its third
+output (``rng_state``: int64 [2] on the tensors' device; empty when dropout_p == 0).
 
 Differences from flash_attn, all loud:
   * ``cache_leftpad`` is not supported: passing it raises NotImplementedError.
@@ -24,6 +43,7 @@ Differences from flash_attn, all loud:
     meant for testing, as in flash_attn.
 """
 import math
+import sys
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -43,6 +63,9 @@ __all__ = [
 ]
 
 _U64 = (1 << 64) - 1
+# The int64 [2] rng_state is passed to the C API as its int32 view: {seed lo, seed hi, offset lo,
+# offset hi} needs little-endian words.
+assert sys.byteorder == "little", "flashport.torch: dropout_rng layout assumes a little-endian host"
 
 
 # --------------------------------------------------------------------------------------------
@@ -80,25 +103,23 @@ def _lse_dtype(q: Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
-def _draw_dropout_rng(device: torch.device, streams: int) -> Tensor:
-    """(seed, offset) for one dropout call, drawn from torch's default generator of `device`,
-    advancing it, as a CPU int64 [2] tensor (bit patterns of the uint64 values)."""
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        gen = torch.cuda.default_generators[index]
-        seed = gen.initial_seed()
-        offset = gen.get_offset()
-        # Our Philox streams are offset + b * Hq + h; the generator's offset moves in 4s.
-        gen.set_offset(offset + (streams + 3) // 4 * 4)
-    else:
-        seed, offset = (int(x) for x in torch.randint(0, 2**62, (2,), dtype=torch.int64))
-    as_i64 = [x - (1 << 64) if x >= (1 << 63) else x for x in (seed & _U64, offset & _U64)]
-    return torch.tensor(as_i64, dtype=torch.int64)
+def _draw_dropout_rng(rng: Tensor) -> None:
+    """Fills rng (int64 [2] on the tensors' device) with one dropout call's (seed, offset): two
+    uniformly random 64-bit words from torch's default generator of that device, drawn by a torch
+    random op on the current stream, so under CUDA-graph capture every replay draws anew (torch's
+    graph-safe generator state) and nothing is read on the host. See the module docstring."""
+    rng.random_(-(1 << 63), None)  # [-2^63, 2^63 - 1]: every 64-bit pattern
 
 
-def _rng_scalars(rng_state: Tensor) -> dict:
-    seed, offset = (int(x) & _U64 for x in rng_state.tolist())
-    return {"dropout_seed": seed, "dropout_offset": offset}
+def _rng_words(rng_state: Tensor, device: torch.device) -> Tensor:
+    """The C API's dropout_rng (int32 [4] {seed lo, seed hi, offset lo, offset hi}) as a view of
+    the int64 [2] rng_state (seed, offset); no copy, no host read."""
+    if rng_state.dtype != torch.int64 or tuple(rng_state.shape) != (2,) or \
+            rng_state.device != device:
+        raise ValueError(f"flashport: rng_state must be the int64 [2] (seed, offset) tensor on "
+                         f"{device} that the forward returned; got {rng_state.dtype} "
+                         f"{tuple(rng_state.shape)} on {rng_state.device}")
+    return rng_state.contiguous().view(torch.int32)
 
 
 def _backend_id(backend) -> int:
@@ -164,16 +185,14 @@ def _attn_fwd(
         scalars.update(max_seqlen_q=max_seqlen_q)
     if cu_seqlens_k is not None:
         scalars.update(max_seqlen_k=max_seqlen_k)
+    dropout_rng = None
     if dropout_p > 0.0:
-        batch = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.numel() - 1
-        rng.copy_(_draw_dropout_rng(q.device, batch * q.shape[-2]))
-        scalars.update(_rng_scalars(rng))
-    else:
-        rng.zero_()
+        _draw_dropout_rng(rng)
+        dropout_rng = _rng_words(rng, q.device)
     alloc, _held = _allocator(q.device)
     _C.attn_fwd(_tensors(q=q, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q,
                          cu_seqlens_k=cu_seqlens_k, block_table=block_table, seqused_k=seqused_k,
-                         alibi_slopes=alibi_slopes, sinks=sinks),
+                         alibi_slopes=alibi_slopes, sinks=sinks, dropout_rng=dropout_rng),
                 scalars, _stream(q.device), alloc)
     return out, lse, rng
 
@@ -187,7 +206,8 @@ def _attn_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
         lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=_lse_dtype(q))
     else:  # q [Tq, Hq, D] -> lse [Hq, Tq]
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=_lse_dtype(q))
-    rng = torch.empty((2,), dtype=torch.int64, device="cpu")
+    # rng_state: (seed, offset) on q's device when dropout is on, else empty (no work at p = 0).
+    rng = q.new_empty((2,) if dropout_p > 0.0 else (0,), dtype=torch.int64)
     return out, lse, rng
 
 
@@ -212,14 +232,15 @@ def _attn_bwd(
         scalars.update(max_seqlen_q=max_seqlen_q)
     if cu_seqlens_k is not None:
         scalars.update(max_seqlen_k=max_seqlen_k)
-    if dropout_p > 0.0:
-        scalars.update(_rng_scalars(rng_state))
+    # The forward's saved (seed, offset), read by the kernels where it lives (graph-safe).
+    dropout_rng = _rng_words(rng_state, q.device) if dropout_p > 0.0 else None
     alloc, _held = _allocator(q.device)
     _C.attn_bwd(_tensors(dout=_maybe_contiguous(dout), q=q, k=k, v=v, out=out, lse=lse,
                          cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                          block_table=block_table, seqused_k=seqused_k,
                          alibi_slopes=alibi_slopes, sinks=sinks, dq=dq, dk=dk, dv=dv,
-                         d_sinks=d_sinks if sinks is not None else None),
+                         d_sinks=d_sinks if sinks is not None else None,
+                         dropout_rng=dropout_rng),
                 scalars, _stream(q.device), alloc)
     return dq, dk, dv, d_sinks
 
@@ -399,6 +420,9 @@ def _attn_probs(q, k, lse, rng, dropout_p, scale, causal, window, softcap, alibi
                     for b in range(batch)]
         keep_all = None
         if dropout_p > 0.0:
+            # Host read of the (seed, offset): S_dmask is a testing aid (as in flash_attn), built
+            # on the host; it syncs and so cannot be captured in a CUDA graph. Attention itself
+            # never reads the rng state on the host.
             seed, offset = (int(x) & _U64 for x in rng.tolist())
             keep_all = torch.from_numpy(
                 _C.dropout_keep_mask(seed, offset, batch, hq, sq, sk, float(dropout_p))

@@ -81,6 +81,9 @@ fp_tensor* fwd_tensor_field(fp_attn_params& p, const std::string& n) {
   if (n == "rotary_sin") return &p.rotary_sin;
   if (n == "alibi_slopes") return &p.alibi_slopes;
   if (n == "sinks") return &p.sinks;
+  // int32 [4] {seed lo, seed hi, offset lo, offset hi}, on the tensors' device: the kernels read
+  // the dropout (seed, offset) from it (graph-safe RNG state). Backward reaches it through here too.
+  if (n == "dropout_rng") return &p.dropout_rng;
   return nullptr;
 }
 
