@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# The Hopper forward's one device script (device tool, carry .gtest): sm_90 build of the library,
-# gpu_tests and the benchmark shim; the Hopper tests under both schedules (own processes, so a
-# fault there cannot poison the others), the existing forward tests, then the prefill benchmark
-# with schedule v1 (default), v2 (FLASHPORT_HOPPER_SCHED=2) and, for D256, the mma.sync kernel
-# (FLASHPORT_HOPPER_FWD=0), time permitting. Logs under $OUT; a short table last.
-#   scripts/device_hopper.sh [dims]      dims default 64,128,256
+# The Hopper forward's one device script (device tool; carry a git archive with .gtest inside):
+# sm_90 build of the library, gpu_tests and the benchmark shim; the ptxas report (registers,
+# spills, C75xx warnings) and, where cuobjdump exists, the HGMMA count of the v3 kernels; the
+# Hopper tests under schedule v3 and v1 (own processes); the prefill grid with v1, v3, v3 without
+# ping-pong, torch flash (FA2) and cuDNN timed in ONE process (the library reads
+# FLASHPORT_HOPPER_SCHED / FLASHPORT_HOPPER_PINGPONG at every call); then, time permitting, the
+# other forward suites under v3. Logs under $OUT (tar'd); a short table last.
+#   scripts/device_hopper.sh [dims] [extra]   dims default 64,128,256; extra "fwdtests" runs the
+#   forward suites under v3 even when time is short.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dims=${1:-64,128,256}
-shift || true
+extra=${2:-}
 OUT=${OUT:-/tmp/fp_out}
 mkdir -p "$OUT"
+LOG=/tmp/fp_hopper_logs
+rm -rf "$LOG" && mkdir -p "$LOG"
 t0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - t0 )); }
+finish() { tar -C /tmp -czf "$OUT/logs.tgz" fp_hopper_logs 2>/dev/null; }
+trap finish EXIT
 
 echo "== machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
@@ -23,57 +30,99 @@ gtest_args=()
 if [ -d .gtest ]; then gtest_args=(-DGTest_DIR="$PWD/.gtest/lib/x86_64-linux-gnu/cmake/GTest"); fi
 echo "== build (sm_90 + sm_90a Hopper forward)"
 cmake -S . -B build-hopper -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHPORT_CUDA=ON -DFLASHPORT_CPU=OFF \
-  -DFLASHPORT_CLI=OFF -DFLASHPORT_CUDA_BENCH=ON -DCMAKE_CUDA_ARCHITECTURES=90 "${gtest_args[@]}" \
-  > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-grep "flashport CUDA" "$OUT/build.log"
-ninja -C build-hopper -j16 gpu_tests fpbench >> "$OUT/build.log" 2>&1 || { grep -B2 -A10 error "$OUT/build.log" | head -60; exit 1; }
+  -DFLASHPORT_CLI=OFF -DFLASHPORT_CUDA_BENCH=ON -DFLASHPORT_CUDA_VERBOSE_PTXAS=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+  "${gtest_args[@]}" > "$LOG/build.log" 2>&1 || { tail -30 "$LOG/build.log"; exit 1; }
+grep "flashport CUDA" "$LOG/build.log"
+ninja -C build-hopper -j16 gpu_tests fpbench >> "$LOG/build.log" 2>&1 || { grep -B2 -A10 error "$LOG/build.log" | head -60; exit 1; }
 echo "build: $(elapsed) s"
-rm -f "$OUT/build.log"
+grep "flashport CUDA" "$LOG/build.log" | tail -1
+echo "-- ptxas, Hopper forward kernels (registers / spills); C75xx warnings:"
+grep -A2 "Compiling entry function '.*fwd_hopper" "$LOG/build.log" | grep -E "Used|spill" | sort | uniq -c
+grep -E "C75[0-9][0-9]" "$LOG/build.log" | sort | uniq -c | head
+obj=$(find build-hopper -name 'fwd_hopper.cu.o' | head -1)
+if command -v cuobjdump > /dev/null && [ -n "$obj" ]; then
+  cuobjdump -sass "$obj" > "$LOG/fwd_hopper.sass" 2>&1
+  echo "-- SASS: HGMMA / warpgroup waits / setmaxnreg / TMA per kernel"
+  awk '/Function :/ {f=$3} /HGMMA/ {h[f]++} /WARPGROUP.DEPBAR/ {w[f]++} /SETMAXNREG|USETMAXREG/ {r[f]++} /UTMALDG/ {t[f]++}
+       END {for (k in h) printf "%s HGMMA=%d DEPBAR=%d SETMAXREG=%d UTMALDG=%d\n", k, h[k], w[k], r[k], t[k]}' \
+       "$LOG/fwd_hopper.sass" | sed 's/_ZN9flashport3gpu4sm90//' | sort
+fi
+
+run_tests() {  # name, env...
+  local name=$1
+  shift
+  env "$@" timeout 200 ./build-hopper/tests/gpu/gpu_tests --gtest_filter='CudaHopperFwd.*' > "$LOG/tests_$name.log" 2>&1
+  local rc=$?
+  grep -E "^\[  FAILED|Failure|Expected|Which is|rel_err|ran " "$LOG/tests_$name.log" | head -20
+  echo "hopper tests $name: rc=$rc $(grep -E '^\[  (PASSED|FAILED) ' "$LOG/tests_$name.log" | tr '\n' ' ') ($(elapsed) s)"
+}
+echo "== Hopper tests, schedule v3 (FLASHPORT_HOPPER_SCHED=3)"
+run_tests v3 FLASHPORT_HOPPER_SCHED=3 | tee "$LOG/sum_v3.txt"
+
+echo "== prefill grid: v1, v3, v3 no ping-pong, torch flash, cuDNN in one process"
+PYTHONUNBUFFERED=1 timeout 200 python3 - "$dims" > "$LOG/bench.md" 2> "$LOG/bench.err" <<'EOF'
+import os, sys
+sys.path.insert(0, "bench/gpu")
+import torch
+from bench_fwd import Flashport, load_lib, time_ms, try_time, sdpa_fn, rel_err, copy_bandwidth
+from torch.nn.attention import SDPBackend
+
+dims = [int(x) for x in sys.argv[1].split(",")]
+lib = load_lib("build-hopper/bench/gpu/libfpbench.so")
+fp = Flashport(lib)
+variants = [("v1", "1", "1"), ("v3", "3", "1"), ("v3nopp", "3", "0")]
+print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}")
+print(f"device-to-device copy: {copy_bandwidth():.2f} TB/s\n")
+print("| D | S | B | causal | v1 | v3 | v3 no-pp | v1 again | torch flash | cuDNN | v3/v1 | v3/flash | v3/cuDNN | v3 err | v3 kernel |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+for D in dims:
+    for S in (1024, 4096, 16384):
+        B, H = 16384 // S, 2048 // D
+        q = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
+        k, v = torch.randn_like(q), torch.randn_like(q)
+        out = torch.empty_like(q)
+        for causal in (False, True):
+            flops = 4 * B * H * S * S * D / (2 if causal else 1)
+            tf = lambda t: flops / (t * 1e-3) / 1e12
+            ref = sdpa_fn(SDPBackend.FLASH_ATTENTION, q, k, v, causal, False)().transpose(1, 2)
+            res, errs, kern = {}, {}, {}
+            for name, sched, pp in variants + [("v1b", "1", "1")]:
+                os.environ["FLASHPORT_HOPPER_SCHED"], os.environ["FLASHPORT_HOPPER_PINGPONG"] = sched, pp
+                out.fill_(float("nan"))
+                f = fp.prepare(q, k, v, out, causal, 0)
+                f()
+                torch.cuda.synchronize()
+                errs[name], kern[name] = rel_err(out, ref), f.kernel
+                res[name] = time_ms(f)
+            t_fa, _ = try_time(sdpa_fn(SDPBackend.FLASH_ATTENTION, q, k, v, causal, False))
+            t_cd, _ = try_time(sdpa_fn(SDPBackend.CUDNN_ATTENTION, q, k, v, causal, False))
+            bad = [n for n in errs if not (errs[n] < 2e-2)]
+            print(f"| {D} | {S} | {B} | {'y' if causal else 'n'} | {tf(res['v1']):.0f} | {tf(res['v3']):.0f} | "
+                  f"{tf(res['v3nopp']):.0f} | {tf(res['v1b']):.0f} | {tf(t_fa):.0f} | {tf(t_cd):.0f} | "
+                  f"{res['v1'] / res['v3']:.2f} | {t_fa / res['v3']:.2f} | {t_cd / res['v3']:.2f} | "
+                  f"{errs['v3']:.1e}{' BAD ' + ','.join(bad) if bad else ''} | {kern['v3']} |", flush=True)
+        del q, k, v, out
+        torch.cuda.empty_cache()
+EOF
+echo "bench rc=$? ($(elapsed) s)"
+tail -3 "$LOG/bench.err"
+cp "$LOG/bench.md" "$OUT/bench.md" 2>/dev/null
 
 echo "== Hopper tests, schedule v1 (default)"
-timeout 170 ./build-hopper/tests/gpu/gpu_tests --gtest_filter='CudaHopperFwd.*' > "$OUT/tests_hopper.log" 2>&1
-rc_h=$?
-grep -E "^\[  FAILED|Failure|Expected|Which is|rel_err|max |kernel |ran |error" "$OUT/tests_hopper.log" | head -30
-sum_h="rc=$rc_h $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/tests_hopper.log" | tr '\n' ' ')"
-echo "hopper tests v1: $sum_h ($(elapsed) s)"
+run_tests v1 | tee "$LOG/sum_v1.txt"
 
-bench() {  # name, dims, env...
-  local name=$1 d=$2
-  shift 2
-  env "$@" PYTHONUNBUFFERED=1 timeout 150 python3 bench/gpu/bench_fwd.py --lib build-hopper/bench/gpu/libfpbench.so \
-    --out /tmp/bench_$name --only prefill --dims "$d" >> "$OUT/bench.log" 2>&1
-  echo "bench $name rc=$? ($(elapsed) s)"
-  cp /tmp/bench_$name/gpu_bench.md "$OUT/bench_$name.md" 2>/dev/null
-}
-echo "== prefill benchmark, schedule v1"
-bench v1 "$dims"
-echo "== Hopper tests, schedule v2 (FLASHPORT_HOPPER_SCHED=2)"
-FLASHPORT_HOPPER_SCHED=2 timeout 170 ./build-hopper/tests/gpu/gpu_tests --gtest_filter='CudaHopperFwd.*' \
-  > "$OUT/tests_hopper_v2.log" 2>&1
-rc_h1=$?
-grep -E "^\[  FAILED|Failure|Expected|Which is" "$OUT/tests_hopper_v2.log" | head -20
-sum_h1="rc=$rc_h1 $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/tests_hopper_v2.log" | tr '\n' ' ')"
-echo "hopper tests v2: $sum_h1 ($(elapsed) s)"
-
-[ "$(elapsed)" -lt 330 ] && bench v2 "$dims" FLASHPORT_HOPPER_SCHED=2
 sum_f="(not run)"
-[ "$(elapsed)" -lt 380 ] && {
-echo "== existing forward tests (Hopper kernel v1 selected where it fits)"
-timeout 200 ./build-hopper/tests/gpu/gpu_tests --gtest_brief=1 \
-  --gtest_filter='CudaFwd.*:CudaGraph.*:CudaPlan.*:CudaMerge.*' > "$OUT/tests_fwd.log" 2>&1
-rc_f=$?
-grep -E "^\[  FAILED|Failure|Expected|Which is|kernel " "$OUT/tests_fwd.log" | head -30
-sum_f="rc=$rc_f $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/tests_fwd.log" | tr '\n' ' ')"
-echo "forward tests: $sum_f ($(elapsed) s)"
-}
-[ "$(elapsed)" -lt 470 ] && bench off 256 FLASHPORT_HOPPER_FWD=0
+if [ "$(elapsed)" -lt 240 ] || [ "$extra" = fwdtests ]; then
+  echo "== other forward suites under v3 (Hopper kernel v3 selected where it fits)"
+  FLASHPORT_HOPPER_SCHED=3 timeout 200 ./build-hopper/tests/gpu/gpu_tests --gtest_brief=1 \
+    --gtest_filter='CudaFwd.*:CudaGraph.*:CudaPlan.*:CudaMerge.*' > "$LOG/tests_fwd_v3.log" 2>&1
+  rc_f=$?
+  grep -E "^\[  FAILED|Failure|Expected|Which is" "$LOG/tests_fwd_v3.log" | head -20
+  sum_f="rc=$rc_f $(grep -E '^\[  (PASSED|FAILED) ' "$LOG/tests_fwd_v3.log" | tr '\n' ' ')"
+fi
 
 echo "== summary ($(elapsed) s)"
-echo "hopper tests v1: $sum_h"
-echo "hopper tests v2: $sum_h1"
-echo "forward tests: $sum_f"
-for n in off v2; do
-  [ -f "$OUT/bench_$n.md" ] && { echo "-- $n"; grep "^| [0-9]" "$OUT/bench_$n.md" | cut -d'|' -f2-10; }
-done
-[ -f "$OUT/bench_v1.md" ] && { echo "-- v1 (default)"; sed -n '/^device/,$p' "$OUT/bench_v1.md"; }
+cat "$LOG/sum_v3.txt" "$LOG/sum_v1.txt" | grep "hopper tests"
+echo "forward suites under v3: $sum_f"
+cat "$LOG/bench.md"
 exit 0

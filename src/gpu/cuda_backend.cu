@@ -244,9 +244,7 @@ class CudaBackend final : public Backend {
     Decision d;
     FP_RETURN_IF_ERROR(decide(p, dev, &d));
     if (hopper_reason(p, dev, d).empty()) {
-      std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:sm90_wgmma_prefill_d%d_m128n%d_cpasync%s:%s",
-                    int(p.d), HopperTile::block_n(int(p.d), hopper_overlap_schedule()), hopper_overlap_schedule() ? "_ovl" : "",
-                    p.dtype == FP_BF16 ? "bf16" : "fp16");
+      hopper_kernel_name(plan->kernel, sizeof(plan->kernel), p);
       plan->workspace_bytes = d.ws_total;  // 0: no split, no rotary
       plan->num_splits = 1;
       plan->kernel_id = kHopperKernelId;
@@ -297,15 +295,8 @@ class CudaBackend final : public Backend {
 #if defined(FLASHPORT_WITH_HOPPER_FWD)
       if (!hopper_reason(p, dev, d).empty())
         return {FP_ERR_RUNTIME, "cuda backend: plan does not match the call (re-select after changing it)"};
-      const dim3 hgrid(unsigned((p.seq.sq + HopperTile::kBlockM - 1) / HopperTile::kBlockM), unsigned(p.hq),
-                       unsigned(p.seq.batch));
-      if (hgrid.x > 0 && p.seq.batch > 0) {
-        const gpuError_t e = hopper_overlap_schedule()
-                                 ? hopper_launch_for<true>(int(p.d), bf16, a, hgrid, stream)
-                                 : hopper_launch_for<false>(int(p.d), bf16, a, hgrid, stream);
-        if (e != gpuSuccess)
-          return {FP_ERR_RUNTIME, std::string("cuda backend: sm90 wgmma prefill launch: ") + gpuGetErrorString(e)};
-      }
+      if (const gpuError_t e = hopper_launch(p, a, stream); e != gpuSuccess)
+        return {FP_ERR_RUNTIME, std::string("cuda backend: sm90 wgmma prefill launch: ") + gpuGetErrorString(e)};
       return Status::ok();
 #else
       return {FP_ERR_RUNTIME, "cuda backend: plan names the Hopper kernel, which is not built"};

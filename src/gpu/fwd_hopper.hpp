@@ -11,6 +11,7 @@
 // tensors, devices other than sm_90.
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -20,57 +21,102 @@
 
 namespace flashport::gpu {
 
-// Tile of the Hopper kernel: 2 consumer warpgroups x 64 query rows, 128 keys per step, a
-// 2-slot (K, V) ring filled by cp.async into the 128-byte-swizzled layout wgmma reads.
+// Tile of the v1 kernel: 2 warpgroups x 64 query rows, 128 keys per step (64 for D256: its O
+// accumulators take 128 registers per thread), a 2-slot (K, V) ring filled by cp.async into the
+// 128-byte-swizzled layout wgmma reads.
 struct HopperTile {
   static constexpr int kBlockM = 128;
   static constexpr int kThreads = 256;
   static constexpr int kStages = 2;
-  // Keys per step: 128; 64 for D256 (its O accumulators take 128 registers per thread); 112 for
-  // D128 under the overlapped schedule (S of the next tile, P of this one and O live at once:
-  // 128 keys spill there).
-  static constexpr int block_n(int d, bool overlap) { return d == 256 ? 64 : (d == 128 && overlap ? 112 : 128); }
-  static constexpr int smem_bytes(int d, bool overlap) {
-    return (kBlockM + 2 * kStages * block_n(d, overlap)) * d * 2 + 1024;  // + 1024: atom alignment slack
+  static constexpr int block_n(int d) { return d == 256 ? 64 : 128; }
+  static constexpr int smem_bytes(int d) {
+    return (kBlockM + 2 * kStages * block_n(d)) * d * 2 + 1024;  // + 1024: atom alignment slack
+  }
+};
+
+// Tile of the v3 kernel (warp-specialised): one producer warpgroup (one TMA-issuing thread,
+// 24 registers) and two consumer warpgroups x 64 query rows (240 registers). K and V have their
+// own kStages-deep rings and mbarriers (full: TMA landed; empty: both consumers done reading).
+struct HopperTileV3 {
+  static constexpr int kBlockM = 128;
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kStages = 2;
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  static constexpr int block_n(int d) { return d == 256 ? 64 : 128; }
+  static constexpr int kBarrierBytes = 8 * (1 + 4 * kStages);  // full_q, full/empty x K/V x stages
+  static constexpr int smem_bytes(int d) {
+    return (kBlockM + 2 * kStages * block_n(d)) * d * 2 + 1024 + kBarrierBytes;
   }
 };
 
 // Set to false (with the reason below) if the Hopper path must be switched off.
 inline constexpr bool kHopperFwdEnabled = true;
 
-// The schedule used: v1 unless FLASHPORT_HOPPER_SCHED=2 asks for v2. v2 measured 0-14% slower
-// than v1 on an H200 (bench/results/gpu_hopper_v2.md); it stays selectable for the next
-// schedule experiments (producer warp, ping-pong), both verified by the same tests.
-inline bool hopper_overlap_schedule() {
+// The schedule: 1 (cp.async, all threads load; the default) unless FLASHPORT_HOPPER_SCHED=3 asks
+// for v3 (TMA producer warp, mbarrier ring, setmaxnreg, ping-pong consumers). Schedule v2 (the
+// intra-warpgroup overlap on v1's structure, 0-14% slower than v1: gpu_hopper_v2.md) is gone;
+// v3 carries that overlap.
+inline int hopper_schedule() {
   const char* env = std::getenv("FLASHPORT_HOPPER_SCHED");
-  return env != nullptr && env[0] == '2';
+  return env != nullptr && env[0] == '3' ? 3 : 1;
+}
+// v3's consumer ping-pong (named barriers: one warpgroup's GEMMs while the other does its
+// softmax); FLASHPORT_HOPPER_PINGPONG=0 switches it off (for measurements).
+inline bool hopper_pingpong() {
+  const char* env = std::getenv("FLASHPORT_HOPPER_PINGPONG");
+  return !(env != nullptr && env[0] == '0');
+}
+inline int hopper_block_n(int d, int sched) { return sched == 3 ? HopperTileV3::block_n(d) : HopperTile::block_n(d); }
+inline int hopper_smem_bytes(int d, int sched) {
+  return sched == 3 ? HopperTileV3::smem_bytes(d) : HopperTile::smem_bytes(d);
 }
 
 #if defined(FLASHPORT_WITH_HOPPER_FWD)
-// kOverlap: the main-loop schedule. false = v1 (S, softmax, P V in sequence per tile); true =
-// v2 (S of the next tile issued before P V of this one: softmax overlaps the tensor cores).
-template <int D, bool kBf16, bool kOverlap>
+// kSched: 1 or 3 (above).
+template <int D, bool kBf16, int kSched>
 KernelInfo hopper_fwd_kernel_info(int device);
-template <int D, bool kBf16, bool kOverlap>
-gpuError_t launch_hopper_fwd(const FwdArgs& a, dim3 grid, gpuStream_t stream);
+template <int D, bool kBf16, int kSched>
+gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, dim3 grid, gpuStream_t stream);
+// v3 reads q/k/v through TMA tensor maps built on the host from the call's shapes and strides;
+// empty when they encode, otherwise why not (the call then goes to the mma.sync kernel).
+std::string hopper_v3_maps_reason(const Problem& p);
 
-template <bool kOverlap>
+template <int kSched>
 inline KernelInfo hopper_info_for(int d, bool bf16, int dev) {
   switch (d) {
-    case 64: return bf16 ? hopper_fwd_kernel_info<64, true, kOverlap>(dev) : hopper_fwd_kernel_info<64, false, kOverlap>(dev);
-    case 128: return bf16 ? hopper_fwd_kernel_info<128, true, kOverlap>(dev) : hopper_fwd_kernel_info<128, false, kOverlap>(dev);
-    default: return bf16 ? hopper_fwd_kernel_info<256, true, kOverlap>(dev) : hopper_fwd_kernel_info<256, false, kOverlap>(dev);
+    case 64: return bf16 ? hopper_fwd_kernel_info<64, true, kSched>(dev) : hopper_fwd_kernel_info<64, false, kSched>(dev);
+    case 128: return bf16 ? hopper_fwd_kernel_info<128, true, kSched>(dev) : hopper_fwd_kernel_info<128, false, kSched>(dev);
+    default: return bf16 ? hopper_fwd_kernel_info<256, true, kSched>(dev) : hopper_fwd_kernel_info<256, false, kSched>(dev);
   }
 }
-template <bool kOverlap>
-inline gpuError_t hopper_launch_for(int d, bool bf16, const FwdArgs& a, dim3 grid, gpuStream_t s) {
+template <int kSched>
+inline gpuError_t hopper_launch_for(int d, bool bf16, const Problem& p, const FwdArgs& a, dim3 grid, gpuStream_t s) {
   switch (d) {
-    case 64: return bf16 ? launch_hopper_fwd<64, true, kOverlap>(a, grid, s) : launch_hopper_fwd<64, false, kOverlap>(a, grid, s);
-    case 128: return bf16 ? launch_hopper_fwd<128, true, kOverlap>(a, grid, s) : launch_hopper_fwd<128, false, kOverlap>(a, grid, s);
-    default: return bf16 ? launch_hopper_fwd<256, true, kOverlap>(a, grid, s) : launch_hopper_fwd<256, false, kOverlap>(a, grid, s);
+    case 64: return bf16 ? launch_hopper_fwd<64, true, kSched>(p, a, grid, s) : launch_hopper_fwd<64, false, kSched>(p, a, grid, s);
+    case 128: return bf16 ? launch_hopper_fwd<128, true, kSched>(p, a, grid, s) : launch_hopper_fwd<128, false, kSched>(p, a, grid, s);
+    default: return bf16 ? launch_hopper_fwd<256, true, kSched>(p, a, grid, s) : launch_hopper_fwd<256, false, kSched>(p, a, grid, s);
   }
+}
+// The launch for a call the check accepted (grid: query blocks x heads x batch; nothing when empty).
+inline gpuError_t hopper_launch(const Problem& p, const FwdArgs& a, gpuStream_t stream) {
+  const int bm = HopperTile::kBlockM;
+  static_assert(HopperTile::kBlockM == HopperTileV3::kBlockM, "one grid for both schedules");
+  const dim3 grid(unsigned((p.seq.sq + bm - 1) / bm), unsigned(p.hq), unsigned(p.seq.batch));
+  if (grid.x == 0 || p.seq.batch == 0) return gpuSuccess;
+  const bool bf16 = p.dtype == FP_BF16;
+  return hopper_schedule() == 3 ? hopper_launch_for<3>(int(p.d), bf16, p, a, grid, stream)
+                                : hopper_launch_for<1>(int(p.d), bf16, p, a, grid, stream);
 }
 #endif
+
+// The plan's kernel name: v1 "..._cpasync", v3 "..._tma_ws" (warp-specialised).
+inline void hopper_kernel_name(char* buf, size_t size, const Problem& p) {
+  const int sched = hopper_schedule();
+  std::snprintf(buf, size, "cuda:sm90_wgmma_prefill_d%d_m128n%d_%s:%s", int(p.d), hopper_block_n(int(p.d), sched),
+                sched == 3 ? (hopper_pingpong() ? "tma_ws" : "tma_ws_nopp") : "cpasync",
+                p.dtype == FP_BF16 ? "bf16" : "fp16");
+}
 
 inline bool hopper_mult8(int64_t x) { return (x & 7) == 0; }
 inline bool hopper_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
@@ -103,10 +149,14 @@ inline std::string hopper_fwd_check(const Problem& p, int arch, int smem_optin, 
                        hopper_mult8(p.k.s2) && hopper_mult8(p.v.s0) && hopper_mult8(p.v.s1) &&
                        hopper_mult8(p.v.s2);
   if (!aligned) return "hopper path: q/k/v rows or strides not 16-byte aligned";
-  if (HopperTile::smem_bytes(int(p.d), hopper_overlap_schedule()) > smem_optin) return "hopper path: shared memory";
+  const int sched = hopper_schedule();
+  if (hopper_smem_bytes(int(p.d), sched) > smem_optin) return "hopper path: shared memory";
+  if (sched == 3) {
+    if (std::string why = hopper_v3_maps_reason(p); !why.empty()) return why;
+  }
   const bool bf16 = p.dtype == FP_BF16;
-  const KernelInfo ki = hopper_overlap_schedule() ? hopper_info_for<true>(int(p.d), bf16, p.device_index)
-                                                  : hopper_info_for<false>(int(p.d), bf16, p.device_index);
+  const KernelInfo ki = sched == 3 ? hopper_info_for<3>(int(p.d), bf16, p.device_index)
+                                   : hopper_info_for<1>(int(p.d), bf16, p.device_index);
   if (ki.status != gpuSuccess) return std::string("hopper path: no kernel image: ") + gpuGetErrorString(ki.status);
   if (ki.blocks_per_sm < 1) return "hopper path: kernel does not fit an SM";
   return std::string();

@@ -1,8 +1,10 @@
-// The sm_90a wgmma prefill kernel (src/gpu/fwd_hopper.cu; schedule v1 by default, v2 with
-// FLASHPORT_HOPPER_SCHED=2 -- scripts/device_hopper.sh runs both) against the fp64 reference: odd
+// The sm_90a wgmma prefill kernel (src/gpu/fwd_hopper.cu) against the fp64 reference: odd
 // lengths, causal in both alignments, windows, GQA, varlen, LSE, softcap/ALiBi/sinks, strided
 // tensors, rows without keys; and the selection itself: taken on sm_90 where the capability check
-// allows it, declined (and the mma.sync kernel still correct) where it does not.
+// allows it, declined (and the mma.sync kernel still correct) where it does not, and under the
+// schedule FLASHPORT_HOPPER_SCHED asks for (1: cp.async, all threads load; 3: TMA producer warp,
+// mbarrier ring, ping-pong consumers). scripts/device_hopper.sh runs the suite under both;
+// BothSchedulesInOneProcess switches between them (and v3's ping-pong off) in-process.
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -15,14 +17,43 @@ namespace {
 
 constexpr const char* kHopperName = "sm90_wgmma";
 
-// Runs the case against the reference and checks which kernel ran.
+// The schedule the library will pick (the same rule as fwd_hopper.hpp's hopper_schedule()).
+int requested_schedule() {
+  const char* env = std::getenv("FLASHPORT_HOPPER_SCHED");
+  return env != nullptr && env[0] == '3' ? 3 : 1;
+}
+
+// Runs the case against the reference and checks which kernel (and which schedule) ran.
 void check_hopper(const Case& c, bool expect_hopper) {
   fp_selection sel{};
   check_case(c, &sel);
-  const bool took = std::string(sel.kernel).find(kHopperName) != std::string::npos;
+  const std::string ran(sel.kernel);
+  const bool took = ran.find(kHopperName) != std::string::npos;
   const bool want = expect_hopper && device_is_sm90() && hopper_built();
-  EXPECT_EQ(took, want) << c.describe() << " ran " << sel.kernel;
+  EXPECT_EQ(took, want) << c.describe() << " ran " << ran;
+  if (took) {
+    const char* sched_tag = requested_schedule() == 3 ? "_tma_ws" : "_cpasync";
+    EXPECT_NE(ran.find(sched_tag), std::string::npos) << c.describe() << " ran " << ran;
+  }
 }
+
+// Sets an environment variable for the scope, restoring the previous value.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) had_ = true, old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_, old_.c_str(), 1);
+    else unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
 
 TEST(CudaHopperFwd, HeadDimsDtypesAndOddLengths) {
   SKIP_WITHOUT_GPU();
@@ -200,6 +231,33 @@ TEST(CudaHopperFwd, RandomizedMix) {
     c.sinks = rand_int(0, 4) == 0;
     c.lse = rand_int(0, 3) != 0;
     check_hopper(c, true);
+  }
+}
+
+// Both schedules (and v3 without ping-pong) on the same cases in one process: each checked against
+// the reference, and each must be the kernel that ran.
+TEST(CudaHopperFwd, BothSchedulesInOneProcess) {
+  SKIP_WITHOUT_GPU();
+  struct Variant { const char* sched; const char* pingpong; const char* tag; };
+  for (Variant v : {Variant{"1", "1", "_cpasync"}, Variant{"3", "1", "_tma_ws:"}, Variant{"3", "0", "_tma_ws_nopp"}}) {
+    ScopedEnv sched("FLASHPORT_HOPPER_SCHED", v.sched), pp("FLASHPORT_HOPPER_PINGPONG", v.pingpong);
+    for (int64_t d : {64, 128, 256}) {
+      Case c;
+      c.dtype = rand_dtype();
+      c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = d, c.sq = 333, c.sk = 1111;
+      c.causal = rand_int(0, 1);
+      c.lse = true;
+      fp_selection sel{};
+      check_case(c, &sel);
+      if (device_is_sm90() && hopper_built())
+        EXPECT_NE(std::string(sel.kernel).find(v.tag), std::string::npos)
+            << "FLASHPORT_HOPPER_SCHED=" << v.sched << " PINGPONG=" << v.pingpong << " ran " << sel.kernel;
+      Case w = c;  // varlen with a window: per-sequence tails inside the packed tensor
+      w.varlen = true, w.causal = false, w.wl = 90, w.wr = 7;
+      w.lq = {200, 1, 129, 0, 640};
+      w.lk = {777, 50, 129, 9, 300};
+      check_case(w, &sel);
+    }
   }
 }
 

@@ -1,0 +1,195 @@
+// The row side of the Hopper forward, shared by both schedules (fwd_hopper.cu: v1, fwd_hopper_v3.cuh:
+// v3): the block's visible key range, the score hooks (softcap, ALiBi, masks), the online softmax
+// over one tile of S in the wgmma accumulator layout, and the epilogue (sinks, LSE, store).
+//
+// wgmma accumulator layout (m64nN, per warpgroup): warp w owns rows 16w..16w+15; a thread holds
+// rows lane/4 (hf = 0) and lane/4 + 8 (hf = 1), columns 8t + 2(lane%4) + e2 of every 8-column tile
+// t, at register 4t + 2hf + e2. The same registers, packed to 16 bits, are wgmma's A fragments.
+#pragma once
+#include <cstdint>
+
+#include "kernel_args.hpp"
+#include "tile_io.cuh"
+#include "tile_mma.hpp"
+
+namespace flashport::gpu::sm90 {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// One block's query rows [m0, m0 + BM) of (sequence b, head); this thread's two rows. BN: keys per
+// step. Tiles are numbered nb (keys [nb BN, nb BN + BN)); the visible ones are [n_lo, n_hi).
+template <int BN>
+struct HopperRows {
+  static constexpr int kNTiles = BN / 8;  // 8-key accumulator tiles per step
+
+  const FwdArgs& a;
+  int b, head, m0, lq, lk, shift, wl, wr, i_min, i_max, n_lo, n_hi;
+  int row_loc0, col_base;  // this thread's first row inside the block; its first column in a tile
+  int64_t q_start;
+  bool transformed;        // softcap / ALiBi / non-positive scale: scores scaled in the hooks
+  float mul, slope;
+  float row_max[2], row_sum[2];
+
+  __device__ __forceinline__ HopperRows(const FwdArgs& args, int b_, int head_, int m0_, int block_rows, int row_loc)
+      : a(args), b(b_), head(head_), m0(m0_), row_loc0(row_loc) {
+    const ScoreRules& R = a.rules;
+    lq = static_cast<int>(a.seq.q_len(b));
+    if (lq > a.seq.sq) lq = static_cast<int>(a.seq.sq);
+    int64_t lk64 = a.seq.k_len(b);
+    if (a.k_rows_cap > 0 && lk64 > a.k_rows_cap) lk64 = a.k_rows_cap;
+    lk = lk64 < 0 ? 0 : static_cast<int>(lk64);
+    q_start = a.seq.q_start(b);
+    shift = R.top_left ? 0 : lk - lq;
+    wl = static_cast<int>(R.window_left), wr = static_cast<int>(R.window_right);
+    i_min = m0;
+    i_max = (m0 + block_rows < lq ? m0 + block_rows : lq) - 1;
+    const int key_lo = vis_lo(i_min), key_hi = vis_hi(i_max);
+    n_lo = key_lo / BN;
+    n_hi = key_hi > key_lo ? (key_hi + BN - 1) / BN : n_lo;
+    col_base = (threadIdx.x & 3) * 2;
+    transformed = a.softcap_in > 0.0f || R.alibi != nullptr || !(a.scale_log2 > 0.0f);
+    mul = transformed ? 1.0f : a.scale_log2;
+    slope = R.alibi ? -R.alibi_slope(b, head) * kLog2e : 0.0f;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.0f;
+  }
+  // The block has no query rows: nothing to compute, nothing to store.
+  __device__ __forceinline__ bool empty() const { return m0 >= lq; }
+
+  __device__ __forceinline__ int vis_lo(int i) const {
+    const int lo = wl >= 0 ? i + shift - wl : 0;
+    return lo < 0 ? 0 : lo;
+  }
+  __device__ __forceinline__ int vis_hi(int i) const {
+    const int hi = wr >= 0 ? i + shift + wr + 1 : lk;
+    return hi > lk ? lk : (hi < 0 ? 0 : hi);
+  }
+
+  // Feature hooks, masking and the online softmax of tile nb (base 2): S becomes P (fp32), corr
+  // the factor the running O must be scaled by.
+  __device__ __forceinline__ void softmax(float (&s)[BN / 2], int nb, float (&corr)[2]) {
+    const int n0 = nb * BN;
+    const bool need_mask = n0 + BN > lk || (wr >= 0 && n0 + BN - 1 > i_min + shift + wr) ||
+                           (wl >= 0 && n0 < i_max + shift - wl);
+    if (transformed) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = m0 + row_loc0 + hf * 8;
+        const int base = i + shift - n0;
+#pragma unroll
+        for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+          for (int e2 = 0; e2 < 2; ++e2) {
+            float& v = s[4 * t + 2 * hf + e2];
+            v = a.softcap_in > 0.0f ? a.softcap_out * tanh_accurate(v * a.softcap_in) : v * a.scale_log2;
+            const int dist = base - (t * 8 + col_base + e2);
+            v += slope * float(dist < 0 ? -dist : dist);
+          }
+      }
+    }
+    if (need_mask) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = m0 + row_loc0 + hf * 8;
+        const int lo = vis_lo(i) - n0, hi = vis_hi(i) - n0;
+#pragma unroll
+        for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+          for (int e2 = 0; e2 < 2; ++e2) {
+            const int j = t * 8 + col_base + e2;
+            if (j < lo || j >= hi) s[4 * t + 2 * hf + e2] = -INFINITY;
+          }
+      }
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int t = 0; t < kNTiles; ++t) mx = fmaxf(mx, fmaxf(s[4 * t + 2 * hf], s[4 * t + 2 * hf + 1]));
+      mx = fmaxf(mx, shfl_xor(mx, 1));
+      mx = fmaxf(mx, shfl_xor(mx, 2));
+      const float m_new = fmaxf(row_max[hf], mx * mul);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+      corr[hf] = fast_exp2(row_max[hf] - m_use);
+      row_max[hf] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+          float& v = s[4 * t + 2 * hf + e2];
+          v = fast_exp2(fmaf(v, mul, -m_use));
+          sum += v;
+        }
+      row_sum[hf] = row_sum[hf] * corr[hf] + sum;
+    }
+  }
+
+  // P (fp32 accumulators) to 16-bit A fragments: k-step ks takes accumulator tiles 2ks, 2ks + 1.
+  template <typename Elem>
+  __device__ __forceinline__ static void pack_p(const float (&s)[BN / 2], uint32_t (&pa)[BN / 16][4]) {
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ++ks) {
+      pa[ks][0] = Elem::pack(s[8 * ks + 0], s[8 * ks + 1]);
+      pa[ks][1] = Elem::pack(s[8 * ks + 2], s[8 * ks + 3]);
+      pa[ks][2] = Elem::pack(s[8 * ks + 4], s[8 * ks + 5]);
+      pa[ks][3] = Elem::pack(s[8 * ks + 6], s[8 * ks + 7]);
+    }
+  }
+
+  template <int kPanels>
+  __device__ __forceinline__ static void rescale_o(float (&o)[kPanels][32], const float (&corr)[2]) {
+#pragma unroll
+    for (int p = 0; p < kPanels; ++p)
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        o[p][4 * t + 0] *= corr[0];
+        o[p][4 * t + 1] *= corr[0];
+        o[p][4 * t + 2] *= corr[1];
+        o[p][4 * t + 3] *= corr[1];
+      }
+  }
+
+  // Finish the row sums, add the sink, normalise, store O (and the LSE, natural log).
+  template <typename Elem, int kPanels>
+  __device__ __forceinline__ void epilogue(const float (&o)[kPanels][32]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int i = m0 + row_loc0 + hf * 8;
+      float l = row_sum[hf];
+      l += shfl_xor(l, 1);
+      l += shfl_xor(l, 2);
+      float mx = row_max[hf];
+      if (i >= lq) continue;
+      float o_scale = 1.0f;
+      if (a.rules.sinks != nullptr) {
+        const float sink = a.rules.sinks[head] * kLog2e;
+        const float m_f = fmaxf(mx, sink);
+        o_scale = fast_exp2(mx - m_f);
+        l = l * o_scale + fast_exp2(sink - m_f);
+        mx = m_f;
+      }
+      const float inv = l > 0.0f ? o_scale / l : 0.0f;
+      const float lse = l > 0.0f ? (mx + __log2f(l)) * kLn2 : -INFINITY;
+      typename Elem::T* dst = static_cast<typename Elem::T*>(a.out) + a.out_addr.at(b, q_start, i, head);
+#pragma unroll
+      for (int p = 0; p < kPanels; ++p)
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+          const int col = p * 64 + t * 8 + col_base;
+          const float v0 = o[p][4 * t + 2 * hf] * inv, v1 = o[p][4 * t + 2 * hf + 1] * inv;
+          if (a.out_vec_ok) {
+            *reinterpret_cast<uint32_t*>(dst + col) = Elem::pack(v0, v1);
+          } else {
+            dst[col] = Elem::from_float(v0);
+            dst[col + 1] = Elem::from_float(v1);
+          }
+        }
+      if (a.lse != nullptr && (lane & 3) == 0) a.lse[a.lse_addr.at(b, q_start, head, i)] = lse;
+    }
+  }
+};
+
+}  // namespace flashport::gpu::sm90
