@@ -119,8 +119,8 @@ echo "bench rc=$? ($(elapsed) s)"
 tail -3 "$LOG/bench.err"
 cp "$LOG/bench.md" "$OUT/bench.md" 2>/dev/null
 
-echo "== Hopper tests, schedule v1 (default)"
-run_tests v1 | tee "$LOG/sum_v1.txt"
+echo "== Hopper tests, schedule v1 (FLASHPORT_HOPPER_SCHED=1)"
+run_tests v1 FLASHPORT_HOPPER_SCHED=1 | tee "$LOG/sum_v1.txt"
 
 sum_f="(not run)"
 if [ "$(elapsed)" -lt 240 ] || [ "$extra" = fwdtests ]; then

@@ -53,13 +53,14 @@ struct HopperTileV3 {
 // Set to false (with the reason below) if the Hopper path must be switched off.
 inline constexpr bool kHopperFwdEnabled = true;
 
-// The schedule: 1 (cp.async, all threads load; the default) unless FLASHPORT_HOPPER_SCHED=3 asks
-// for v3 (TMA producer warp, mbarrier ring, setmaxnreg, ping-pong consumers). Schedule v2 (the
+// The schedule: 3 (the default: TMA producer warp, mbarrier rings, setmaxnreg, ping-pong
+// consumers; 1.19-1.54x v1 on the H100 prefill grid, gpu_hopper_v3.md) unless
+// FLASHPORT_HOPPER_SCHED=1 asks for v1 (cp.async, all threads load). Schedule v2 (the
 // intra-warpgroup overlap on v1's structure, 0-14% slower than v1: gpu_hopper_v2.md) is gone;
 // v3 carries that overlap.
 inline int hopper_schedule() {
   const char* env = std::getenv("FLASHPORT_HOPPER_SCHED");
-  return env != nullptr && env[0] == '3' ? 3 : 1;
+  return env != nullptr && env[0] == '1' ? 1 : 3;
 }
 // v3's consumer ping-pong (named barriers: one warpgroup's GEMMs while the other does its
 // softmax); FLASHPORT_HOPPER_PINGPONG=0 switches it off (for measurements).
