@@ -57,7 +57,8 @@ run_tests() {  # name, env...
   echo "hopper tests $name: rc=$rc $(grep -E '^\[  (PASSED|FAILED) ' "$LOG/tests_$name.log" | tr '\n' ' ') ($(elapsed) s)"
 }
 echo "== v3 smoke (a hang here skips v3's tests and the benchmark)"
-FLASHPORT_HOPPER_SCHED=3 timeout 40 ./build-hopper/tests/gpu/gpu_tests --gtest_filter='CudaHopperFwd.LongKeysManyTiles' \
+FLASHPORT_HOPPER_SCHED=3 timeout 60 ./build-hopper/tests/gpu/gpu_tests \
+  --gtest_filter='CudaHopperFwd.LongKeysManyTiles:CudaHopperFwd.BothSchedulesInOneProcess' \
   > "$LOG/smoke_v3.log" 2>&1
 rc_smoke=$?
 tail -3 "$LOG/smoke_v3.log"
@@ -68,6 +69,8 @@ if [ $rc_smoke -eq 124 ]; then
 else
 echo "== Hopper tests, schedule v3 (FLASHPORT_HOPPER_SCHED=3)"
 run_tests v3 FLASHPORT_HOPPER_SCHED=3 | tee "$LOG/sum_v3.txt"
+echo "== Hopper tests, schedule v3 on a persistent grid (FLASHPORT_HOPPER_PERSISTENT=1)"
+run_tests v3p FLASHPORT_HOPPER_SCHED=3 FLASHPORT_HOPPER_PERSISTENT=1 | tee "$LOG/sum_v3p.txt"
 fi
 
 echo "== prefill grid: v1, v3, v3 no ping-pong, torch flash, cuDNN in one process"
@@ -81,11 +84,11 @@ from torch.nn.attention import SDPBackend
 dims = [int(x) for x in sys.argv[1].split(",")]
 lib = load_lib("build-hopper/bench/gpu/libfpbench.so")
 fp = Flashport(lib)
-variants = [("v1", "1", "1"), ("v3", "3", "1"), ("v3nopp", "3", "0")]
+variants = [("v1", "1", "1", "0"), ("v3", "3", "1", "0"), ("v3p", "3", "1", "1"), ("v3nopp", "3", "0", "0")]
 print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}")
 print(f"device-to-device copy: {copy_bandwidth():.2f} TB/s\n")
-print("| D | S | B | causal | v1 | v3 | v3 no-pp | v1 again | torch flash | cuDNN | v3/v1 | v3/flash | v3/cuDNN | v3 err | v3 kernel |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| D | S | B | causal | v1 | v3 | v3 persistent | v3 no-pp | v3 again | torch flash | cuDNN | v3/v1 | v3/flash | v3/cuDNN | v3p/v3 | v3 err | v3 kernel |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for D in dims:
     for S in (1024, 4096, 16384):
         B, H = 16384 // S, 2048 // D
@@ -97,8 +100,9 @@ for D in dims:
             tf = lambda t: flops / (t * 1e-3) / 1e12
             ref = sdpa_fn(SDPBackend.FLASH_ATTENTION, q, k, v, causal, False)().transpose(1, 2)
             res, errs, kern = {}, {}, {}
-            for name, sched, pp in variants + [("v1b", "1", "1")]:
+            for name, sched, pp, persist in variants + [("v3b", "3", "1", "0")]:
                 os.environ["FLASHPORT_HOPPER_SCHED"], os.environ["FLASHPORT_HOPPER_PINGPONG"] = sched, pp
+                os.environ["FLASHPORT_HOPPER_PERSISTENT"] = persist
                 out.fill_(float("nan"))
                 f = fp.prepare(q, k, v, out, causal, 0)
                 f()
@@ -109,8 +113,8 @@ for D in dims:
             t_cd, _ = try_time(sdpa_fn(SDPBackend.CUDNN_ATTENTION, q, k, v, causal, False))
             bad = [n for n in errs if not (errs[n] < 2e-2)]
             print(f"| {D} | {S} | {B} | {'y' if causal else 'n'} | {tf(res['v1']):.0f} | {tf(res['v3']):.0f} | "
-                  f"{tf(res['v3nopp']):.0f} | {tf(res['v1b']):.0f} | {tf(t_fa):.0f} | {tf(t_cd):.0f} | "
-                  f"{res['v1'] / res['v3']:.2f} | {t_fa / res['v3']:.2f} | {t_cd / res['v3']:.2f} | "
+                  f"{tf(res['v3p']):.0f} | {tf(res['v3nopp']):.0f} | {tf(res['v3b']):.0f} | {tf(t_fa):.0f} | {tf(t_cd):.0f} | "
+                  f"{res['v1'] / res['v3']:.2f} | {t_fa / res['v3']:.2f} | {t_cd / res['v3']:.2f} | {res['v3'] / res['v3p']:.2f} | "
                   f"{errs['v3']:.1e}{' BAD ' + ','.join(bad) if bad else ''} | {kern['v3']} |", flush=True)
         del q, k, v, out
         torch.cuda.empty_cache()
@@ -123,7 +127,7 @@ echo "== Hopper tests, schedule v1 (FLASHPORT_HOPPER_SCHED=1)"
 run_tests v1 FLASHPORT_HOPPER_SCHED=1 | tee "$LOG/sum_v1.txt"
 
 sum_f="(not run)"
-if [ "$(elapsed)" -lt 240 ] || [ "$extra" = fwdtests ]; then
+if [ "$(elapsed)" -lt 300 ] || [ "$extra" = fwdtests ]; then
   echo "== other forward suites under v3 (Hopper kernel v3 selected where it fits)"
   FLASHPORT_HOPPER_SCHED=3 timeout 200 ./build-hopper/tests/gpu/gpu_tests --gtest_brief=1 \
     --gtest_filter='CudaFwd.*:CudaGraph.*:CudaPlan.*:CudaMerge.*' > "$LOG/tests_fwd_v3.log" 2>&1
@@ -133,7 +137,7 @@ if [ "$(elapsed)" -lt 240 ] || [ "$extra" = fwdtests ]; then
 fi
 
 echo "== summary ($(elapsed) s)"
-cat "$LOG/sum_v3.txt" "$LOG/sum_v1.txt" | grep "hopper tests"
+cat "$LOG/sum_v3.txt" "$LOG/sum_v3p.txt" "$LOG/sum_v1.txt" 2>/dev/null | grep "hopper tests"
 echo "forward suites under v3: $sum_f"
 cat "$LOG/bench.md"
 exit 0

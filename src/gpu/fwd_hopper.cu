@@ -256,9 +256,26 @@ std::string make_v3_maps(const Problem& p, HopperV3Params* prm) {
                          kv_packed ? 0 : p.v.s0, bn);
 }
 
+// Multiprocessors of a device (host attribute, cached).
+int sm_count(int device) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices];
+  if (device < 0 || device >= kMaxDevices) return 1;
+  int n = cache[device].load(std::memory_order_relaxed);
+  if (n > 0) return n;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n < 1) {
+    cudaGetLastError();
+    return 1;
+  }
+  cache[device].store(n, std::memory_order_relaxed);
+  return n;
+}
+
 }  // namespace
 
 std::string hopper_v3_maps_reason(const Problem& p) {
+  const int64_t tiles = (p.seq.sq + HopperTileV3::kBlockM - 1) / HopperTileV3::kBlockM * p.hq * p.seq.batch;
+  if (tiles > int64_t(INT32_MAX)) return "hopper path v3: more than 2^31 work tiles";
   HopperV3Params prm;
   return make_v3_maps(p, &prm);
 }
@@ -281,7 +298,11 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, dim3 grid, gpuS
     prm.a = a;
     prm.pingpong = hopper_pingpong() ? 1 : 0;
     if (!make_v3_maps(p, &prm).empty()) return cudaErrorInvalidValue;  // the check encoded the same maps
-    sm90::fwd_hopper_v3_kernel<D, Elem><<<grid, HopperTileV3::kThreads, HopperTileV3::smem_bytes(D), stream>>>(prm);
+    prm.m_blocks = int32_t(grid.x);
+    prm.work_tiles = int32_t(int64_t(grid.x) * grid.y * grid.z);  // the check bounds it
+    int blocks = prm.work_tiles;
+    if (hopper_persistent()) blocks = std::min(blocks, sm_count(p.device_index));
+    sm90::fwd_hopper_v3_kernel<D, Elem><<<unsigned(blocks), HopperTileV3::kThreads, HopperTileV3::smem_bytes(D), stream>>>(prm);
   } else {
     (void)p;
     sm90::fwd_hopper_kernel<D, Elem><<<grid, HopperTile::kThreads, HopperTile::smem_bytes(D), stream>>>(a);

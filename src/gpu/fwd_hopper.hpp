@@ -44,7 +44,7 @@ struct HopperTileV3 {
   static constexpr int kStages = 2;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static constexpr int block_n(int d) { return d == 256 ? 64 : 128; }
-  static constexpr int kBarrierBytes = 8 * (1 + 4 * kStages);  // full_q, full/empty x K/V x stages
+  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages);  // full/empty Q, full/empty x K/V x stages
   static constexpr int smem_bytes(int d) {
     return (kBlockM + 2 * kStages * block_n(d)) * d * 2 + 1024 + kBarrierBytes;
   }
@@ -67,6 +67,13 @@ inline int hopper_schedule() {
 inline bool hopper_pingpong() {
   const char* env = std::getenv("FLASHPORT_HOPPER_PINGPONG");
   return !(env != nullptr && env[0] == '0');
+}
+// v3's grid: one block per work tile (query block x head x batch), or, with
+// FLASHPORT_HOPPER_PERSISTENT=1, one block per SM walking the tiles (the producer loads the next
+// tile's Q/K/V while the consumers finish and store the last one).
+inline bool hopper_persistent() {
+  const char* env = std::getenv("FLASHPORT_HOPPER_PERSISTENT");
+  return env != nullptr && env[0] == '1';
 }
 inline int hopper_block_n(int d, int sched) { return sched == 3 ? HopperTileV3::block_n(d) : HopperTile::block_n(d); }
 inline int hopper_smem_bytes(int d, int sched) {
@@ -115,7 +122,8 @@ inline gpuError_t hopper_launch(const Problem& p, const FwdArgs& a, gpuStream_t 
 inline void hopper_kernel_name(char* buf, size_t size, const Problem& p) {
   const int sched = hopper_schedule();
   std::snprintf(buf, size, "cuda:sm90_wgmma_prefill_d%d_m128n%d_%s:%s", int(p.d), hopper_block_n(int(p.d), sched),
-                sched == 3 ? (hopper_pingpong() ? "tma_ws" : "tma_ws_nopp") : "cpasync",
+                sched != 3 ? "cpasync" : hopper_persistent() ? (hopper_pingpong() ? "tma_ws_persist" : "tma_ws_persist_nopp")
+                                                      : (hopper_pingpong() ? "tma_ws" : "tma_ws_nopp"),
                 p.dtype == FP_BF16 ? "bf16" : "fp16");
 }
 

@@ -33,6 +33,8 @@ struct HopperV3Params {
   FwdArgs a;
   CUtensorMap tq, tk, tv;  // 4-d (col, row, head, batch) views of q, k, v
   int32_t pingpong = 1;
+  int32_t m_blocks = 0;    // query blocks per (head, sequence): ceil(Sq / BM)
+  int32_t work_tiles = 0;  // m_blocks x Hq x B; block i takes tiles i, i + gridDim.x, ...
 };
 
 namespace sm90 {
@@ -62,20 +64,24 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
   auto full_v = [&](int s) { return bars + 8u * uint32_t(1 + S + s); };
   auto empty_k = [&](int s) { return bars + 8u * uint32_t(1 + 2 * S + s); };
   auto empty_v = [&](int s) { return bars + 8u * uint32_t(1 + 3 * S + s); };
+  const uint32_t empty_q = bars + 8u * uint32_t(1 + 4 * S);
 
   const int tid = threadIdx.x, lane = tid & 31;
   const int wg = tid >> 7;           // 0: producer; 1, 2: consumers
   const int wwarp = (tid >> 5) & 3;
-  const int m0 = (gridDim.x - 1 - blockIdx.x) * BM;  // heaviest (causal) blocks first
-  const int head = blockIdx.y;
-  const int b = blockIdx.z;
-  Rows rows(a, b, head, m0, BM, (wg > 0 ? (wg - 1) * 64 : 0) + wwarp * 16 + (lane >> 2));
-  if (rows.empty()) return;  // uniform over the block
-  const int n_hi = rows.n_hi;
-  const int count = n_hi - rows.n_lo;  // key tiles, walked nb = n_hi - 1 down to n_lo
+  const int row_loc = (wg > 0 ? (wg - 1) * 64 : 0) + wwarp * 16 + (lane >> 2);
+  const int heads_batch = a.hq * int(a.seq.batch);
+  // Work tile w (query block x head x batch), heaviest (causal: last) query blocks first.
+  auto decode = [&](int w, int& m0, int& head, int& b) {
+    const int mb_rev = w / heads_batch, hb = w - mb_rev * heads_batch;
+    m0 = (P.m_blocks - 1 - mb_rev) * BM;
+    head = hb % a.hq;
+    b = hb / a.hq;
+  };
 
   if (tid == 0) {
     mbar_init(full_q, 1);
+    mbar_init(empty_q, 4 * T::kConsumers);
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       mbar_init(full_k(s), 1);
@@ -87,139 +93,171 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
   }
   __syncthreads();
 
+  // Both roles walk the same work tiles (blockIdx.x, + gridDim.x, ...: one per block unless the
+  // grid is persistent) and the same key tiles, so the ring position `it` and the Q round `qr`
+  // (work tiles with keys) advance identically on both sides.
   if (wg == 0) {
     // ---- producer ----
     regs_dec<T::kProducerRegs>();
-    if (tid == 0 && count > 0) {
+    if (tid == 0) {
       tma_prefetch_desc(&P.tq);
       tma_prefetch_desc(&P.tk);
       tma_prefetch_desc(&P.tv);
-      const bool q_packed = a.q_addr.packed;
-      const int q_row = q_packed ? int(rows.q_start) + m0 : m0, q_batch = q_packed ? 0 : b;
-      mbar_arrive_expect_tx(full_q, kQBytes);
+      uint32_t it = 0, qr = 0;
+      for (int w = blockIdx.x; w < P.work_tiles; w += gridDim.x) {
+        int m0, head, b;
+        decode(w, m0, head, b);
+        const Rows rows(a, b, head, m0, BM, 0);
+        if (rows.empty()) continue;
+        const int n_hi = rows.n_hi, count = n_hi - rows.n_lo;
+        if (count <= 0) continue;
+        const bool kv_packed = a.k_addr.layout == KvLayout::Packed;
+        const int kv_row0 = kv_packed ? int(a.seq.k_start(b)) : 0, kv_batch = kv_packed ? 0 : b;
+        const int kvh = head / a.group;
+        for (int t = 0; t < count; ++t, ++it) {
+          const int s = int(it & (S - 1));
+          const uint32_t free_parity = ((it / S) & 1) ^ 1;  // the round before this one (fresh: done)
+          const int row = kv_row0 + (n_hi - 1 - t) * BN;
+          mbar_wait(empty_k(s), free_parity);
+          mbar_arrive_expect_tx(full_k(s), kTileBytes);
 #pragma unroll
-      for (int p = 0; p < kPanels; ++p) tma_load_4d(sQ + p * (BM * 128), &P.tq, full_q, p * 64, q_row, head, q_batch);
-      const bool kv_packed = a.k_addr.layout == KvLayout::Packed;
-      const int kv_row0 = kv_packed ? int(a.seq.k_start(b)) : 0, kv_batch = kv_packed ? 0 : b;
-      const int kvh = head / a.group;
-      for (int t = 0; t < count; ++t) {
-        const int s = t & (S - 1);
-        const uint32_t free_parity = ((t / S) & 1) ^ 1;  // the round before this one (fresh: done)
-        const int row = kv_row0 + (n_hi - 1 - t) * BN;
-        mbar_wait(empty_k(s), free_parity);
-        mbar_arrive_expect_tx(full_k(s), kTileBytes);
+          for (int p = 0; p < kPanels; ++p)
+            tma_load_4d(sK + s * kTileBytes + p * (BN * 128), &P.tk, full_k(s), p * 64, row, kvh, kv_batch);
+          if (t == 0) {
+            // Q after the first K: the Q buffer frees when the previous work tile's last S is done.
+            const bool q_packed = a.q_addr.packed;
+            const int q_row = q_packed ? int(rows.q_start) + m0 : m0, q_batch = q_packed ? 0 : b;
+            mbar_wait(empty_q, (qr & 1) ^ 1);
+            mbar_arrive_expect_tx(full_q, kQBytes);
 #pragma unroll
-        for (int p = 0; p < kPanels; ++p)
-          tma_load_4d(sK + s * kTileBytes + p * (BN * 128), &P.tk, full_k(s), p * 64, row, kvh, kv_batch);
-        mbar_wait(empty_v(s), free_parity);
-        mbar_arrive_expect_tx(full_v(s), kTileBytes);
+            for (int p = 0; p < kPanels; ++p)
+              tma_load_4d(sQ + p * (BM * 128), &P.tq, full_q, p * 64, q_row, head, q_batch);
+            ++qr;
+          }
+          mbar_wait(empty_v(s), free_parity);
+          mbar_arrive_expect_tx(full_v(s), kTileBytes);
 #pragma unroll
-        for (int p = 0; p < kPanels; ++p)
-          tma_load_4d(sV + s * kTileBytes + p * (BN * 128), &P.tv, full_v(s), p * 64, row, kvh, kv_batch);
+          for (int p = 0; p < kPanels; ++p)
+            tma_load_4d(sV + s * kTileBytes + p * (BN * 128), &P.tv, full_v(s), p * 64, row, kvh, kv_batch);
+        }
       }
     }
   } else {
     // ---- consumers ----
     regs_inc<T::kConsumerRegs>();
     const int cwg = wg - 1;
-    float o_acc[kPanels][32];
+    const bool pp = P.pingpong != 0;
+    const int my_bar = 1 + cwg, other_bar = 2 - cwg;
+    auto my_turn = [&] { if (pp) named_sync<256>(my_bar); };
+    auto your_turn = [&] { if (pp) named_arrive<256>(other_bar); };
+    // Every thread of the warp has passed its wgmma wait: the warp's reads of the buffer are done.
+    auto release = [&](uint32_t bar) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar);
+    };
+    uint32_t it = 0, qr = 0;
+    for (int w = blockIdx.x; w < P.work_tiles; w += gridDim.x) {
+      int m0, head, b;
+      decode(w, m0, head, b);
+      Rows rows(a, b, head, m0, BM, row_loc);
+      if (rows.empty()) continue;
+      const int n_hi = rows.n_hi, count = n_hi - rows.n_lo;
+      float o_acc[kPanels][32];
 #pragma unroll
-    for (int p = 0; p < kPanels; ++p)
+      for (int p = 0; p < kPanels; ++p)
 #pragma unroll
-      for (int e = 0; e < 32; ++e) o_acc[p][e] = 0.0f;
+        for (int e = 0; e < 32; ++e) o_acc[p][e] = 0.0f;
 
-    if (count > 0) {
-      // Ping-pong: consumer c waits on named barrier 1 + c (its turn at the tensor cores) and,
-      // once its GEMMs are issued, arrives on the other's. Consumer 0 goes first. Both issue the
-      // same number of GEMM batches (count + 1); consumer 1 skips its last arrive, so every
-      // barrier generation completes.
-      const bool pp = P.pingpong != 0;
-      const int my_bar = 1 + cwg, other_bar = 2 - cwg;
-      if (pp && cwg == 1) named_arrive<256>(1);
-      auto my_turn = [&] { if (pp) named_sync<256>(my_bar); };
-      auto your_turn = [&] { if (pp) named_arrive<256>(other_bar); };
-      // Every thread of the warp has passed its wgmma wait: the warp's reads of the slot are done.
-      auto release = [&](uint32_t bar) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar);
-      };
+      if (count > 0) {
+        // Ping-pong, per work tile: consumer c waits on named barrier 1 + c (its turn at the
+        // tensor cores) and, once its GEMMs are issued, arrives on the other's. Consumer 0 goes
+        // first. Both issue count + 1 GEMM batches; consumer 1 skips its last arrive, so every
+        // barrier generation of the tile completes inside it.
+        if (pp && cwg == 1) named_arrive<256>(1);
 
-      auto issue_s = [&](float (&s)[BN / 2], int slot) {
-        uint64_t q_desc = make_desc(sQ + cwg * (64 * 128), 16, 1024);
-        asm volatile("" : "+l"(q_desc));
-        uint64_t k_desc = make_desc(sK + slot * kTileBytes, 16, 1024);
-        asm volatile("" : "+l"(k_desc));
+        auto issue_s = [&](float (&s)[BN / 2], int slot) {
+          uint64_t q_desc = make_desc(sQ + cwg * (64 * 128), 16, 1024);
+          asm volatile("" : "+l"(q_desc));
+          uint64_t k_desc = make_desc(sK + slot * kTileBytes, 16, 1024);
+          asm volatile("" : "+l"(k_desc));
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-          const uint32_t koff = uint32_t((ks & 3) * 32);
-          const uint64_t da = q_desc + (((ks >> 2) * (BM * 128) + koff) >> 4);
-          const uint64_t db = k_desc + (((ks >> 2) * (BN * 128) + koff) >> 4);
-          if constexpr (BN == 128) wgmma_ss_m64n128k16<kBf16>(s, da, db, ks > 0 ? 1 : 0);
-          else wgmma_ss_m64n64k16<kBf16>(s, da, db, ks > 0 ? 1 : 0);
-        }
-        wg_commit();
-      };
-      auto issue_pv = [&](const uint32_t (&pa)[BN / 16][4], int slot) {
-        uint64_t v_desc = make_desc(sV + slot * kTileBytes, BN * 128, 1024);
-        asm volatile("" : "+l"(v_desc));
-#pragma unroll
-        for (int ks = 0; ks < BN / 16; ++ks)
-#pragma unroll
-          for (int p = 0; p < kPanels; ++p) {
-            const uint64_t db = v_desc + ((p * (BN * 128) + ks * 2048) >> 4);
-            wgmma_rs_m64n64k16_tb<kBf16>(o_acc[p], pa[ks], db, 1);
+          for (int ks = 0; ks < D / 16; ++ks) {
+            const uint32_t koff = uint32_t((ks & 3) * 32);
+            const uint64_t da = q_desc + (((ks >> 2) * (BM * 128) + koff) >> 4);
+            const uint64_t db = k_desc + (((ks >> 2) * (BN * 128) + koff) >> 4);
+            if constexpr (BN == 128) wgmma_ss_m64n128k16<kBf16>(s, da, db, ks > 0 ? 1 : 0);
+            else wgmma_ss_m64n64k16<kBf16>(s, da, db, ks > 0 ? 1 : 0);
           }
-        wg_commit();
-      };
+          wg_commit();
+        };
+        auto issue_pv = [&](const uint32_t (&pa)[BN / 16][4], int slot) {
+          uint64_t v_desc = make_desc(sV + slot * kTileBytes, BN * 128, 1024);
+          asm volatile("" : "+l"(v_desc));
+#pragma unroll
+          for (int ks = 0; ks < BN / 16; ++ks)
+#pragma unroll
+            for (int p = 0; p < kPanels; ++p) {
+              const uint64_t db = v_desc + ((p * (BN * 128) + ks * 2048) >> 4);
+              wgmma_rs_m64n64k16_tb<kBf16>(o_acc[p], pa[ks], db, 1);
+            }
+          wg_commit();
+        };
 
-      float s[BN / 2];
-      float corr[2];
-      uint32_t pa[BN / 16][4];
-      mbar_wait(full_q, 0);
-      mbar_wait(full_k(0), 0);
-      my_turn();
-      wg_fence();
-      issue_s(s, 0);
-      your_turn();
-      wg_wait<0>();
-      fence_regs(s);
-      release(empty_k(0));
-      rows.softmax(s, n_hi - 1, corr);  // O is zero: no rescale
-      Rows::template pack_p<Elem>(s, pa);
-      // Steps with a next tile: one fixed wgmma group structure (ptxas keeps the products
-      // asynchronous only then); the last step is peeled.
-      int t = 0;
-      for (; t + 1 < count; ++t) {
-        const int slot = t & (S - 1), next = (t + 1) & (S - 1);
-        mbar_wait(full_k(next), ((t + 1) / S) & 1);
-        mbar_wait(full_v(slot), (t / S) & 1);
+        float s[BN / 2];
+        float corr[2];
+        uint32_t pa[BN / 16][4];
+        {
+          const int slot = int(it & (S - 1));
+          mbar_wait(full_q, qr & 1);
+          mbar_wait(full_k(slot), (it / S) & 1);
+          my_turn();
+          wg_fence();
+          issue_s(s, slot);
+          your_turn();
+          wg_wait<0>();
+          fence_regs(s);
+          release(empty_k(slot));
+        }
+        rows.softmax(s, n_hi - 1, corr);  // O is zero: no rescale
+        Rows::template pack_p<Elem>(s, pa);
+        // Steps with a next tile: one fixed wgmma group structure (ptxas keeps the products
+        // asynchronous only then); the last step is peeled.
+        for (int t = 0; t + 1 < count; ++t, ++it) {
+          const int slot = int(it & (S - 1)), next = int((it + 1) & (S - 1));
+          mbar_wait(full_k(next), ((it + 1) / S) & 1);
+          mbar_wait(full_v(slot), (it / S) & 1);
+          my_turn();
+          wg_fence();
+          issue_s(s, next);
+          issue_pv(pa, slot);
+          your_turn();
+          wg_wait<1>();  // S(t+1) done; P V(t) may still run
+          fence_regs(s);
+          release(empty_k(next));
+          rows.softmax(s, n_hi - 2 - t, corr);
+          wg_wait<0>();  // P V(t) done
+#pragma unroll
+          for (int p = 0; p < kPanels; ++p) fence_regs(o_acc[p]);
+          release(empty_v(slot));
+          Rows::rescale_o(o_acc, corr);
+          Rows::template pack_p<Elem>(s, pa);
+        }
+        release(empty_q);  // every S of this work tile is done: the producer may load the next Q
+        const int slot = int(it & (S - 1));
+        mbar_wait(full_v(slot), (it / S) & 1);
         my_turn();
         wg_fence();
-        issue_s(s, next);
         issue_pv(pa, slot);
-        your_turn();
-        wg_wait<1>();  // S(t+1) done; P V(t) may still run
-        fence_regs(s);
-        release(empty_k(next));
-        rows.softmax(s, n_hi - 2 - t, corr);
-        wg_wait<0>();  // P V(t) done
+        if (pp && cwg == 0) named_arrive<256>(other_bar);
+        wg_wait<0>();
 #pragma unroll
         for (int p = 0; p < kPanels; ++p) fence_regs(o_acc[p]);
         release(empty_v(slot));
-        Rows::rescale_o(o_acc, corr);
-        Rows::template pack_p<Elem>(s, pa);
+        ++it;
+        ++qr;
       }
-      const int slot = t & (S - 1);
-      mbar_wait(full_v(slot), (t / S) & 1);
-      my_turn();
-      wg_fence();
-      issue_pv(pa, slot);
-      if (pp && cwg == 0) named_arrive<256>(other_bar);
-      wg_wait<0>();
-#pragma unroll
-      for (int p = 0; p < kPanels; ++p) fence_regs(o_acc[p]);
+      rows.template epilogue<Elem, kPanels>(o_acc);
     }
-    rows.template epilogue<Elem, kPanels>(o_acc);
   }
 #else
   if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0)

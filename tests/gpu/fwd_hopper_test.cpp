@@ -234,13 +234,24 @@ TEST(CudaHopperFwd, RandomizedMix) {
   }
 }
 
-// Both schedules (and v3 without ping-pong) on the same cases in one process: each checked against
-// the reference, and each must be the kernel that ran.
+// Both schedules (and v3 without ping-pong, v3 on a persistent grid) on the same cases in one
+// process: each checked against the reference, and each must be the kernel that ran. The big case
+// has more work tiles (9 x 8 x 3 = 216) than an H100 has SMs, so persistent blocks take several
+// tiles each (ring and Q rounds carried across tiles).
 TEST(CudaHopperFwd, BothSchedulesInOneProcess) {
   SKIP_WITHOUT_GPU();
-  struct Variant { const char* sched; const char* pingpong; const char* tag; };
-  for (Variant v : {Variant{"1", "1", "_cpasync"}, Variant{"3", "1", "_tma_ws:"}, Variant{"3", "0", "_tma_ws_nopp"}}) {
-    ScopedEnv sched("FLASHPORT_HOPPER_SCHED", v.sched), pp("FLASHPORT_HOPPER_PINGPONG", v.pingpong);
+  struct Variant { const char* sched; const char* pingpong; const char* persistent; const char* tag; };
+  for (Variant v : {Variant{"1", "1", "0", "_cpasync"}, Variant{"3", "1", "0", "_tma_ws:"},
+                    Variant{"3", "0", "0", "_tma_ws_nopp"}, Variant{"3", "1", "1", "_tma_ws_persist:"},
+                    Variant{"3", "0", "1", "_tma_ws_persist_nopp"}}) {
+    ScopedEnv sched("FLASHPORT_HOPPER_SCHED", v.sched), pp("FLASHPORT_HOPPER_PINGPONG", v.pingpong),
+        persist("FLASHPORT_HOPPER_PERSISTENT", v.persistent);
+    auto expect_tag = [&](const fp_selection& sel) {
+      if (device_is_sm90() && hopper_built())
+        EXPECT_NE(std::string(sel.kernel).find(v.tag), std::string::npos)
+            << "FLASHPORT_HOPPER_SCHED=" << v.sched << " PINGPONG=" << v.pingpong
+            << " PERSISTENT=" << v.persistent << " ran " << sel.kernel;
+    };
     for (int64_t d : {64, 128, 256}) {
       Case c;
       c.dtype = rand_dtype();
@@ -249,15 +260,22 @@ TEST(CudaHopperFwd, BothSchedulesInOneProcess) {
       c.lse = true;
       fp_selection sel{};
       check_case(c, &sel);
-      if (device_is_sm90() && hopper_built())
-        EXPECT_NE(std::string(sel.kernel).find(v.tag), std::string::npos)
-            << "FLASHPORT_HOPPER_SCHED=" << v.sched << " PINGPONG=" << v.pingpong << " ran " << sel.kernel;
+      expect_tag(sel);
       Case w = c;  // varlen with a window: per-sequence tails inside the packed tensor
       w.varlen = true, w.causal = false, w.wl = 90, w.wr = 7;
       w.lq = {200, 1, 129, 0, 640};
       w.lk = {777, 50, 129, 9, 300};
       check_case(w, &sel);
+      expect_tag(sel);
     }
+    Case big;
+    big.dtype = rand_dtype();
+    big.batch = 3, big.hq = 8, big.hkv = 2, big.d = 128, big.dv = 128, big.sq = 1100, big.sk = 700;
+    big.causal = true;
+    big.sinks = rand_int(0, 1);
+    fp_selection sel{};
+    check_case(big, &sel);
+    expect_tag(sel);
   }
 }
 
