@@ -18,14 +18,10 @@ if torch is None:
                       if f.startswith(("test_torch", "test_binding", "test_signatures"))]
 
 
-def _devices():
-    devs = ["cpu"]
-    if torch is not None and torch.cuda.is_available():
-        devs.append("cuda")
-    return devs
-
-
-DEVICES = _devices()
+if torch is not None:
+    from helpers import DEVICES  # noqa: E402  (cpu, and cuda where a GPU is present)
+else:
+    DEVICES = ["cpu"]
 
 
 @pytest.fixture(params=DEVICES)
@@ -42,6 +38,14 @@ def _seed(request):
     yield
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "cuda_declines(reason): the CUDA backend declines this test's case by design "
+        "(FP_ERR_UNSUPPORTED from its capability check); on the GPU the test is an expected "
+        "failure with the library's message, and fails if CUDA runs it after all.")
+
+
 def _on_gpu(item) -> bool:
     params = getattr(getattr(item, "callspec", None), "params", {})
     return params.get("device") == "cuda" or params.get("jdev") == "cuda"
@@ -49,12 +53,19 @@ def _on_gpu(item) -> bool:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_pyfunc_call(pyfuncitem):
-    """On the GPU, a feature the CUDA backend reports as unsupported (FP_ERR_UNSUPPORTED, e.g.
-    backward in this release) is an expected failure with the library's reason, listed by
-    `pytest -rx`; any other error, and any unsupported error on the CPU, fails the test."""
-    try:
+    """Only a test marked cuda_declines(reason) may end in FP_ERR_UNSUPPORTED on the GPU: it is
+    then an expected failure, listed by `pytest -rx` with the reason and the library's message.
+    A marked test that runs through on the GPU fails (the decline is gone: drop the mark). Any
+    other FP_ERR_UNSUPPORTED, on the GPU or the CPU, fails its test."""
+    mark = pyfuncitem.get_closest_marker("cuda_declines")
+    if mark is None or not _on_gpu(pyfuncitem):
         return (yield)
-    except RuntimeError as e:
-        if _on_gpu(pyfuncitem) and "FP_ERR_UNSUPPORTED" in str(e):
-            pytest.xfail(f"CUDA backend: {str(e).splitlines()[0][:300]}")
+    reason = mark.args[0] if mark.args else mark.kwargs.get("reason", "")
+    try:
+        result = yield
+    except Exception as e:  # noqa: BLE001 - jax raises its own runtime error types
+        if "FP_ERR_UNSUPPORTED" in str(e):
+            pytest.xfail(f"CUDA declines by design ({reason}): {str(e).splitlines()[0][:300]}")
         raise
+    pytest.fail(f"marked cuda_declines({reason!r}) but the CUDA backend ran it: drop the mark")
+    return result

@@ -1,9 +1,49 @@
 """Shared test helpers: random inputs, running the oracle (fp64) and the naive same-precision
-computation, and the CUDA-backward guard."""
+computation, and the dtypes each device runs.
+
+The CUDA backend runs float16/bfloat16 only (float32/float64 are declined by its capability check,
+tested once in test_torch_errors.py::test_cuda_declines_float32). So a test that works in float32
+on the CPU runs the same checks on CUDA in float16 and bfloat16, against the fp64 oracle with
+tolerances set by the naive same-precision computation (reference.assert_close_to_ref)."""
+import os
+
 import pytest
 import torch
 
 import reference as ref
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+CUDA_DTYPES = (torch.float16, torch.bfloat16)
+
+# FLASHPORT_TEST_CPU_LOWP=1 also runs the CUDA dtypes on the CPU: the low-precision variants of
+# the float32 tests (and their tolerances) can then be checked on a machine without a GPU.
+_CPU_LOWP = os.environ.get("FLASHPORT_TEST_CPU_LOWP", "") not in ("", "0")
+
+
+def work_dtypes(device):
+    """The dtypes a float32 test runs in on `device`: float32 on the CPU, fp16 and bf16 on CUDA."""
+    if device == "cuda":
+        return list(CUDA_DTYPES)
+    return [torch.float32] + (list(CUDA_DTYPES) if _CPU_LOWP else [])
+
+
+def work_dtype(device):
+    """One dtype per device, for tests where one suffices (torch.compile: each compile is slow)."""
+    return torch.float16 if device == "cuda" else torch.float32
+
+
+def device_dtypes(dtypes=None):
+    """Parameters for @pytest.mark.parametrize("device,dtype", ...): every device with each of
+    `dtypes` it supports (dtypes=None: work_dtypes(device)). The direct parametrization of
+    `device` replaces conftest's fixture."""
+    out = []
+    for dev in DEVICES:
+        for dt in (work_dtypes(dev) if dtypes is None else dtypes):
+            if dev == "cuda" and dt not in CUDA_DTYPES:
+                continue
+            out.append(pytest.param(dev, dt, id=f"{dev}-{str(dt).replace('torch.', '')}"))
+    return out
 
 
 def randn(*shape, dtype=torch.float32, device="cpu", requires_grad=False):
@@ -19,12 +59,9 @@ def leaf_lowp(t):
     return t.detach().cpu().requires_grad_(t.requires_grad)
 
 
-def backward_or_xfail(device, fn):
-    """Runs a backward; on CUDA, a case the CUDA backend declines through its capability check
-    (e.g. float32) is an expected failure, reported with the library's reason rather than hidden."""
-    try:
-        return fn()
-    except RuntimeError as e:
-        if device == "cuda" and "FP_ERR_UNSUPPORTED" in str(e):
-            pytest.xfail(f"declined by the CUDA backend: {e}")
-        raise
+def is_lowp(dtype):
+    return dtype in (torch.float16, torch.bfloat16)
+
+
+def eps(dtype):
+    return ref.EPS[dtype]

@@ -3,7 +3,7 @@ library's message, and write nothing."""
 import pytest
 import torch
 
-from helpers import randn
+from helpers import device_dtypes, randn
 
 fa = pytest.importorskip("flashport.torch")
 
@@ -86,16 +86,31 @@ def test_cache_leftpad_rejected(device):
                                    cache_leftpad=torch.zeros(1, dtype=torch.int32, device=device))
 
 
-def test_kvcache_error_writes_nothing(device):
-    """A rejected append (cache too short for the new rows) leaves the cache untouched."""
-    q = randn(1, 4, 2, 32, device=device)
-    kc, vc = randn(1, 8, 2, 32, device=device), randn(1, 8, 2, 32, device=device)
-    kn, vn = randn(1, 4, 2, 32, device=device), randn(1, 4, 2, 32, device=device)
-    k0, v0 = kc.clone(), vc.clone()
-    with pytest.raises(ValueError):
-        fa.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=torch.tensor(
-            [6], dtype=torch.int32, device=device))
-    assert torch.equal(kc, k0) and torch.equal(vc, v0)
+@pytest.mark.parametrize("device,dtype", device_dtypes())
+def test_kvcache_error_writes_nothing(device, dtype):
+    """An append past the cache's capacity (cache_seqlens 6 + 4 new rows > 8). On the CPU it is
+    rejected with a named error and writes nothing. On CUDA cache_seqlens lives in device memory,
+    which the library never reads on the host (flashport.h: index values are checked only in host
+    memory; GPU kernels clamp instead of faulting): the call runs and must write nothing outside
+    the cache's rows [cache_seqlens, capacity) - the cache is a view between sentinel rows."""
+    q = randn(1, 4, 2, 32, dtype=dtype, device=device)
+    big_k, big_v = (randn(3, 8, 2, 32, dtype=dtype, device=device) for _ in range(2))
+    kc, vc = big_k[1:2], big_v[1:2]  # batch rows 0 and 2 of the buffers are sentinels
+    kn, vn = (randn(1, 4, 2, 32, dtype=dtype, device=device) for _ in range(2))
+    k0, v0 = big_k.clone(), big_v.clone()
+    seqlens = torch.tensor([6], dtype=torch.int32, device=device)
+    if device == "cpu":
+        with pytest.raises(ValueError, match="(?i)cache"):
+            fa.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens)
+        assert torch.equal(big_k, k0) and torch.equal(big_v, v0)
+        return
+    out = fa.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+    may_write = torch.zeros(big_k.shape[:2], dtype=torch.bool, device=device)
+    may_write[1, 6:] = True
+    assert torch.equal(big_k[~may_write], k0[~may_write])
+    assert torch.equal(big_v[~may_write], v0[~may_write])
 
 
 def test_k_without_v(device):
@@ -112,6 +127,34 @@ def test_rotary_without_new_keys(device):
     cos = torch.ones(8, 8, device=device)
     with pytest.raises(ValueError, match="rotary"):
         fa.flash_attn_with_kvcache(q, kc, vc, rotary_cos=cos, rotary_sin=cos, cache_seqlens=2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_declines_float32():
+    """The CUDA backend runs float16/bfloat16 only: float32 and float64 are declined through its
+    capability check with a named FP_ERR_UNSUPPORTED error naming the dtype (forward, the KV-cache
+    append, which then writes nothing, and the backward op given float32 tensors). The other
+    tests run CUDA in float16/bfloat16; this is the one that checks the decline."""
+    for dtype in (torch.float32, torch.float64):
+        name = str(dtype).replace("torch.", "")
+        q, k, v = qkv("cuda", dtype=dtype)
+        with pytest.raises(RuntimeError, match=rf"FP_ERR_UNSUPPORTED.*cuda backend: dtype {name}"):
+            fa.flash_attn_func(q, k, v, causal=True)
+        kc, vc = randn(1, 16, 2, 32, dtype=dtype, device="cuda"), randn(1, 16, 2, 32, dtype=dtype,
+                                                                        device="cuda")
+        k0, v0 = kc.clone(), vc.clone()
+        with pytest.raises(RuntimeError, match=rf"FP_ERR_UNSUPPORTED.*dtype {name}"):
+            fa.flash_attn_with_kvcache(q[:, :2], kc, vc, k[:, :2], v[:, :2], cache_seqlens=3)
+        torch.cuda.synchronize()
+        assert torch.equal(kc, k0) and torch.equal(vc, v0)
+    # The backward's own check, reached directly: float32 tensors with a float32 lse.
+    q, k, v = qkv("cuda", dtype=torch.float32)
+    out, dout = torch.zeros_like(q), torch.randn_like(q)
+    lse = torch.zeros(1, 4, 8, device="cuda")
+    no_rng = torch.empty(0, dtype=torch.int64, device="cuda")
+    with pytest.raises(RuntimeError, match=r"FP_ERR_UNSUPPORTED.*backward dtype float32"):
+        torch.ops.flashport.attn_bwd(dout, q, k, v, out, lse, None, None, 0, 0, None, None, None,
+                                     None, no_rng, 0.0, 0.25, True, -1, -1, 0.0, 0, False, 0)
 
 
 def test_mixed_devices():

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import reference as ref
-from helpers import randn
+from helpers import device_dtypes, eps, is_lowp, randn
 
 fa = pytest.importorskip("flashport.torch")
 
@@ -18,17 +18,18 @@ def logical_cache(k_cache, b, batch_idx=None, block_table=None):
 
 
 def oracle(q, k_cache, v_cache, seqlens, k_new=None, v_new=None, batch_idx=None,
-           block_table=None, rot=None, **kw):
-    """Append (with rotary) and attend, in fp64 on the host, per the contract."""
+           block_table=None, rot=None, dtype=torch.float64, **kw):
+    """Append (with rotary) and attend, on the host, per the contract: in fp64 (the oracle), or
+    in q's 16-bit dtype (the naive same-precision computation that sets the tolerance)."""
     outs, lses = [], []
     for b in range(q.shape[0]):
-        kc = logical_cache(k_cache, b, batch_idx, block_table).double().cpu()
-        vc = logical_cache(v_cache, b, batch_idx, block_table).double().cpu()
-        qb = q[b].double().cpu()
+        kc = logical_cache(k_cache, b, batch_idx, block_table).to("cpu", dtype)
+        vc = logical_cache(v_cache, b, batch_idx, block_table).to("cpu", dtype)
+        qb = q[b].to("cpu", dtype)
         n = int(seqlens[b])
         kb, vb = kc[:n], vc[:n]
         if k_new is not None:
-            kn, vn = k_new[b].double().cpu(), v_new[b].double().cpu()
+            kn, vn = k_new[b].to("cpu", dtype), v_new[b].to("cpu", dtype)
             if rot is not None:
                 cos, sin, interleaved, causal_like = rot
                 kn = ref.rotary(kn, cos.double(), sin.double(),
@@ -37,7 +38,8 @@ def oracle(q, k_cache, v_cache, seqlens, k_new=None, v_new=None, batch_idx=None,
                         else torch.full((qb.shape[0],), n))
                 qb = ref.rotary(qb, cos.double(), sin.double(), qpos, interleaved)
             kb, vb = torch.cat([kb, kn]), torch.cat([vb, vn])
-        o, l = ref.attention_one(qb, kb, vb, **kw)
+        kw_dt = {key: (val.to(dtype) if torch.is_tensor(val) else val) for key, val in kw.items()}
+        o, l = ref.attention_one(qb, kb, vb, **kw_dt)
         outs.append(o)
         lses.append(l)
     return torch.stack(outs), torch.stack(lses)
@@ -46,7 +48,7 @@ def oracle(q, k_cache, v_cache, seqlens, k_new=None, v_new=None, batch_idx=None,
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("device,dtype", device_dtypes(DTYPES))
 @pytest.mark.parametrize("snew", [0, 1, 3])
 @pytest.mark.parametrize("causal", [False, True])
 def test_contiguous_cache_append(device, dtype, snew, causal):
@@ -73,19 +75,25 @@ def test_contiguous_cache_append(device, dtype, snew, causal):
     assert torch.equal(k_cache, expect_k) and torch.equal(v_cache, expect_v)
 
 
-def test_cache_seqlens_int_and_batch_idx(device):
+@pytest.mark.parametrize("device,dtype", device_dtypes())
+def test_cache_seqlens_int_and_batch_idx(device, dtype):
     b, bc, smax, h, d = 2, 5, 32, 2, 32
-    k_cache = randn(bc, smax, h, d, device=device)
-    v_cache = randn(bc, smax, h, d, device=device)
-    q = randn(b, 1, h, d, device=device)
+    k_cache = randn(bc, smax, h, d, dtype=dtype, device=device)
+    v_cache = randn(bc, smax, h, d, dtype=dtype, device=device)
+    q = randn(b, 1, h, d, dtype=dtype, device=device)
     idx = torch.tensor([3, 1], dtype=torch.int32, device=device)
-    k_new, v_new = randn(b, 1, h, d, device=device), randn(b, 1, h, d, device=device)
+    k_new = randn(b, 1, h, d, dtype=dtype, device=device)
+    v_new = randn(b, 1, h, d, dtype=dtype, device=device)
     k_before, v_before = k_cache.clone(), v_cache.clone()
     out = fa.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=7,
                                      cache_batch_idx=idx)
     seqlens = torch.tensor([7, 7])
     out64, _ = oracle(q, k_before, v_before, seqlens, k_new, v_new, batch_idx=idx.cpu())
-    ref.assert_close_to_ref(out, out64, None, "out")
+    naive = None
+    if is_lowp(dtype):
+        naive, _ = oracle(q, k_before, v_before, seqlens, k_new, v_new, batch_idx=idx.cpu(),
+                          dtype=dtype)
+    ref.assert_close_to_ref(out, out64, naive, "out")
     for bb, row in enumerate([3, 1]):
         assert torch.equal(k_cache[row, 7], k_new[bb, 0])
     untouched = [0, 2, 4]
@@ -123,53 +131,67 @@ def test_paged_cache(device, page_size, snew):
 @pytest.mark.parametrize("interleaved", [True, False])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("rotary_dim", [16, 64])
-def test_rotary(device, interleaved, causal, rotary_dim):
+@pytest.mark.parametrize("device,dtype", device_dtypes())
+def test_rotary(device, dtype, interleaved, causal, rotary_dim):
+    """Rotary (float32 cos/sin) applied to the new keys (stored rotated in the cache) and to q.
+    With 16-bit inputs the rotated rows are rounded to q's dtype before attention, as in the
+    naive same-precision computation that sets the tolerance."""
     b, smax, h, d, snew = 2, 48, 2, 64, 3
-    k_cache = randn(b, smax, h, d, device=device)
-    v_cache = randn(b, smax, h, d, device=device)
+    k_cache = randn(b, smax, h, d, dtype=dtype, device=device)
+    v_cache = randn(b, smax, h, d, dtype=dtype, device=device)
     seqlens = torch.tensor([4, 20], dtype=torch.int32, device=device)
-    q = randn(b, snew, h, d, device=device)
-    k_new, v_new = randn(b, snew, h, d, device=device), randn(b, snew, h, d, device=device)
+    q = randn(b, snew, h, d, dtype=dtype, device=device)
+    k_new = randn(b, snew, h, d, dtype=dtype, device=device)
+    v_new = randn(b, snew, h, d, dtype=dtype, device=device)
     angle = torch.rand(smax, rotary_dim // 2) * 6.28
     cos, sin = angle.cos().to(device), angle.sin().to(device)
     k_before, v_before = k_cache.clone(), v_cache.clone()
     out = fa.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos,
                                      rotary_sin=sin, cache_seqlens=seqlens, causal=causal,
                                      rotary_interleaved=interleaved)
-    out64, _ = oracle(q, k_before, v_before, seqlens, k_new, v_new,
-                      rot=(cos.cpu(), sin.cpu(), interleaved, causal), causal=causal)
-    ref.assert_close_to_ref(out, out64, None, "out", factor=0)
-    # The cache holds the rotated keys.
+    rot = (cos.cpu(), sin.cpu(), interleaved, causal)
+    out64, _ = oracle(q, k_before, v_before, seqlens, k_new, v_new, rot=rot, causal=causal)
+    if is_lowp(dtype):
+        naive, _ = oracle(q, k_before, v_before, seqlens, k_new, v_new, rot=rot, causal=causal,
+                          dtype=dtype)
+        ref.assert_close_to_ref(out, out64, naive, "out")
+    else:
+        ref.assert_close_to_ref(out, out64, None, "out", factor=0)
+    # The cache holds the rotated keys (rounded once to the cache's dtype).
     for bb in range(b):
         n = int(seqlens[bb])
         rk = ref.rotary(k_new[bb].double().cpu(), cos.cpu().double(), sin.cpu().double(),
                         torch.arange(snew) + n, interleaved)
-        assert (k_cache[bb, n:n + snew].double().cpu() - rk).abs().max() < 1e-5
+        tol = eps(dtype) * max(1.0, rk.abs().max().item()) if is_lowp(dtype) else 1e-5
+        assert (k_cache[bb, n:n + snew].double().cpu() - rk).abs().max() < tol
 
 
 @pytest.mark.parametrize("num_splits", [0, 1, 2, 5])
-def test_num_splits(device, num_splits):
+@pytest.mark.parametrize("device,dtype", device_dtypes())
+def test_num_splits(device, dtype, num_splits):
     b, smax, hq, hkv, d = 2, 300, 8, 2, 64
-    k_cache = randn(b, smax, hkv, d, device=device)
-    v_cache = randn(b, smax, hkv, d, device=device)
+    k_cache = randn(b, smax, hkv, d, dtype=dtype, device=device)
+    v_cache = randn(b, smax, hkv, d, dtype=dtype, device=device)
     seqlens = torch.tensor([257, 299], dtype=torch.int32, device=device)
-    q = randn(b, 1, hq, d, device=device)
+    q = randn(b, 1, hq, d, dtype=dtype, device=device)
     out, lse = fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
                                           num_splits=num_splits, return_softmax_lse=True)
     out64, lse64 = oracle(q, k_cache, v_cache, seqlens)
-    ref.assert_close_to_ref(out, out64, None, "out")
+    naive = oracle(q, k_cache, v_cache, seqlens, dtype=dtype)[0] if is_lowp(dtype) else None
+    ref.assert_close_to_ref(out, out64, naive, "out")
     ref.assert_lse_close(lse, lse64)
 
 
 @pytest.mark.parametrize("opts", [dict(window_size=(8, -1)), dict(softcap=2.5),
                                   dict(alibi=True, causal=True), dict(sinks=True)],
                          ids=["window", "softcap", "alibi", "sinks"])
-def test_kvcache_masks(device, opts):
+@pytest.mark.parametrize("device,dtype", device_dtypes())
+def test_kvcache_masks(device, dtype, opts):
     b, smax, hq, hkv, d = 2, 40, 4, 2, 32
-    k_cache = randn(b, smax, hkv, d, device=device)
-    v_cache = randn(b, smax, hkv, d, device=device)
+    k_cache = randn(b, smax, hkv, d, dtype=dtype, device=device)
+    v_cache = randn(b, smax, hkv, d, dtype=dtype, device=device)
     seqlens = torch.tensor([17, 30], dtype=torch.int32, device=device)
-    q = randn(b, 2, hq, d, device=device)
+    q = randn(b, 2, hq, d, dtype=dtype, device=device)
     lib, ora = {}, {}
     for key, val in opts.items():
         if key == "alibi":
@@ -184,13 +206,17 @@ def test_kvcache_masks(device, opts):
             lib[key], ora[key] = val, val
     out = fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, **lib)
     out64, _ = oracle(q, k_cache, v_cache, seqlens, **ora)
-    ref.assert_close_to_ref(out, out64, None, "out")
+    naive = oracle(q, k_cache, v_cache, seqlens, dtype=dtype, **ora)[0] if is_lowp(dtype) else None
+    ref.assert_close_to_ref(out, out64, naive, "out")
 
 
-def test_no_backward(device):
+@pytest.mark.parametrize("device,dtype", device_dtypes())
+def test_no_backward(device, dtype):
     """As in flash_attn, the KV-cache path has no backward: asking for one fails loudly."""
-    q = randn(1, 1, 2, 32, device=device, requires_grad=True)
-    k_cache, v_cache = randn(1, 8, 2, 32, device=device), randn(1, 8, 2, 32, device=device)
+    q = randn(1, 1, 2, 32, dtype=dtype, device=device, requires_grad=True)
+    k_cache = randn(1, 8, 2, 32, dtype=dtype, device=device)
+    v_cache = randn(1, 8, 2, 32, dtype=dtype, device=device)
     out = fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=8)
+    assert torch.isfinite(out).all()
     with pytest.raises(RuntimeError):
         out.sum().backward()
