@@ -7,7 +7,8 @@
 # FLASHPORT_HOPPER_SCHED / FLASHPORT_HOPPER_PINGPONG at every call); then, time permitting, the
 # other forward suites under v3. Logs under $OUT (tar'd); a short table last.
 #   scripts/device_hopper.sh [dims] [extra]   dims default 64,128,256; extra "fwdtests" runs the
-#   forward suites under v3 even when time is short.
+#   forward suites under v3 even when time is short; "quick" runs only the v3 smoke + tests and the
+#   benchmark (FP_BENCH_NOPP=0 also drops the no-ping-pong column).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dims=${1:-64,128,256}
@@ -69,8 +70,8 @@ if [ $rc_smoke -eq 124 ]; then
 else
 echo "== Hopper tests, schedule v3 (FLASHPORT_HOPPER_SCHED=3)"
 run_tests v3 FLASHPORT_HOPPER_SCHED=3 | tee "$LOG/sum_v3.txt"
-echo "== Hopper tests, schedule v3 on a persistent grid (FLASHPORT_HOPPER_PERSISTENT=1)"
-run_tests v3p FLASHPORT_HOPPER_SCHED=3 FLASHPORT_HOPPER_PERSISTENT=1 | tee "$LOG/sum_v3p.txt"
+[ "$extra" != quick ] && echo "== Hopper tests, schedule v3 on a persistent grid (FLASHPORT_HOPPER_PERSISTENT=1)"
+[ "$extra" != quick ] && run_tests v3p FLASHPORT_HOPPER_SCHED=3 FLASHPORT_HOPPER_PERSISTENT=1 | tee "$LOG/sum_v3p.txt"
 fi
 
 echo "== prefill grid: v1, v3, v3 no ping-pong, torch flash, cuDNN in one process"
@@ -84,7 +85,8 @@ from torch.nn.attention import SDPBackend
 dims = [int(x) for x in sys.argv[1].split(",")]
 lib = load_lib("build-hopper/bench/gpu/libfpbench.so")
 fp = Flashport(lib)
-variants = [("v1", "1", "1", "0"), ("v3", "3", "1", "0"), ("v3p", "3", "1", "1"), ("v3nopp", "3", "0", "0")]
+variants = [("v1", "1", "1", "0"), ("v3", "3", "1", "0"), ("v3p", "3", "1", "1")] + \
+    ([("v3nopp", "3", "0", "0")] if os.environ.get("FP_BENCH_NOPP", "1") == "1" else [])
 print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}")
 print(f"device-to-device copy: {copy_bandwidth():.2f} TB/s\n")
 print("| D | S | B | causal | v1 | v3 | v3 persistent | v3 no-pp | v3 again | torch flash | cuDNN | v3/v1 | v3/flash | v3/cuDNN | v3p/v3 | v3 err | v3 kernel |")
@@ -113,7 +115,7 @@ for D in dims:
             t_cd, _ = try_time(sdpa_fn(SDPBackend.CUDNN_ATTENTION, q, k, v, causal, False))
             bad = [n for n in errs if not (errs[n] < 2e-2)]
             print(f"| {D} | {S} | {B} | {'y' if causal else 'n'} | {tf(res['v1']):.0f} | {tf(res['v3']):.0f} | "
-                  f"{tf(res['v3p']):.0f} | {tf(res['v3nopp']):.0f} | {tf(res['v3b']):.0f} | {tf(t_fa):.0f} | {tf(t_cd):.0f} | "
+                  f"{tf(res['v3p']):.0f} | {tf(res.get('v3nopp', float('nan'))):.0f} | {tf(res['v3b']):.0f} | {tf(t_fa):.0f} | {tf(t_cd):.0f} | "
                   f"{res['v1'] / res['v3']:.2f} | {t_fa / res['v3']:.2f} | {t_cd / res['v3']:.2f} | {res['v3'] / res['v3p']:.2f} | "
                   f"{errs['v3']:.1e}{' BAD ' + ','.join(bad) if bad else ''} | {kern['v3']} |", flush=True)
         del q, k, v, out
@@ -123,11 +125,11 @@ echo "bench rc=$? ($(elapsed) s)"
 tail -3 "$LOG/bench.err"
 cp "$LOG/bench.md" "$OUT/bench.md" 2>/dev/null
 
-echo "== Hopper tests, schedule v1 (FLASHPORT_HOPPER_SCHED=1)"
-run_tests v1 FLASHPORT_HOPPER_SCHED=1 | tee "$LOG/sum_v1.txt"
+[ "$extra" != quick ] && echo "== Hopper tests, schedule v1 (FLASHPORT_HOPPER_SCHED=1)"
+[ "$extra" != quick ] && run_tests v1 FLASHPORT_HOPPER_SCHED=1 | tee "$LOG/sum_v1.txt"
 
 sum_f="(not run)"
-if [ "$(elapsed)" -lt 300 ] || [ "$extra" = fwdtests ]; then
+if { [ "$(elapsed)" -lt 300 ] && [ "$extra" != quick ]; } || [ "$extra" = fwdtests ]; then
   echo "== other forward suites under v3 (Hopper kernel v3 selected where it fits)"
   FLASHPORT_HOPPER_SCHED=3 timeout 200 ./build-hopper/tests/gpu/gpu_tests --gtest_brief=1 \
     --gtest_filter='CudaFwd.*:CudaGraph.*:CudaPlan.*:CudaMerge.*' > "$LOG/tests_fwd_v3.log" 2>&1

@@ -70,10 +70,12 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
   const int wg = tid >> 7;           // 0: producer; 1, 2: consumers
   const int wwarp = (tid >> 5) & 3;
   const int row_loc = (wg > 0 ? (wg - 1) * 64 : 0) + wwarp * 16 + (lane >> 2);
-  const int heads_batch = a.hq * int(a.seq.batch);
-  // Work tile w (query block x head x batch), heaviest (causal: last) query blocks first.
+  // Work tile w: query block fastest, then head, then sequence (the v1 grid's order), so the
+  // blocks in flight share a few heads' K/V in L2; inside a head the heaviest (causal: last)
+  // query blocks first. (Query-block-major order -- each block in flight on its own head --
+  // measured 0.61-0.96x of this order on the H100, worst at S = 1k: gpu_hopper_v3.md, run 2.)
   auto decode = [&](int w, int& m0, int& head, int& b) {
-    const int mb_rev = w / heads_batch, hb = w - mb_rev * heads_batch;
+    const int hb = w / P.m_blocks, mb_rev = w - hb * P.m_blocks;
     m0 = (P.m_blocks - 1 - mb_rev) * BM;
     head = hb % a.hq;
     b = hb / a.hq;
