@@ -14,6 +14,9 @@
 //     while the other warpgroup's GEMMs run (ping-pong through two named barriers).
 //   K and V have separate rings: K(t) frees as soon as S(t) is done, V(t) after P V(t), so the
 //   producer refills each a whole step ahead of its use with 2 slots.
+// Grid: one block per work tile (query block x head x sequence) by default; with
+//   FLASHPORT_HOPPER_PERSISTENT=1 one block per SM walks the tiles round-robin (Q gets its own
+//   empty barrier; faster on short non-causal calls, much slower on causal ones: off).
 #pragma once
 #include <cuda.h>
 
