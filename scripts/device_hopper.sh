@@ -9,8 +9,62 @@
 #   scripts/device_hopper.sh [dims] [extra]   dims default 64,128,256; extra "fwdtests" runs the
 #   forward suites under v3 even when time is short; "quick" runs only the v3 smoke + tests and the
 #   benchmark (FP_BENCH_NOPP=0 also drops the no-ping-pong column).
+#   scripts/device_hopper.sh splitkv   v3 split-KV run (bench/results/gpu_hopper_v3_splitkv.md): build,
+#   ptxas report, long-KV + prefill timings (v3 split, v3 unsplit, mma.sync split, torch flash,
+#   cuDNN) while the GPU is quiet, then the WHOLE gpu_tests binary in parallel shards.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = splitkv ]; then
+  OUT=${OUT:-/tmp/fp_out}
+  mkdir -p "$OUT"
+  LOG=/tmp/fp_split_logs
+  rm -rf "$LOG" && mkdir -p "$LOG"
+  t0=$(date +%s)
+  trap 'tar -C /tmp -czf "$OUT/logs.tgz" fp_split_logs 2>/dev/null' EXIT
+  { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+    nvcc --version | tail -1
+    python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())'; } | tee "$LOG/device.txt"
+  gtest_args=()
+  if [ -d .gtest ]; then gtest_args=(-DGTest_DIR="$PWD/.gtest/lib/x86_64-linux-gnu/cmake/GTest"); fi
+  B=/tmp/build-split
+  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHPORT_CUDA=ON -DFLASHPORT_CPU=OFF \
+    -DFLASHPORT_CLI=OFF -DFLASHPORT_CUDA_BENCH=ON -DFLASHPORT_CUDA_VERBOSE_PTXAS=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    "${gtest_args[@]}" > "$LOG/build.log" 2>&1 || { tail -30 "$LOG/build.log"; exit 1; }
+  grep "flashport CUDA" "$LOG/build.log"
+  ninja -C $B -j16 gpu_tests fpbench >> "$LOG/build.log" 2>&1 || { grep -B2 -A12 error "$LOG/build.log" | head -60; exit 1; }
+  echo "build: $(( $(date +%s) - t0 )) s"
+  grep -A2 "Compiling entry function '.*fwd_hopper_v3" "$LOG/build.log" | grep -E "Used|spill" | sort | uniq -c
+  grep -E "C75[0-9][0-9]" "$LOG/build.log" | sort | uniq -c | head -5
+  tb=$(date +%s)
+  PYTHONUNBUFFERED=1 timeout 80 python3 scripts/device_hopper_splitkv_bench.py "$B/bench/gpu/libfpbench.so" \
+    > "$LOG/bench.md" 2> "$LOG/bench.err"
+  echo "bench rc=$? ($(( $(date +%s) - tb )) s)"
+  tail -3 "$LOG/bench.err"
+  cp "$LOG/bench.md" "$OUT/bench.md"
+  tt=$(date +%s)
+  G=$B/tests/gpu/gpu_tests
+  suites=$($G --gtest_list_tests | grep -E '^[A-Za-z0-9_]+\.$' | tr -d '.')
+  for s in $suites; do
+    n=1
+    case $s in CudaFwd|CudaBwd|CudaHopperFwd|CudaHopperBwd) n=3 ;; esac
+    for i in $(seq 0 $((n - 1))); do
+      GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=$i timeout 170 $G --gtest_filter="$s.*" > "$LOG/t_${s}_$i.log" 2>&1 &
+    done
+  done
+  wait
+  for f in "$LOG"/t_*.log; do
+    res=$(grep -E '^\[  (PASSED|FAILED) ' "$f" | tr '\n' ' ')
+    grep -q '^\[  PASSED' "$f" || res="$res NO RESULT (timeout or crash)"
+    printf '%-24s %s\n' "$(basename "$f" .log)" "$res"
+    grep -E "^\[  FAILED|Failure|Expected|Which is|rel_err|differs|Value of| ran " "$f" | head -8
+  done | tee "$LOG/tests_summary.txt"
+  cp "$LOG/tests_summary.txt" "$OUT/"
+  echo "gpu_tests: $(grep -cE '^t_.*PASSED' "$LOG/tests_summary.txt") shards with passes," \
+    "$(grep -cE '^t_.*(FAILED|NO RESULT)' "$LOG/tests_summary.txt") shards with failures ($(( $(date +%s) - tt )) s)"
+  echo "== done in $(( $(date +%s) - t0 )) s"
+  cat "$LOG/bench.md"
+  exit 0
+fi
 dims=${1:-64,128,256}
 extra=${2:-}
 OUT=${OUT:-/tmp/fp_out}

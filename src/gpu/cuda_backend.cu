@@ -122,6 +122,9 @@ struct Decision {
   int splits = 1;
   int64_t m_blocks = 0, heads_grid = 0, work_tiles = 0, key_blocks = 0;
   bool rotary_q = false;
+  // Empty: the sm_90a wgmma kernel (fwd_hopper.hpp) runs the call, with `splits` its own count;
+  // otherwise why not (the mma.sync kernel runs it).
+  std::string hopper_reason;
   SplitCombine combine = SplitCombine::Kernel;  // set only when splits > 1
   // The main kernel's last split block merges the partials (no combine kernel).
   bool fused_combine() const { return combine != SplitCombine::Kernel; }
@@ -174,6 +177,12 @@ Status decide(const Problem& p, const DeviceInfo& dev, Decision* out) {
                                 d.tile >= kDecode64);
   if (d.m_blocks > 0x7fffffff || d.heads_grid > 65535 || p.seq.batch * d.splits > 65535)
     return unsupported("cuda backend: grid too large (batch * splits <= 65535, heads <= 65535)");
+  // The sm_90a wgmma kernel takes the call when its check passes, with its own split count (v3's
+  // split-KV: the same heuristic over its tiles and occupancy); the workspace below is sized for
+  // the kernel that runs.
+  const int hopper_splits = hopper_num_splits(p, dev.sm_count, d.splits);
+  d.hopper_reason = hopper_fwd_check(p, dev.arch, dev.smem_optin, d.tile >= kDecode64, d.pack, hopper_splits);
+  if (d.hopper_reason.empty()) d.splits = hopper_splits;
 
   size_t off = 0;
   d.rotary_q = p.rotary_dim > 0;
@@ -202,10 +211,33 @@ Status decide(const Problem& p, const DeviceInfo& dev, Decision* out) {
 }
 
 // The sm_90a wgmma prefill kernel (fwd_hopper.cu) runs the call when its capability check
-// passes; otherwise the mma.sync plan below does, and the reason is the check's string.
+// passes (Decision::hopper_reason empty); otherwise the mma.sync plan below does.
 constexpr int32_t kHopperKernelId = 1 << 20;
-std::string hopper_reason(const Problem& p, const DeviceInfo& dev, const Decision& d) {
-  return hopper_fwd_check(p, dev.arch, dev.smem_optin, d.tile >= kDecode64, d.pack, d.splits);
+
+// Merges the split partials in the workspace into out / lse (the combine kernel), after the
+// main kernel (mma.sync or Hopper v3) wrote them.
+gpuError_t launch_split_combine(const Problem& p, const Decision& d, const FwdArgs& a, gpuStream_t stream) {
+  MergeArgs m;
+  m.part = a.ws_o;
+  m.part_dtype = FP_F32;
+  m.lse_part = a.ws_lse;
+  m.out = p.out_ptr;
+  m.out_dtype = p.dtype;
+  m.lse = a.lse;
+  m.splits = d.splits, m.batch = p.seq.batch, m.seqlen = p.seq.sq, m.heads = p.hq, m.dv = p.dv;
+  const int64_t S = p.seq.sq, H = p.hq, DV = p.dv;
+  const int64_t ps[5] = {d.ws_rows * DV, H * S * DV, DV, S * DV, 1};
+  const int64_t ls[4] = {d.ws_rows, H * S, S, 1};  // (split, b, h, s)
+  std::memcpy(m.part_stride, ps, sizeof(ps));
+  std::memcpy(m.lse_part_stride, ls, sizeof(ls));
+  const int64_t os[4] = {p.out.batch_stride, p.out.row_stride, p.out.head_stride, 1};
+  std::memcpy(m.out_stride, os, sizeof(os));
+  const int64_t lss[3] = {p.lse.batch_stride, p.lse.head_stride, p.lse.row_stride};
+  std::memcpy(m.lse_stride, lss, sizeof(lss));
+  m.cu_q = p.seq.cu_q;
+  m.out_packed = p.out.packed;
+  m.lse_packed = p.lse.packed;
+  return launch_merge(m, stream);
 }
 
 class CudaBackend final : public Backend {
@@ -243,10 +275,10 @@ class CudaBackend final : public Backend {
     FP_RETURN_IF_ERROR(check_device(p.device_index, &dev));
     Decision d;
     FP_RETURN_IF_ERROR(decide(p, dev, &d));
-    if (hopper_reason(p, dev, d).empty()) {
-      hopper_kernel_name(plan->kernel, sizeof(plan->kernel), p);
+    if (d.hopper_reason.empty()) {
+      hopper_kernel_name(plan->kernel, sizeof(plan->kernel), p, d.splits);
       plan->workspace_bytes = d.ws_total;  // 0: no split, no rotary
-      plan->num_splits = 1;
+      plan->num_splits = d.splits;
       plan->kernel_id = kHopperKernelId;
       return Status::ok();
     }
@@ -293,10 +325,14 @@ class CudaBackend final : public Backend {
     }
     if (plan.kernel_id == kHopperKernelId) {
 #if defined(FLASHPORT_WITH_HOPPER_FWD)
-      if (!hopper_reason(p, dev, d).empty())
+      if (!d.hopper_reason.empty())
         return {FP_ERR_RUNTIME, "cuda backend: plan does not match the call (re-select after changing it)"};
       if (const gpuError_t e = hopper_launch(p, a, stream); e != gpuSuccess)
         return {FP_ERR_RUNTIME, std::string("cuda backend: sm90 wgmma prefill launch: ") + gpuGetErrorString(e)};
+      if (d.splits > 1) {
+        if (gpuError_t e = launch_split_combine(p, d, a, stream); e != gpuSuccess)
+          return {FP_ERR_RUNTIME, std::string("cuda backend: split-KV combine launch: ") + gpuGetErrorString(e)};
+      }
       return Status::ok();
 #else
       return {FP_ERR_RUNTIME, "cuda backend: plan names the Hopper kernel, which is not built"};
@@ -314,27 +350,7 @@ class CudaBackend final : public Backend {
                                     " launch: " + gpuGetErrorString(e)};
     }
     if (d.splits > 1 && !d.fused_combine()) {
-      MergeArgs m;
-      m.part = a.ws_o;
-      m.part_dtype = FP_F32;
-      m.lse_part = a.ws_lse;
-      m.out = p.out_ptr;
-      m.out_dtype = p.dtype;
-      m.lse = a.lse;
-      m.splits = d.splits, m.batch = p.seq.batch, m.seqlen = p.seq.sq, m.heads = p.hq, m.dv = p.dv;
-      const int64_t S = p.seq.sq, H = p.hq, DV = p.dv;
-      const int64_t ps[5] = {d.ws_rows * DV, H * S * DV, DV, S * DV, 1};
-      const int64_t ls[4] = {d.ws_rows, H * S, S, 1};  // (split, b, h, s)
-      std::memcpy(m.part_stride, ps, sizeof(ps));
-      std::memcpy(m.lse_part_stride, ls, sizeof(ls));
-      const int64_t os[4] = {p.out.batch_stride, p.out.row_stride, p.out.head_stride, 1};
-      std::memcpy(m.out_stride, os, sizeof(os));
-      const int64_t lss[3] = {p.lse.batch_stride, p.lse.head_stride, p.lse.row_stride};
-      std::memcpy(m.lse_stride, lss, sizeof(lss));
-      m.cu_q = p.seq.cu_q;
-      m.out_packed = p.out.packed;
-      m.lse_packed = p.lse.packed;
-      if (gpuError_t e = launch_merge(m, stream); e != gpuSuccess)
+      if (gpuError_t e = launch_split_combine(p, d, a, stream); e != gpuSuccess)
         return {FP_ERR_RUNTIME, std::string("cuda backend: split-KV combine launch: ") + gpuGetErrorString(e)};
     }
     return Status::ok();

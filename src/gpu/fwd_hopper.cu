@@ -12,7 +12,7 @@
 //   with cp.async issued by all 256 threads; one barrier per tile; each product waited for in turn.
 // v3 (fwd_hopper_v3.cuh): warp-specialised, FA3's structure: a producer warp issuing TMA into a
 //   K/V ring guarded by mbarriers, setmaxnreg, two consumer warpgroups in named-barrier ping-pong,
-//   S of the next tile issued before P V of this one.
+//   S of the next tile issued before P V of this one; split-KV (partials + the combine kernel).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -273,8 +273,9 @@ int sm_count(int device) {
 
 }  // namespace
 
-std::string hopper_v3_maps_reason(const Problem& p) {
-  const int64_t tiles = (p.seq.sq + HopperTileV3::kBlockM - 1) / HopperTileV3::kBlockM * p.hq * p.seq.batch;
+std::string hopper_v3_maps_reason(const Problem& p, int splits) {
+  const int64_t tiles =
+      (p.seq.sq + HopperTileV3::kBlockM - 1) / HopperTileV3::kBlockM * p.hq * p.seq.batch * std::max(splits, 1);
   if (tiles > int64_t(INT32_MAX)) return "hopper path v3: more than 2^31 work tiles";
   HopperV3Params prm;
   return make_v3_maps(p, &prm);
@@ -299,12 +300,14 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, dim3 grid, gpuS
     prm.pingpong = hopper_pingpong() ? 1 : 0;
     if (!make_v3_maps(p, &prm).empty()) return cudaErrorInvalidValue;  // the check encoded the same maps
     prm.m_blocks = int32_t(grid.x);
-    prm.work_tiles = int32_t(int64_t(grid.x) * grid.y * grid.z);  // the check bounds it
+    // Split-KV: a.splits work tiles per (query block, head, sequence); the check bounds the count.
+    prm.work_tiles = int32_t(int64_t(grid.x) * grid.y * grid.z * std::max(a.splits, 1));
     int blocks = prm.work_tiles;
     if (hopper_persistent()) blocks = std::min(blocks, sm_count(p.device_index));
     sm90::fwd_hopper_v3_kernel<D, Elem><<<unsigned(blocks), HopperTileV3::kThreads, HopperTileV3::smem_bytes(D), stream>>>(prm);
   } else {
     (void)p;
+    if (a.splits > 1) return cudaErrorInvalidValue;  // v1 has no split-KV (the check declines it)
     sm90::fwd_hopper_kernel<D, Elem><<<grid, HopperTile::kThreads, HopperTile::smem_bytes(D), stream>>>(a);
   }
   return gpuGetLastError();

@@ -57,6 +57,19 @@ struct HopperRows {
   // The block has no query rows: nothing to compute, nothing to store.
   __device__ __forceinline__ bool empty() const { return m0 >= lq; }
 
+  // Split-KV: this block covers split `split` of `splits` contiguous ranges of the sequence's key
+  // tiles (the mma.sync kernel's rule, in this kernel's BN). The range may miss the block's visible
+  // keys entirely (n_lo >= n_hi): the block then still stores its rows' partials (O = 0,
+  // LSE = -inf), which the combine skips.
+  __device__ __forceinline__ void clip_to_split(int split, int splits) {
+    if (splits <= 1) return;
+    const int total = (lk + BN - 1) / BN;
+    const int per = (total + splits - 1) / splits;
+    const int s_lo = split * per, s_hi = s_lo + per < total ? s_lo + per : total;
+    n_lo = n_lo > s_lo ? n_lo : s_lo;
+    n_hi = n_hi < s_hi ? n_hi : s_hi;
+  }
+
   __device__ __forceinline__ int vis_lo(int i) const {
     const int lo = wl >= 0 ? i + shift - wl : 0;
     return lo < 0 ? 0 : lo;
@@ -151,9 +164,11 @@ struct HopperRows {
       }
   }
 
-  // Finish the row sums, add the sink, normalise, store O (and the LSE, natural log).
+  // Finish the row sums, add the sink (split 0 only), normalise, store O (and the LSE, natural
+  // log); with split-KV (a.splits > 1) the normalised fp32 partial and its LSE go to the workspace
+  // (ws_o [split][row][dv], ws_lse [split][row], row = (b Hq + head) Sq + i) for the combine.
   template <typename Elem, int kPanels>
-  __device__ __forceinline__ void epilogue(const float (&o)[kPanels][32]) {
+  __device__ __forceinline__ void epilogue(const float (&o)[kPanels][32], int split = 0) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
@@ -164,7 +179,7 @@ struct HopperRows {
       float mx = row_max[hf];
       if (i >= lq) continue;
       float o_scale = 1.0f;
-      if (a.rules.sinks != nullptr) {
+      if (a.rules.sinks != nullptr && split == 0) {
         const float sink = a.rules.sinks[head] * kLog2e;
         const float m_f = fmaxf(mx, sink);
         o_scale = fast_exp2(mx - m_f);
@@ -173,6 +188,20 @@ struct HopperRows {
       }
       const float inv = l > 0.0f ? o_scale / l : 0.0f;
       const float lse = l > 0.0f ? (mx + __log2f(l)) * kLn2 : -INFINITY;
+      if (a.splits > 1) {
+        const int64_t row = (int64_t(b) * a.hq + head) * a.seq.sq + i;
+        float* part = a.ws_o + (int64_t(split) * a.ws_rows + row) * a.dv;
+#pragma unroll
+        for (int p = 0; p < kPanels; ++p)
+#pragma unroll
+          for (int t = 0; t < 8; ++t) {
+            const int col = p * 64 + t * 8 + col_base;  // even; dv % 8 == 0: 8-byte aligned pairs
+            *reinterpret_cast<float2*>(part + col) =
+                make_float2(o[p][4 * t + 2 * hf] * inv, o[p][4 * t + 2 * hf + 1] * inv);
+          }
+        if ((lane & 3) == 0) a.ws_lse[int64_t(split) * a.ws_rows + row] = lse;
+        continue;
+      }
       typename Elem::T* dst = static_cast<typename Elem::T*>(a.out) + a.out_addr.at(b, q_start, i, head);
 #pragma unroll
       for (int p = 0; p < kPanels; ++p)

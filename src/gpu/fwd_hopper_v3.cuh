@@ -14,7 +14,11 @@
 //     while the other warpgroup's GEMMs run (ping-pong through two named barriers).
 //   K and V have separate rings: K(t) frees as soon as S(t) is done, V(t) after P V(t), so the
 //   producer refills each a whole step ahead of its use with 2 slots.
-// Grid: one block per work tile (query block x head x sequence) by default; with
+// Split-KV (a.splits > 1, FLASHPORT_HOPPER_SPLIT): a work tile is (query block, split, head,
+//   sequence); each covers a contiguous range of the sequence's key tiles (HopperRows::
+//   clip_to_split) and stores its normalised fp32 partial and LSE in the workspace, every row,
+//   empty ranges too (LSE = -inf); the combine kernel merges them. Tiles stay independent.
+// Grid: one block per work tile (query block x [split x] head x sequence) by default; with
 //   FLASHPORT_HOPPER_PERSISTENT=1 one block per SM walks the tiles round-robin (Q gets its own
 //   empty barrier; faster on short non-causal calls, much slower on causal ones: off).
 #pragma once
@@ -37,7 +41,7 @@ struct HopperV3Params {
   CUtensorMap tq, tk, tv;  // 4-d (col, row, head, batch) views of q, k, v
   int32_t pingpong = 1;
   int32_t m_blocks = 0;    // query blocks per (head, sequence): ceil(Sq / BM)
-  int32_t work_tiles = 0;  // m_blocks x Hq x B; block i takes tiles i, i + gridDim.x, ...
+  int32_t work_tiles = 0;  // m_blocks x splits x Hq x B; block i takes tiles i, i + gridDim.x, ...
 };
 
 namespace sm90 {
@@ -77,9 +81,12 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
   // blocks in flight share a few heads' K/V in L2; inside a head the heaviest (causal: last)
   // query blocks first. (Query-block-major order -- each block in flight on its own head --
   // measured 0.61-0.96x of this order on the H100, worst at S = 1k: gpu_hopper_v3.md, run 2.)
-  auto decode = [&](int w, int& m0, int& head, int& b) {
-    const int hb = w / P.m_blocks, mb_rev = w - hb * P.m_blocks;
+  // Split-KV: the split index sits between the query block and the head.
+  auto decode = [&](int w, int& m0, int& head, int& b, int& split) {
+    const int hsb = w / P.m_blocks, mb_rev = w - hsb * P.m_blocks;
     m0 = (P.m_blocks - 1 - mb_rev) * BM;
+    const int hb = hsb / a.splits;
+    split = hsb - hb * a.splits;
     head = hb % a.hq;
     b = hb / a.hq;
   };
@@ -110,10 +117,11 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
       tma_prefetch_desc(&P.tv);
       uint32_t it = 0, qr = 0;
       for (int w = blockIdx.x; w < P.work_tiles; w += gridDim.x) {
-        int m0, head, b;
-        decode(w, m0, head, b);
-        const Rows rows(a, b, head, m0, BM, 0);
+        int m0, head, b, split;
+        decode(w, m0, head, b, split);
+        Rows rows(a, b, head, m0, BM, 0);
         if (rows.empty()) continue;
+        rows.clip_to_split(split, a.splits);
         const int n_hi = rows.n_hi, count = n_hi - rows.n_lo;
         if (count <= 0) continue;
         const bool kv_packed = a.k_addr.layout == KvLayout::Packed;
@@ -162,10 +170,11 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
     };
     uint32_t it = 0, qr = 0;
     for (int w = blockIdx.x; w < P.work_tiles; w += gridDim.x) {
-      int m0, head, b;
-      decode(w, m0, head, b);
+      int m0, head, b, split;
+      decode(w, m0, head, b, split);
       Rows rows(a, b, head, m0, BM, row_loc);
       if (rows.empty()) continue;
+      rows.clip_to_split(split, a.splits);
       const int n_hi = rows.n_hi, count = n_hi - rows.n_lo;
       float o_acc[kPanels][32];
 #pragma unroll
@@ -261,7 +270,7 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
         ++it;
         ++qr;
       }
-      rows.template epilogue<Elem, kPanels>(o_acc);
+      rows.template epilogue<Elem, kPanels>(o_acc, split);
     }
   }
 #else

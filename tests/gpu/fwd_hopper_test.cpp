@@ -5,11 +5,17 @@
 // schedule FLASHPORT_HOPPER_SCHED asks for (3, the default: TMA producer warp, mbarrier rings,
 // ping-pong consumers; 1: cp.async, all threads load). scripts/device_hopper.sh runs the suite under both;
 // BothSchedulesInOneProcess switches between them (and v3's ping-pong off) in-process.
+// SplitKv*: v3's split-KV (partials in the workspace, pre-filled with 0xFF bytes = NaN, then the
+// combine kernel) with forced and automatic counts, every feature, the persistent grid, CUDA
+// graphs, and FLASHPORT_HOPPER_SPLIT=0 (the mma.sync kernel splits instead).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
+#include "core/heuristics.hpp"
+#include "gpu/tile_config.hpp"
 #include "gpu_harness.hpp"
 
 namespace gputest {
@@ -23,18 +29,89 @@ int requested_schedule() {
   return env != nullptr && env[0] == '1' ? 1 : 3;
 }
 
+// v3's split-KV is on (the same rule as fwd_hopper.hpp's hopper_split_enabled(), schedule v3).
+bool split_requested() {
+  const char* env = std::getenv("FLASHPORT_HOPPER_SPLIT");
+  return requested_schedule() == 3 && !(env != nullptr && env[0] == '0');
+}
+// The Hopper kernel can run on this device and build.
+bool hopper_here() { return device_is_sm90() && hopper_built(); }
+
+// The plan's name says split-KV exactly when it splits.
+void expect_split_tag(const fp_selection& sel, const std::string& what) {
+  const bool tagged = std::string(sel.kernel).find(":splitkv+combine") != std::string::npos;
+  EXPECT_EQ(tagged, sel.num_splits > 1) << what << " ran " << sel.kernel << " with " << sel.num_splits << " splits";
+  if (sel.num_splits > 1) EXPECT_GT(sel.workspace_bytes, 0u) << what;
+}
+
 // Runs the case against the reference and checks which kernel (and which schedule) ran.
 void check_hopper(const Case& c, bool expect_hopper) {
   fp_selection sel{};
   check_case(c, &sel);
   const std::string ran(sel.kernel);
   const bool took = ran.find(kHopperName) != std::string::npos;
-  const bool want = expect_hopper && device_is_sm90() && hopper_built();
+  const bool want = expect_hopper && hopper_here();
   EXPECT_EQ(took, want) << c.describe() << " ran " << ran;
   if (took) {
     const char* sched_tag = requested_schedule() == 3 ? "_tma_ws" : "_cpasync";
     EXPECT_NE(ran.find(sched_tag), std::string::npos) << c.describe() << " ran " << ran;
+    expect_split_tag(sel, c.describe());
   }
+}
+
+// check_case with the workspace filled with 0xFF bytes (NaN as fp32) before the call, so every
+// partial and LSE the combine reads must come from this call. Returns the selection.
+fp_selection check_case_garbage_ws(const Case& cs) {
+  SCOPED_TRACE(cs.describe());
+  fp_selection none{};
+  Call call(cs);
+  const Outputs ref = run_reference(call);
+  EXPECT_TRUE(ref.ok) << ref.error;
+  if (!ref.ok) return none;
+  DeviceCall dev(call);
+  fp_attn_params p = call.params(dev.views, FP_BACKEND_CUDA);
+  fp_selection sel{};
+  EXPECT_EQ(fp_attn_fwd_select(&p, &sel), FP_OK) << fp_last_error();
+  if (sel.workspace_bytes > 0) {
+    HostTensor sized(FP_F32, {static_cast<int64_t>((sel.workspace_bytes + 3) / 4)});
+    dev.workspace.upload(sized);
+    EXPECT_EQ(cudaMemset(dev.workspace.ptr, 0xFF, dev.workspace.bytes), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the call's stream does not wait for the legacy one
+  }
+  const Outputs got = run_cuda(call, dev);
+  EXPECT_TRUE(got.ok) << got.error;
+  if (!got.ok) return none;
+  SCOPED_TRACE(std::string("kernel ") + got.sel.kernel);
+  const double tol = flashport::test::tolerance(cs.dtype);
+  EXPECT_TRUE(flashport::test::close(gather_rows(call, got.out, false), gather_rows(call, ref.out, false), tol, "out"));
+  EXPECT_TRUE(got.out.all_written());
+  EXPECT_TRUE(dev.out.sentinel_intact()) << "write past the end of out";
+  if (cs.lse) {
+    EXPECT_TRUE(flashport::test::close(gather_rows(call, got.lse, true), gather_rows(call, ref.lse, true), 1e-4, "lse"));
+    EXPECT_TRUE(got.lse.all_written());
+    EXPECT_TRUE(dev.lse.sentinel_intact()) << "write past the end of lse";
+  }
+  if (got.sel.workspace_bytes > 0) EXPECT_TRUE(dev.workspace.sentinel_intact()) << "write past the end of the workspace";
+  return got.sel;
+}
+
+// Forced counts resolve as for the mma.sync kernel: clamped to its key blocks (64 keys).
+int64_t forced_splits(const Case& c, int32_t s) {
+  const int64_t bn = flashport::gpu::kTileConfigs[flashport::gpu::tile_id_for(c.d, false)].block_n;
+  return std::min<int64_t>(s, std::max<int64_t>(1, (c.sk + bn - 1) / bn));
+}
+
+// A split case: correct with a garbage workspace; v3 with ":splitkv+combine" where split-KV in v3
+// is on, the mma.sync kernel otherwise; `want_splits` (0: any count > 1) splits either way.
+fp_selection check_hopper_split(const Case& c, int64_t want_splits) {
+  const fp_selection sel = check_case_garbage_ws(c);
+  const std::string ran(sel.kernel);
+  const bool took = ran.find(kHopperName) != std::string::npos;
+  EXPECT_EQ(took, split_requested() && hopper_here()) << c.describe() << " ran " << ran;
+  if (want_splits > 0) EXPECT_EQ(sel.num_splits, want_splits) << c.describe() << " ran " << ran;
+  else EXPECT_GT(sel.num_splits, 1) << c.describe() << " ran " << ran;
+  expect_split_tag(sel, c.describe());
+  return sel;
 }
 
 // Sets an environment variable for the scope, restoring the previous value.
@@ -173,8 +250,8 @@ TEST(CudaHopperFwd, DeclinedCallsFallBack) {
   }
   {
     Case c = base;
-    c.splits = 2;
-    check_hopper(c, false);
+    c.splits = 2;  // split-KV: v3 takes it (FLASHPORT_HOPPER_SPLIT=0 or schedule v1: mma.sync)
+    check_hopper(c, split_requested());
   }
   {
     Case c = base;
@@ -276,6 +353,194 @@ TEST(CudaHopperFwd, BothSchedulesInOneProcess) {
     fp_selection sel{};
     check_case(big, &sel);
     expect_tag(sel);
+  }
+}
+
+// ---- split-KV in v3 ----------------------------------------------------------------------------
+
+// Forced counts 2, 3, 7, 64: unequal ranges, query blocks x splits, and (64, and the short case)
+// more splits than v3 has key tiles: those splits are empty and must still store LSE = -inf.
+TEST(CudaHopperFwd, SplitKvForcedCounts) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t d : {64, 128, 256})
+    for (int32_t s : {2, 3, 7, 64}) {
+      Case c;
+      c.dtype = rand_dtype();
+      c.batch = 1, c.hq = 2, c.hkv = 2, c.d = d, c.dv = d, c.sq = 200, c.sk = 1500;
+      c.splits = s;
+      check_hopper_split(c, forced_splits(c, s));
+    }
+  for (int64_t d : {64, 128, 256}) {
+    Case c;  // 130 keys: 3 mma.sync key blocks, 2 (D256: 3) v3 key tiles
+    c.dtype = rand_dtype();
+    c.batch = 2, c.hq = 2, c.hkv = 1, c.d = d, c.dv = d, c.sq = 129, c.sk = 130;
+    c.splits = 64;
+    check_hopper_split(c, forced_splits(c, 64));
+  }
+}
+
+// Automatic counts on long-KV / small-grid shapes: the heuristic over v3's tiles and occupancy
+// (1 block per SM).
+TEST(CudaHopperFwd, SplitKvAutoLongKeys) {
+  SKIP_WITHOUT_GPU();
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  struct S { int64_t d, hq, hkv, sq, sk; };
+  for (S sh : {S{64, 4, 2, 130, 20000}, S{128, 2, 2, 128, 9000}, S{256, 2, 1, 200, 4000}}) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.batch = 1, c.hq = sh.hq, c.hkv = sh.hkv, c.d = sh.d, c.dv = sh.d, c.sq = sh.sq, c.sk = sh.sk;
+    c.splits = 0;
+    if (split_requested() && hopper_here()) {
+      const int64_t bn = sh.d == 256 ? 64 : 128;
+      const int want = flashport::resolve_num_splits(0, (sh.sq + 127) / 128 * sh.hq, (sh.sk + bn - 1) / bn, sms,
+                                                     flashport::gpu::kMaxSplits);
+      ASSERT_GT(want, 1) << "the shape should split";
+      check_hopper_split(c, want);
+    } else {
+      check_hopper_split(c, 0);  // the mma.sync kernel's own count
+    }
+  }
+}
+
+// Causal in both alignments (rows without keys in a split, splits without keys for a block),
+// windows, GQA, sinks (split 0 only), ALiBi, softcap, no LSE.
+TEST(CudaHopperFwd, SplitKvFeatures) {
+  SKIP_WITHOUT_GPU();
+  struct W { bool causal, top_left; int wl, wr; };
+  for (int64_t d : {64, 128, 256})
+    for (W w : {W{true, false, -1, -1}, W{true, true, -1, -1}, W{false, false, 100, 0}, W{false, false, 37, 200},
+                W{false, true, 0, 0}})
+      for (auto [sq, sk] : {std::pair<int64_t, int64_t>{300, 900}, {700, 200}}) {
+        Case c;
+        c.dtype = rand_dtype();
+        c.batch = rand_int(1, 2), c.hq = 2, c.hkv = 1, c.d = d, c.dv = d, c.sq = sq, c.sk = sk;
+        c.causal = w.causal, c.top_left = w.top_left, c.wl = w.wl, c.wr = w.wr;
+        c.splits = int32_t(rand_int(2, 5));
+        c.sinks = rand_int(0, 2) == 0;
+        c.lse = rand_int(0, 3) != 0;
+        check_hopper_split(c, forced_splits(c, c.splits));
+      }
+  for (int64_t d : {64, 128, 256}) {
+    Case c;  // bottom-right causal, Sq > Sk: the first rows see no key in any split; with sinks
+    c.dtype = rand_dtype();
+    c.hq = 2, c.hkv = 2, c.d = d, c.dv = d, c.sq = 400, c.sk = 300, c.causal = true, c.splits = 3;
+    check_hopper_split(c, 3);
+    c.sinks = true;
+    check_hopper_split(c, 3);
+    Case f;  // score features
+    f.dtype = rand_dtype();
+    f.batch = 2, f.hq = 4, f.hkv = 2, f.d = d, f.dv = d, f.sq = 300, f.sk = 1000, f.splits = 4;
+    f.softcap = 30.0f, f.input_std = 3.0;
+    check_hopper_split(f, 4);
+    f.softcap = 0.0f, f.input_std = 1.0, f.alibi = true, f.alibi_per_batch = true, f.causal = true, f.sinks = true;
+    check_hopper_split(f, 4);
+  }
+}
+
+// Varlen (packed q/k/v/out, packed LSE): per-sequence key counts, empty sequences, splits past a
+// sequence's keys.
+TEST(CudaHopperFwd, SplitKvVarlen) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t d : {64, 128, 256}) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.varlen = true;
+    c.hq = 4, c.hkv = 2, c.d = d, c.dv = d;
+    c.lq = {1, 3, 113, 1025, 200, 0, 130};
+    c.lk = {1, 113, 3, 1025, 700, 5, 0};
+    c.causal = true;
+    c.top_left = d == 64;
+    c.splits = 4;
+    check_hopper_split(c, 4);  // max_seqlen_k 1025: 17 key blocks
+    c.causal = false;
+    c.wl = 64, c.wr = 16;
+    c.splits = 7;
+    check_hopper_split(c, 7);
+  }
+}
+
+// Split-KV on the persistent grid (3 x 7 x 4 x 2 = 168 work tiles, more than an H100's SMs: blocks
+// walk several (query block, split) tiles, ring and Q rounds carried across them; splits 6.. are
+// empty for v3's 128-key tiles) and without ping-pong.
+TEST(CudaHopperFwd, SplitKvPersistentAndNoPingpong) {
+  SKIP_WITHOUT_GPU();
+  for (auto [pp, persist] : {std::pair<const char*, const char*>{"1", "1"}, {"0", "0"}, {"0", "1"}}) {
+    ScopedEnv e1("FLASHPORT_HOPPER_PINGPONG", pp), e2("FLASHPORT_HOPPER_PERSISTENT", persist);
+    for (int64_t d : {64, 128, 256}) {
+      Case c;
+      c.dtype = rand_dtype();
+      c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = d, c.sq = 300, c.sk = 700;
+      c.causal = rand_int(0, 1);
+      c.sinks = rand_int(0, 1);
+      c.splits = 7;
+      const fp_selection sel = check_hopper_split(c, 7);
+      if (split_requested() && hopper_here()) {
+        const std::string tag = std::string(persist[0] == '1' ? "_tma_ws_persist" : "_tma_ws") + (pp[0] == '0' ? "_nopp" : ":");
+        EXPECT_NE(std::string(sel.kernel).find(tag), std::string::npos) << sel.kernel;
+      }
+    }
+  }
+}
+
+// Captured into a CUDA graph (no allocation, sync or host read inside the call) and replayed:
+// the bits of a direct call.
+TEST(CudaHopperFwd, SplitKvGraphReplay) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.dtype = FP_BF16;
+  c.batch = 1, c.hq = 4, c.hkv = 4, c.d = 64, c.dv = 64, c.sq = 128, c.sk = 16000, c.splits = 0;
+  Call call(c);
+  DeviceCall direct(call);
+  const Outputs want = run_cuda(call, direct);
+  ASSERT_TRUE(want.ok) << want.error;
+  EXPECT_GT(want.sel.num_splits, 1);
+  expect_split_tag(want.sel, c.describe());
+  DeviceCall dev(call);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  fp_selection sel{};
+  fp_attn_params p;
+  ASSERT_EQ(dev.run(call, &p, stream, &sel), FP_OK) << fp_last_error();
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(cudaMemset(dev.workspace.ptr, 0xFF, dev.workspace.bytes));
+  dev.out.upload(call.out);  // poison again (synchronises)
+  p.out = dev.out.view(call.out);
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const fp_status st = fp_attn_fwd(&p);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  ASSERT_EQ(st, FP_OK) << fp_last_error();
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int r = 0; r < 2; ++r) CUDA_OK(cudaGraphLaunch(exec, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  HostTensor got = call.out;
+  dev.out.download(got);
+  EXPECT_TRUE(got.bitwise_equal(want.out)) << "graph replay differs from a direct call";
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// FLASHPORT_HOPPER_SPLIT=0 and schedule v1: split calls go to the mma.sync kernel (still right);
+// back on, v3 takes them again.
+TEST(CudaHopperFwd, SplitKvSwitchedOff) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.dtype = rand_dtype();
+  c.batch = 1, c.hq = 2, c.hkv = 2, c.d = 128, c.dv = 128, c.sq = 200, c.sk = 3000, c.splits = 3;
+  for (auto [name, value] : {std::pair<const char*, const char*>{"FLASHPORT_HOPPER_SPLIT", "0"},
+                             {"FLASHPORT_HOPPER_SCHED", "1"}}) {
+    ScopedEnv off(name, value);
+    const fp_selection sel = check_hopper_split(c, 3);
+    EXPECT_EQ(std::string(sel.kernel).find(kHopperName), std::string::npos) << name << "=" << value << " ran " << sel.kernel;
+  }
+  {
+    ScopedEnv on("FLASHPORT_HOPPER_SPLIT", "1");
+    ScopedEnv v3("FLASHPORT_HOPPER_SCHED", "3");
+    const fp_selection sel = check_hopper_split(c, 3);
+    EXPECT_EQ(std::string(sel.kernel).find(kHopperName) != std::string::npos, hopper_here()) << sel.kernel;
   }
 }
 
