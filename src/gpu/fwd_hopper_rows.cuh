@@ -195,9 +195,9 @@ struct HopperRows {
         for (int p = 0; p < kPanels; ++p)
 #pragma unroll
           for (int t = 0; t < 8; ++t) {
-            const int col = p * 64 + t * 8 + col_base;  // even; dv % 8 == 0: 8-byte aligned pairs
-            *reinterpret_cast<float2*>(part + col) =
-                make_float2(o[p][4 * t + 2 * hf] * inv, o[p][4 * t + 2 * hf + 1] * inv);
+            const int col = p * 64 + t * 8 + col_base;  // 4-byte stores: the caller's workspace need not be 8-aligned
+            part[col] = o[p][4 * t + 2 * hf] * inv;
+            part[col + 1] = o[p][4 * t + 2 * hf + 1] * inv;
           }
         if ((lane & 3) == 0) a.ws_lse[int64_t(split) * a.ws_rows + row] = lse;
         continue;
