@@ -11,10 +11,12 @@
 #   benchmark (FP_BENCH_NOPP=0 also drops the no-ping-pong column).
 #   scripts/device_hopper.sh splitkv   v3 split-KV run (bench/results/gpu_hopper_v3_splitkv.md): build,
 #   ptxas report, long-KV + prefill timings (v3 split, v3 unsplit, mma.sync split, torch flash,
-#   cuDNN) while the GPU is quiet, then the WHOLE gpu_tests binary in parallel shards.
+#   cuDNN) while the GPU is quiet, then the WHOLE gpu_tests binary in parallel shards;
+#   "splitkv-bench": the same without the tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-if [ "${1:-}" = splitkv ]; then
+if [ "${1:-}" = splitkv ] || [ "${1:-}" = splitkv-bench ]; then
+  mode=$1
   OUT=${OUT:-/tmp/fp_out}
   mkdir -p "$OUT"
   LOG=/tmp/fp_split_logs
@@ -41,6 +43,7 @@ if [ "${1:-}" = splitkv ]; then
   echo "bench rc=$? ($(( $(date +%s) - tb )) s)"
   tail -3 "$LOG/bench.err"
   cp "$LOG/bench.md" "$OUT/bench.md"
+  if [ "$mode" = splitkv-bench ]; then echo "== done in $(( $(date +%s) - t0 )) s"; cat "$LOG/bench.md"; exit 0; fi
   tt=$(date +%s)
   G=$B/tests/gpu/gpu_tests
   suites=$($G --gtest_list_tests | grep -E '^[A-Za-z0-9_]+\.$' | tr -d '.')
