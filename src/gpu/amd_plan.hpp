@@ -119,31 +119,11 @@ inline FwdArgs amd_fwd_args(const Problem& p, const AmdFwdLaunch& l, void* works
   return a;
 }
 
-// The split-KV combine of the partials into out / lse (l.splits > 1): the merge kernel on the
-// workspace, normalised (split, b, s, h, d) like the public merge op.
+// The split-KV combine of the partials into out / lse (l.splits > 1).
 inline MergeArgs amd_combine_args(const Problem& p, const AmdFwdLaunch& l, void* workspace) {
   char* ws = static_cast<char*>(workspace);
-  MergeArgs m;
-  m.part = ws + l.ws_o_offset;
-  m.part_dtype = FP_F32;
-  m.lse_part = reinterpret_cast<const float*>(ws + l.ws_lse_offset);
-  m.out = p.out_ptr;
-  m.out_dtype = p.dtype;
-  m.lse = p.has_lse ? static_cast<float*>(p.lse_ptr) : nullptr;
-  m.splits = l.splits, m.batch = p.seq.batch, m.seqlen = p.seq.sq, m.heads = p.hq, m.dv = p.dv;
-  const int64_t S = p.seq.sq, H = p.hq, DV = p.dv;
-  const int64_t ps[5] = {l.ws_rows * DV, H * S * DV, DV, S * DV, 1};
-  const int64_t ls[4] = {l.ws_rows, H * S, S, 1};  // (split, b, h, s)
-  std::memcpy(m.part_stride, ps, sizeof(ps));
-  std::memcpy(m.lse_part_stride, ls, sizeof(ls));
-  const int64_t os[4] = {p.out.batch_stride, p.out.row_stride, p.out.head_stride, 1};
-  std::memcpy(m.out_stride, os, sizeof(os));
-  const int64_t lss[3] = {p.lse.batch_stride, p.lse.head_stride, p.lse.row_stride};
-  std::memcpy(m.lse_stride, lss, sizeof(lss));
-  m.cu_q = p.seq.cu_q;
-  m.out_packed = p.out.packed;
-  m.lse_packed = p.lse.packed;
-  return m;
+  return split_combine_args(p, reinterpret_cast<const float*>(ws + l.ws_o_offset),
+                            reinterpret_cast<const float*>(ws + l.ws_lse_offset), l.ws_rows, l.splits);
 }
 
 // The public merge op (fp_merge_fwd): "" when the merge kernel runs it; else why not.

@@ -217,27 +217,7 @@ constexpr int32_t kHopperKernelId = 1 << 20;
 // Merges the split partials in the workspace into out / lse (the combine kernel), after the
 // main kernel (mma.sync or Hopper v3) wrote them.
 gpuError_t launch_split_combine(const Problem& p, const Decision& d, const FwdArgs& a, gpuStream_t stream) {
-  MergeArgs m;
-  m.part = a.ws_o;
-  m.part_dtype = FP_F32;
-  m.lse_part = a.ws_lse;
-  m.out = p.out_ptr;
-  m.out_dtype = p.dtype;
-  m.lse = a.lse;
-  m.splits = d.splits, m.batch = p.seq.batch, m.seqlen = p.seq.sq, m.heads = p.hq, m.dv = p.dv;
-  const int64_t S = p.seq.sq, H = p.hq, DV = p.dv;
-  const int64_t ps[5] = {d.ws_rows * DV, H * S * DV, DV, S * DV, 1};
-  const int64_t ls[4] = {d.ws_rows, H * S, S, 1};  // (split, b, h, s)
-  std::memcpy(m.part_stride, ps, sizeof(ps));
-  std::memcpy(m.lse_part_stride, ls, sizeof(ls));
-  const int64_t os[4] = {p.out.batch_stride, p.out.row_stride, p.out.head_stride, 1};
-  std::memcpy(m.out_stride, os, sizeof(os));
-  const int64_t lss[3] = {p.lse.batch_stride, p.lse.head_stride, p.lse.row_stride};
-  std::memcpy(m.lse_stride, lss, sizeof(lss));
-  m.cu_q = p.seq.cu_q;
-  m.out_packed = p.out.packed;
-  m.lse_packed = p.lse.packed;
-  return launch_merge(m, stream);
+  return launch_merge(split_combine_args(p, a.ws_o, a.ws_lse, d.ws_rows, d.splits), stream);
 }
 
 class CudaBackend final : public Backend {

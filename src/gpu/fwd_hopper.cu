@@ -118,37 +118,12 @@ __global__ void __launch_bounds__(HopperTile::kThreads, 1) fwd_hopper_kernel(con
     cp_async_commit();
 
     auto slot_k = [&](int slot) -> uint32_t { return sKV_u32 + uint32_t(2 * slot * kTileElems * 2); };
-    // S = Q K^T for the tile in `slot` (issued, not waited for).
+    // S = Q K^T and O += P V for the tile in `slot` (issued, not waited for).
     auto issue_s = [&](float (&s)[BN / 2], int slot) {
-      // Descriptors as base + offset (in 16-byte units); the opaque copy of the Q base keeps the
-      // compiler from hoisting D/16 loop-invariant 64-bit descriptors into registers.
-      uint64_t q_desc = make_desc(sQ_u32 + wg * (64 * 128), 16, 1024);
-      asm volatile("" : "+l"(q_desc));
-      uint64_t k_desc = make_desc(slot_k(slot), 16, 1024);
-      asm volatile("" : "+l"(k_desc));
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        const uint32_t koff = uint32_t((ks & 3) * 32);  // 16 columns = 32 bytes inside the 128-byte row
-        const uint64_t da = q_desc + (((ks >> 2) * (BM * 128) + koff) >> 4);
-        const uint64_t db = k_desc + (((ks >> 2) * (BN * 128) + koff) >> 4);
-        if constexpr (BN == 128) wgmma_ss_m64n128k16<kBf16>(s, da, db, ks > 0 ? 1 : 0);
-        else wgmma_ss_m64n64k16<kBf16>(s, da, db, ks > 0 ? 1 : 0);
-      }
-      wg_commit();
+      issue_qk<D, BM, BN, kBf16>(s, sQ_u32 + wg * (64 * 128), slot_k(slot));
     };
-    // O += P V for the tile in `slot` (issued, not waited for). V is [key][d]: MN-major for B;
-    // 16 keys = 2048 bytes per k-step.
     auto issue_pv = [&](const uint32_t (&pa)[BN / 16][4], int slot) {
-      uint64_t v_desc = make_desc(slot_k(slot) + uint32_t(kTileElems * 2), BN * 128, 1024);
-      asm volatile("" : "+l"(v_desc));
-#pragma unroll
-      for (int ks = 0; ks < BN / 16; ++ks)
-#pragma unroll
-        for (int p = 0; p < kPanels; ++p) {
-          const uint64_t db = v_desc + ((p * (BN * 128) + ks * 2048) >> 4);
-          wgmma_rs_m64n64k16_tb<kBf16>(o_acc[p], pa[ks], db, 1);
-        }
-      wg_commit();
+      sm90::issue_pv<BN, kPanels, kBf16>(o_acc, pa, slot_k(slot) + uint32_t(kTileElems * 2));
     };
 
     // Per tile: S -> softmax -> P V, each product waited for before the next step.

@@ -190,31 +190,10 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
         if (pp && cwg == 1) named_arrive<256>(1);
 
         auto issue_s = [&](float (&s)[BN / 2], int slot) {
-          uint64_t q_desc = make_desc(sQ + cwg * (64 * 128), 16, 1024);
-          asm volatile("" : "+l"(q_desc));
-          uint64_t k_desc = make_desc(sK + slot * kTileBytes, 16, 1024);
-          asm volatile("" : "+l"(k_desc));
-#pragma unroll
-          for (int ks = 0; ks < D / 16; ++ks) {
-            const uint32_t koff = uint32_t((ks & 3) * 32);
-            const uint64_t da = q_desc + (((ks >> 2) * (BM * 128) + koff) >> 4);
-            const uint64_t db = k_desc + (((ks >> 2) * (BN * 128) + koff) >> 4);
-            if constexpr (BN == 128) wgmma_ss_m64n128k16<kBf16>(s, da, db, ks > 0 ? 1 : 0);
-            else wgmma_ss_m64n64k16<kBf16>(s, da, db, ks > 0 ? 1 : 0);
-          }
-          wg_commit();
+          issue_qk<D, BM, BN, kBf16>(s, sQ + cwg * (64 * 128), sK + slot * kTileBytes);
         };
         auto issue_pv = [&](const uint32_t (&pa)[BN / 16][4], int slot) {
-          uint64_t v_desc = make_desc(sV + slot * kTileBytes, BN * 128, 1024);
-          asm volatile("" : "+l"(v_desc));
-#pragma unroll
-          for (int ks = 0; ks < BN / 16; ++ks)
-#pragma unroll
-            for (int p = 0; p < kPanels; ++p) {
-              const uint64_t db = v_desc + ((p * (BN * 128) + ks * 2048) >> 4);
-              wgmma_rs_m64n64k16_tb<kBf16>(o_acc[p], pa[ks], db, 1);
-            }
-          wg_commit();
+          sm90::issue_pv<BN, kPanels, kBf16>(o_acc, pa, sV + slot * kTileBytes);
         };
 
         float s[BN / 2];

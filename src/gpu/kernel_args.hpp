@@ -2,6 +2,7 @@
 // passed by value (no device allocation, nothing read back).
 #pragma once
 #include <cstdint>
+#include <cstring>
 
 #include "core/problem.hpp"
 
@@ -175,6 +176,33 @@ inline FwdArgs fwd_args(const Problem& p, const uint16_t* q, const RowAddr& q_ad
   a.out_vec_ok = (reinterpret_cast<uintptr_t>(a.out) & 3) == 0 && (p.out.row_stride & 1) == 0 &&
                  (p.out.head_stride & 1) == 0 && (p.out.batch_stride & 1) == 0;
   return a;
+}
+
+// The split-KV combine of the main loop's partials (ws_o [splits][ws_rows][dv] fp32, ws_lse
+// [splits][ws_rows]) into out / lse, normalised (split, b, s, h, d) like the public merge op.
+inline MergeArgs split_combine_args(const Problem& p, const float* ws_o, const float* ws_lse, int64_t ws_rows,
+                                    int64_t splits) {
+  MergeArgs m;
+  m.part = ws_o;
+  m.part_dtype = FP_F32;
+  m.lse_part = ws_lse;
+  m.out = p.out_ptr;
+  m.out_dtype = p.dtype;
+  m.lse = p.has_lse ? static_cast<float*>(p.lse_ptr) : nullptr;
+  m.splits = splits, m.batch = p.seq.batch, m.seqlen = p.seq.sq, m.heads = p.hq, m.dv = p.dv;
+  const int64_t S = p.seq.sq, H = p.hq, DV = p.dv;
+  const int64_t ps[5] = {ws_rows * DV, H * S * DV, DV, S * DV, 1};
+  const int64_t ls[4] = {ws_rows, H * S, S, 1};  // (split, b, h, s)
+  std::memcpy(m.part_stride, ps, sizeof(ps));
+  std::memcpy(m.lse_part_stride, ls, sizeof(ls));
+  const int64_t os[4] = {p.out.batch_stride, p.out.row_stride, p.out.head_stride, 1};
+  std::memcpy(m.out_stride, os, sizeof(os));
+  const int64_t lss[3] = {p.lse.batch_stride, p.lse.head_stride, p.lse.row_stride};
+  std::memcpy(m.lse_stride, lss, sizeof(lss));
+  m.cu_q = p.seq.cu_q;
+  m.out_packed = p.out.packed;
+  m.lse_packed = p.lse.packed;
+  return m;
 }
 
 }  // namespace flashport::gpu
