@@ -134,13 +134,51 @@ struct DeviceBwd {
     if (st != FP_OK) r.error = std::string("cuda bwd: ") + fp_status_name(st) + ": " + fp_last_error();
     else if (e != cudaSuccess) r.error = std::string("cuda runtime: ") + cudaGetErrorString(e);
     r.dq = dq_h, r.dk = dk_h, r.dv = dv_h, r.dsinks = dsinks_h;
-    if (r.ok) {
-      dq.download(r.dq), dk.download(r.dk), dv.download(r.dv);
-      if (!dsinks_h.empty()) dsinks.download(r.dsinks);
-    }
+    if (r.ok) download_grads(&r);
     return r;
   }
+
+  // The gradients as the device holds them now, into r's dq/dk/dv/dsinks (shaped like dq_h...).
+  void download_grads(BwdOutputs* r) const {
+    r->dq = dq_h, r->dk = dk_h, r->dv = dv_h, r->dsinks = dsinks_h;
+    dq.download(r->dq), dk.download(r->dk), dv.download(r->dv);
+    if (!dsinks_h.empty()) dsinks.download(r->dsinks);
+  }
 };
+
+// A backward call captured into a CUDA graph on its own non-blocking stream; released on scope exit.
+struct BwdGraph {
+  cudaStream_t stream = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  BwdGraph() = default;
+  BwdGraph(const BwdGraph&) = delete;
+  BwdGraph& operator=(const BwdGraph&) = delete;
+  ~BwdGraph() {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
+// After a dev.run that sized the workspace: poisons the gradients again and captures the backward
+// into g (use under ASSERT_NO_FATAL_FAILURE). The capture fails if the call allocates,
+// synchronizes or reads device memory.
+inline void capture_bwd(const BwdCall& bc, DeviceBwd& dev, bool det, BwdGraph* g) {
+  dev.dq.upload(dev.dq_h), dev.dk.upload(dev.dk_h), dev.dv.upload(dev.dv_h);
+  if (!dev.dsinks_h.empty()) dev.dsinks.upload(dev.dsinks_h);
+  fp_attn_bwd_params p = bc.params(dev.views, dev.dout_v, dev.dq.view(dev.dq_h), dev.dk.view(dev.dk_h),
+                                   dev.dv.view(dev.dv_h), dev.dsinks.view(dev.dsinks_h), FP_BACKEND_CUDA, det);
+  p.fwd.workspace = dev.ws.ptr;
+  p.fwd.workspace_bytes = dev.ws.bytes;
+  CUDA_OK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
+  p.fwd.stream = g->stream;
+  CUDA_OK(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeGlobal));
+  const fp_status st = fp_attn_bwd(&p);
+  CUDA_OK(cudaStreamEndCapture(g->stream, &g->graph));
+  ASSERT_EQ(st, FP_OK) << fp_last_error();
+  CUDA_OK(cudaGraphInstantiate(&g->exec, g->graph, 0));
+}
 
 // Runs the case on the CUDA backend against the fp64 reference backward: values, every element
 // written, sentinels after dq/dk/dv/d_sinks and the workspace; `repeats` > 1 also checks that

@@ -212,36 +212,19 @@ void check_graph_capture(int64_t d) {
   EXPECT_EQ(std::string(first.sel.kernel).find(kHopperBwdName) != std::string::npos,
             device_is_sm90() && hopper_built() && hopper_takes(d))
       << first.sel.kernel;
-  dev.dq.upload(dev.dq_h), dev.dk.upload(dev.dk_h), dev.dv.upload(dev.dv_h);  // poison again
-  dev.dsinks.upload(dev.dsinks_h);
-  fp_attn_bwd_params p = bc.params(dev.views, dev.dout_v, dev.dq.view(dev.dq_h), dev.dk.view(dev.dk_h),
-                                   dev.dv.view(dev.dv_h), dev.dsinks.view(dev.dsinks_h), FP_BACKEND_CUDA, false);
-  p.fwd.workspace = dev.ws.ptr;
-  p.fwd.workspace_bytes = dev.ws.bytes;
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  p.fwd.stream = stream;
-  cudaGraph_t graph;
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  const fp_status st = fp_attn_bwd(&p);
-  CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  ASSERT_EQ(st, FP_OK) << fp_last_error();
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  BwdGraph g;
+  ASSERT_NO_FATAL_FAILURE(capture_bwd(bc, dev, /*det=*/false, &g));
   const double tol = flashport::test::grad_tolerance(c.dtype);
   for (int r = 0; r < 2; ++r) {
-    CUDA_OK(cudaGraphLaunch(exec, stream));
-    CUDA_OK(cudaStreamSynchronize(stream));
-    HostTensor dq = dev.dq_h, dk = dev.dk_h, dv = dev.dv_h, ds = dev.dsinks_h;
-    dev.dq.download(dq), dev.dk.download(dk), dev.dv.download(dv), dev.dsinks.download(ds);
-    EXPECT_TRUE(close(dq.to_double(), ref.dq.to_double(), tol, "dq (graph replay)"));
-    EXPECT_TRUE(close(dk.to_double(), ref.dk.to_double(), tol, "dk (graph replay)"));
-    EXPECT_TRUE(close(dv.to_double(), ref.dv.to_double(), tol, "dv (graph replay)"));
-    EXPECT_TRUE(close(ds.to_double(), ref.dsinks.to_double(), tol, "d_sinks (graph replay)"));
+    CUDA_OK(cudaGraphLaunch(g.exec, g.stream));
+    CUDA_OK(cudaStreamSynchronize(g.stream));
+    BwdOutputs got;
+    dev.download_grads(&got);
+    EXPECT_TRUE(close(got.dq.to_double(), ref.dq.to_double(), tol, "dq (graph replay)"));
+    EXPECT_TRUE(close(got.dk.to_double(), ref.dk.to_double(), tol, "dk (graph replay)"));
+    EXPECT_TRUE(close(got.dv.to_double(), ref.dv.to_double(), tol, "dv (graph replay)"));
+    EXPECT_TRUE(close(got.dsinks.to_double(), ref.dsinks.to_double(), tol, "d_sinks (graph replay)"));
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 TEST(CudaHopperBwd, GraphCaptureOnCallerStream) {

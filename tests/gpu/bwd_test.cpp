@@ -225,33 +225,16 @@ TEST(CudaBwd, GraphCaptureOnCallerStream) {
   DeviceBwd dev(bc);
   const BwdOutputs want = dev.run(bc, /*det=*/true);
   ASSERT_TRUE(want.ok) << want.error;
-  dev.dq.upload(dev.dq_h), dev.dk.upload(dev.dk_h), dev.dv.upload(dev.dv_h);  // poison again
-  dev.dsinks.upload(dev.dsinks_h);
-  fp_attn_bwd_params p = bc.params(dev.views, dev.dout_v, dev.dq.view(dev.dq_h), dev.dk.view(dev.dk_h),
-                                   dev.dv.view(dev.dv_h), dev.dsinks.view(dev.dsinks_h), FP_BACKEND_CUDA, true);
-  p.fwd.workspace = dev.ws.ptr;
-  p.fwd.workspace_bytes = dev.ws.bytes;
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  p.fwd.stream = stream;
-  cudaGraph_t graph;
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  const fp_status st = fp_attn_bwd(&p);
-  CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  ASSERT_EQ(st, FP_OK) << fp_last_error();
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int r = 0; r < 2; ++r) CUDA_OK(cudaGraphLaunch(exec, stream));
-  CUDA_OK(cudaStreamSynchronize(stream));
-  HostTensor dq = dev.dq_h, dk = dev.dk_h, dv = dev.dv_h, ds = dev.dsinks_h;
-  dev.dq.download(dq), dev.dk.download(dk), dev.dv.download(dv), dev.dsinks.download(ds);
-  EXPECT_TRUE(dq.bitwise_equal(want.dq)) << "dq: graph replay differs from a direct call";
-  EXPECT_TRUE(dk.bitwise_equal(want.dk)) << "dk: graph replay differs from a direct call";
-  EXPECT_TRUE(dv.bitwise_equal(want.dv)) << "dv: graph replay differs from a direct call";
-  EXPECT_TRUE(ds.bitwise_equal(want.dsinks)) << "d_sinks: graph replay differs from a direct call";
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+  BwdGraph g;
+  ASSERT_NO_FATAL_FAILURE(capture_bwd(bc, dev, /*det=*/true, &g));
+  for (int r = 0; r < 2; ++r) CUDA_OK(cudaGraphLaunch(g.exec, g.stream));
+  CUDA_OK(cudaStreamSynchronize(g.stream));
+  BwdOutputs got;
+  dev.download_grads(&got);
+  EXPECT_TRUE(got.dq.bitwise_equal(want.dq)) << "dq: graph replay differs from a direct call";
+  EXPECT_TRUE(got.dk.bitwise_equal(want.dk)) << "dk: graph replay differs from a direct call";
+  EXPECT_TRUE(got.dv.bitwise_equal(want.dv)) << "dv: graph replay differs from a direct call";
+  EXPECT_TRUE(got.dsinks.bitwise_equal(want.dsinks)) << "d_sinks: graph replay differs from a direct call";
 }
 
 TEST(CudaBwd, PlanDeclinesWithReasons) {

@@ -496,31 +496,7 @@ TEST(CudaHopperFwd, SplitKvGraphReplay) {
   ASSERT_TRUE(want.ok) << want.error;
   EXPECT_GT(want.sel.num_splits, 1);
   expect_split_tag(want.sel, c.describe());
-  DeviceCall dev(call);
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  fp_selection sel{};
-  fp_attn_params p;
-  ASSERT_EQ(dev.run(call, &p, stream, &sel), FP_OK) << fp_last_error();
-  CUDA_OK(cudaStreamSynchronize(stream));
-  CUDA_OK(cudaMemset(dev.workspace.ptr, 0xFF, dev.workspace.bytes));
-  dev.out.upload(call.out);  // poison again (synchronises)
-  p.out = dev.out.view(call.out);
-  cudaGraph_t graph;
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  const fp_status st = fp_attn_fwd(&p);
-  CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  ASSERT_EQ(st, FP_OK) << fp_last_error();
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int r = 0; r < 2; ++r) CUDA_OK(cudaGraphLaunch(exec, stream));
-  CUDA_OK(cudaStreamSynchronize(stream));
-  HostTensor got = call.out;
-  dev.out.download(got);
-  EXPECT_TRUE(got.bitwise_equal(want.out)) << "graph replay differs from a direct call";
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+  expect_graph_replay_equals(call, want, /*garbage_workspace=*/true);
 }
 
 // FLASHPORT_HOPPER_SPLIT=0 and schedule v1: split calls go to the mma.sync kernel (still right);

@@ -356,8 +356,7 @@ TEST(CudaMerge, BackwardMatchesReference) {
 
 // ---- CUDA graphs ---------------------------------------------------------------------------
 
-// Captures the call into a graph on a fresh stream, replays it twice and expects the bits of a
-// direct call. The capture fails if the call allocates, synchronizes or reads device memory.
+// Graph capture and replay of the case (expect_graph_replay_equals) with at least `min_splits`.
 void check_graph(const Case& cs, int min_splits) {
   SCOPED_TRACE(cs.describe());
   Call call(cs);
@@ -365,31 +364,7 @@ void check_graph(const Case& cs, int min_splits) {
   const Outputs want = run_cuda(call, direct);
   ASSERT_TRUE(want.ok) << want.error;
   EXPECT_GE(want.sel.num_splits, min_splits);
-  DeviceCall dev(call);
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  fp_selection sel{};
-  // Select once outside the capture to size the workspace, then capture the call itself.
-  fp_attn_params p;
-  ASSERT_EQ(dev.run(call, &p, stream, &sel), FP_OK) << fp_last_error();
-  CUDA_OK(cudaStreamSynchronize(stream));
-  dev.out.upload(call.out);  // poison again
-  p.out = dev.out.view(call.out);
-  cudaGraph_t graph;
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  const fp_status st = fp_attn_fwd(&p);
-  CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  ASSERT_EQ(st, FP_OK) << fp_last_error();
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int r = 0; r < 2; ++r) CUDA_OK(cudaGraphLaunch(exec, stream));
-  CUDA_OK(cudaStreamSynchronize(stream));
-  HostTensor got = call.out;
-  dev.out.download(got);
-  EXPECT_TRUE(got.bitwise_equal(want.out)) << "graph replay differs from a direct call";
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+  expect_graph_replay_equals(call, want, /*garbage_workspace=*/false);
 }
 
 TEST(CudaGraph, PrefillDecodeSplitCaptureAndReplay) {

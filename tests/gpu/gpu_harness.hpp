@@ -397,6 +397,39 @@ inline Outputs run_cuda(const Call& call, DeviceCall& dev) {
   return r;
 }
 
+// Captures the call into a CUDA graph on a fresh non-blocking stream, replays it twice and expects
+// `want` (a direct call's output) bit for bit. The capture fails if the call allocates, synchronizes
+// or reads device memory. garbage_workspace: the workspace holds 0xFF bytes before the capture (a
+// call must not depend on what an earlier one left there).
+inline void expect_graph_replay_equals(const Call& call, const Outputs& want, bool garbage_workspace) {
+  DeviceCall dev(call);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  fp_selection sel{};
+  // Select once outside the capture to size the workspace, then capture the call itself.
+  fp_attn_params p;
+  ASSERT_EQ(dev.run(call, &p, stream, &sel), FP_OK) << fp_last_error();
+  CUDA_OK(cudaStreamSynchronize(stream));
+  if (garbage_workspace) CUDA_OK(cudaMemset(dev.workspace.ptr, 0xFF, dev.workspace.bytes));
+  dev.out.upload(call.out);  // poison again (synchronises)
+  p.out = dev.out.view(call.out);
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const fp_status st = fp_attn_fwd(&p);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  ASSERT_EQ(st, FP_OK) << fp_last_error();
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int r = 0; r < 2; ++r) CUDA_OK(cudaGraphLaunch(exec, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  HostTensor got = call.out;
+  dev.out.download(got);
+  EXPECT_TRUE(got.bitwise_equal(want.out)) << "graph replay differs from a direct call";
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 // Every element of out / lse that belongs to a query row, in logical order.
 inline std::vector<double> gather_rows(const Call& c, const HostTensor& t, bool is_lse) {
   std::vector<double> r;
