@@ -30,7 +30,8 @@
  *   Key j is visible from row i iff
  *     j >= i + shift - window_left    (when window_left  >= 0)
  *     j <= i + shift + window_right   (when window_right >= 0)
- *   causal = 1 means window_right = 0 (window_right must then be -1 or 0).
+ *   causal = 1 intersects the window with the causal mask (as flash_attn): the effective
+ *   window_right is 0 whatever window_right >= -1 was given; window_left applies as given.
  *
  *   Softmax over the visible keys; a per-head sink logit (sinks[h], fp32, already in score units)
  *   joins the denominator only:  P_ij = exp(s_ij - lse_i),
@@ -52,6 +53,13 @@
  *   Rotary (rotary_cos/sin [S_ro, rotary_dim/2], rotary_dim even and <= D; needs k_new):
  *   k_new row j is rotated at position seqused_k[b] + j; q row i at seqused_k[b] + i when causal
  *   or windowed, else at seqused_k[b]. Interleaved pairs (2t, 2t+1) or half-split (t, t+dim/2).
+ *
+ *   Left-padded cache (cache_leftpad, as flash_attn): the valid keys of sequence b are the cache
+ *   rows [cache_leftpad[b], seqused_k[b] + Snew); key j of the formulas above is cache row
+ *   cache_leftpad[b] + j, so Lk[b] = seqused_k[b] + Snew - cache_leftpad[b] and the causal/window
+ *   alignment and ALiBi distances are those of the unpadded keys. Appended rows still land at cache
+ *   rows seqused_k[b] + j, and rotary positions are cache rows (k_new row j at seqused_k[b] + j,
+ *   q row i at seqused_k[b] (+ i)), as flash_attn does. Contiguous and paged caches.
  *
  *   Split-KV: num_splits 0 = heuristic, 1 = off, >= 2 = forced (clamped to the key blocks).
  *   Partials are merged with the same rule as fp_merge_fwd.
@@ -132,13 +140,15 @@ typedef struct fp_attn_params {
   fp_tensor seqused_k;       /* int32 [B]: keys already valid per sequence (cache_seqlens) */
   fp_tensor block_table;     /* int32 [B, max_blocks]: paged cache, any page_size >= 1 */
   fp_tensor cache_batch_idx; /* int32 [B]: cache row of each sequence (contiguous cache only) */
+  fp_tensor cache_leftpad;   /* int32 [B]: first valid cache row of each sequence (flash_attn's
+                                cache_leftpad; needs seqused_k); see "Left-padded cache" above */
   fp_tensor k_new, v_new;    /* [B, Snew, Hkv, D|Dv]: appended in place before attending */
   fp_tensor rotary_cos, rotary_sin; /* [S_ro, rotary_dim/2], fp32 or q's dtype */
   int32_t rotary_interleaved;       /* 1: pairs (2t, 2t+1); 0: pairs (t, t + rotary_dim/2) */
 
   /* Score modifiers */
   float softmax_scale;          /* NaN (the init value) => 1/sqrt(D) */
-  int32_t causal;               /* 1 => window_right = 0 */
+  int32_t causal;               /* 1 => window_right = 0, intersected with the window */
   fp_causal_align causal_align; /* alignment of causal mask, window and ALiBi distance */
   int32_t window_left;          /* -1 = unbounded */
   int32_t window_right;         /* -1 = unbounded */
@@ -164,6 +174,13 @@ typedef struct fp_attn_params {
   void* stream;           /* cudaStream_t / hipStream_t for GPU tensors; must be NULL on CPU */
   void* workspace;        /* caller-owned scratch, device memory of the tensors' device */
   size_t workspace_bytes; /* its size */
+  /* Or the caller's allocator: when workspace is NULL and workspace_alloc is set, fp_attn_fwd /
+     fp_attn_bwd call it once, after planning and before launching, with the plan's workspace size
+     (never with 0), and run on the memory it returns (device memory of the tensors' device, valid
+     for the call's work on `stream`, e.g. from a stream-ordered caching allocator); NULL fails the
+     call with FP_ERR_WORKSPACE. One call then validates and plans exactly once. */
+  void* (*workspace_alloc)(void* ctx, size_t bytes);
+  void* workspace_alloc_ctx;
   int32_t num_threads;    /* fast CPU backend: 0 = FLASHPORT_NUM_THREADS or all cores;
                              the fp64 reference is single-threaded */
 } fp_attn_params;
