@@ -390,9 +390,6 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, bool lse_required
   if (p.window_left < -1) return bad("window_left", "must be >= -1 (-1 = unbounded)", std::to_string(p.window_left));
   if (p.window_right < -1) return bad("window_right", "must be >= -1 (-1 = unbounded)", std::to_string(p.window_right));
   if (p.causal != 0 && p.causal != 1) return bad("causal", "must be 0 or 1", std::to_string(p.causal));
-  if (p.causal && p.window_right != -1 && p.window_right != 0)
-    return bad("window_right", "must be -1 or 0 with causal = 1 (causal means window_right = 0)",
-               std::to_string(p.window_right));
   if (p.causal_align != FP_CAUSAL_BOTTOM_RIGHT && p.causal_align != FP_CAUSAL_TOP_LEFT)
     return bad("causal_align", "is not a valid fp_causal_align", std::to_string(static_cast<int>(p.causal_align)));
   if (!std::isfinite(p.softcap) || p.softcap < 0)
@@ -566,6 +563,8 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, bool lse_required
                                          : p.softmax_scale;
   sr.softcap = p.softcap;
   sr.window_left = p.window_left;
+  // causal intersects the window (flash_attn): whatever window_right >= -1 was given, the
+  // effective right edge is the diagonal; window_left applies as given.
   sr.window_right = p.causal ? 0 : p.window_right;
   sr.top_left = p.causal_align == FP_CAUSAL_TOP_LEFT;
   if (given(p.alibi_slopes)) {

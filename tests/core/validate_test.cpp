@@ -643,19 +643,30 @@ TEST(ValidateFwd, CausalIsABoolean) {
   c.p.causal = 2;
   EXPECT_FWD_INVALID(c, "causal: must be 0 or 1");
 }
-TEST(ValidateFwd, CausalConflictingWindowRightIsAnError) {
-  FwdCall c;
-  c.p.causal = 1;
-  c.p.window_right = 3;
-  EXPECT_FWD_INVALID(c, "window_right: must be -1 or 0 with causal = 1");
-  for (int32_t wr : {-1, 0}) {
-    FwdCall d;
-    d.p.causal = 1;
-    d.p.window_right = wr;
-    Problem prob;
-    ASSERT_TRUE(resolves(d.p, &prob));
-    EXPECT_EQ(prob.rules.window_right, 0);
+TEST(ValidateFwd, CausalIntersectsAnyWindowRight) {
+  // flash_attn's semantics: causal = 1 with any window_right >= -1 is the causal mask
+  // intersected with the window, so the effective window_right is 0; window_left stays.
+  for (int32_t wr : {-1, 0, 1, 3, 1000}) {
+    for (int32_t wl : {-1, 0, 2}) {
+      FwdCall d;
+      d.p.causal = 1;
+      d.p.window_left = wl;
+      d.p.window_right = wr;
+      Problem prob;
+      ASSERT_TRUE(resolves(d.p, &prob)) << "wl " << wl << " wr " << wr;
+      EXPECT_EQ(prob.rules.window_right, 0);
+      EXPECT_EQ(prob.rules.window_left, wl);
+    }
   }
+  FwdCall c;  // what stays an error stays a named error, causal or not
+  c.p.causal = 1;
+  c.p.window_right = -2;
+  EXPECT_FWD_INVALID(c, "window_right: must be >= -1");
+  FwdCall l;
+  l.p.causal = 1;
+  l.p.window_left = -3;
+  l.p.window_right = 4;
+  EXPECT_FWD_INVALID(l, "window_left: must be >= -1");
 }
 TEST(ValidateFwd, CausalAlignEnum) {
   FwdCall c;

@@ -142,6 +142,14 @@ TEST(ReferenceBwd, Causal) {
   check_bwd({.sq = 7, .sk = 4, .causal = true, .top_left = true, .name = "causal tl Sq>Sk"});
   check_bwd({.sq = 7, .sk = 4, .causal = true, .name = "causal br Sq>Sk (empty rows)"});
 }
+TEST(ReferenceBwd, CausalIntersectsWindow) {
+  for (bool tl : {false, true}) {
+    check_bwd({.sq = 6, .sk = 6, .causal = true, .top_left = tl, .wl = 2, .wr = 2, .name = "causal (w, w)"});
+    check_bwd({.sq = 4, .sk = 7, .causal = true, .top_left = tl, .wl = 2, .wr = 0, .name = "causal (w, 0)"});
+    check_bwd({.sq = 7, .sk = 4, .causal = true, .top_left = tl, .wl = -1, .wr = 2, .name = "causal (-1, w)"});
+    check_bwd({.sq = 5, .sk = 6, .causal = true, .top_left = tl, .wl = 1, .wr = -1, .name = "causal (w, -1)"});
+  }
+}
 TEST(ReferenceBwd, Window) { check_bwd({.wl = 1, .wr = 2, .name = "window"}); }
 TEST(ReferenceBwd, Softcap) { check_bwd({.softcap = 1.7, .name = "softcap"}); }
 TEST(ReferenceBwd, Alibi) {

@@ -260,6 +260,45 @@ TEST(ReferenceVsDense, Windows) {
   check_vs_dense(c);
 }
 
+// causal = 1 with a window is their intersection (flash_attn; transformers passes causal with
+// window_size = (w - 1, w - 1)). The dense oracle spells the rule out independently.
+TEST(ReferenceVsDense, CausalIntersectsWindow) {
+  for (bool tl : {false, true})
+    for (auto [wl, wr] : {std::pair<int64_t, int64_t>{3, 3}, {3, 0}, {-1, 3}, {3, -1}, {0, 7}, {1, 100}})
+      for (auto [sq, sk] : {std::pair<int64_t, int64_t>{9, 9}, {4, 13}, {13, 4}, {1, 6}}) {
+        Cfg c{2, sq, sk, 4, 2, 6, 5};
+        c.causal = true;
+        c.top_left = tl;
+        c.wl = wl;
+        c.wr = wr;
+        check_vs_dense(c);
+      }
+}
+
+// The same call with window_right = w (any w >= -1) and with window_right = 0 gives identical
+// bits: the causal edge replaces the right window.
+TEST(ReferenceVsDense, CausalWindowRightIsTheDiagonal) {
+  for (bool tl : {false, true}) {
+    Cfg c{2, 11, 17, 4, 2, 8, 8};
+    c.causal = true;
+    c.top_left = tl;
+    c.wl = 4;
+    c.wr = 0;
+    BatchedCall call = build(c);
+    fp_attn_params p = call.params();
+    ASSERT_TRUE(FWD_OK(p));
+    const auto out0 = call.out.to_double(), lse0 = call.lse.to_double();
+    for (int32_t wr : {-1, 1, 4, 50}) {
+      call.out.fill_poison();
+      call.lse.fill_poison();
+      p.window_right = wr;
+      ASSERT_TRUE(FWD_OK(p));
+      EXPECT_EQ(call.out.to_double(), out0) << "window_right " << wr;
+      EXPECT_EQ(call.lse.to_double(), lse0) << "window_right " << wr;
+    }
+  }
+}
+
 TEST(ReferenceVsDense, Softcap) {
   Cfg c{2, 5, 9, 2, 2, 8, 8};
   c.softcap = 2.5;

@@ -119,7 +119,7 @@ struct BatchedCall {
     p.causal = spec.causal ? 1 : 0;
     p.causal_align = spec.top_left ? FP_CAUSAL_TOP_LEFT : FP_CAUSAL_BOTTOM_RIGHT;
     p.window_left = static_cast<int32_t>(spec.window_left);
-    p.window_right = spec.causal ? -1 : static_cast<int32_t>(spec.window_right);
+    p.window_right = static_cast<int32_t>(spec.window_right);  // with causal: intersected
     p.softcap = static_cast<float>(spec.softcap);
     if (!alibi.empty()) p.alibi_slopes = alibi.view();
     if (!sinks.empty()) p.sinks = sinks.view();

@@ -27,6 +27,7 @@ struct VarlenCase {
   int64_t wl = -1;
   bool alibi_per_batch = false, sinks = false;
   float dropout = 0.0f;
+  int64_t wr = -1;  // with causal: intersected (flash_attn)
 };
 
 void check_varlen(const VarlenCase& vc) {
@@ -41,6 +42,7 @@ void check_varlen(const VarlenCase& vc) {
   s.scale = static_cast<float>(0.35);
   s.causal = vc.causal;
   s.window_left = vc.wl;
+  s.window_right = vc.wr;
   s.dropout_p = vc.dropout;
   s.seed = 77;
   s.offset = 5;
@@ -69,6 +71,7 @@ void check_varlen(const VarlenCase& vc) {
   p.softmax_scale = static_cast<float>(s.scale);
   p.causal = vc.causal;
   p.window_left = static_cast<int32_t>(vc.wl);
+  p.window_right = static_cast<int32_t>(vc.wr);
   p.dropout_p = vc.dropout;
   p.dropout_seed = s.seed;
   p.dropout_offset = s.offset;
@@ -117,6 +120,14 @@ TEST(ReferenceVarlen, MatchesDense) {
   check_varlen({{8, 3}, {4, 3}, true, 2, true, true});
   check_varlen({{4, 6, 3}, {9, 2, 5}, false, -1, false, false, 0.25f});
   check_varlen({{4, 6, 3}, {9, 2, 5}, true, 1, true, true, 0.4f});
+}
+
+TEST(ReferenceVarlen, CausalIntersectsWindow) {
+  for (auto [wl, wr] : {std::pair<int64_t, int64_t>{2, 2}, {2, 0}, {-1, 2}, {2, -1}}) {
+    SCOPED_TRACE("window (" + std::to_string(wl) + ", " + std::to_string(wr) + ")");
+    check_varlen({{5, 1, 7}, {6, 3, 9}, true, wl, false, false, 0.0f, wr});
+    check_varlen({{8, 3, 4}, {4, 3, 11}, true, wl, true, true, 0.3f, wr});
+  }
 }
 
 TEST(ReferenceVarlen, EmptySequences) {
@@ -421,6 +432,7 @@ struct AppendCase {
   bool interleaved = false;
   bool causal = false;
   int64_t wl = -1;
+  int64_t wr = -1;  // with causal: intersected (flash_attn)
   fp_dtype rotary_dtype = FP_F32;
   int64_t sq = 3;
 };
@@ -470,6 +482,7 @@ void check_append(const AppendCase& ac) {
   p.v_new = v_new.view();
   p.causal = ac.causal;
   p.window_left = static_cast<int32_t>(ac.wl);
+  p.window_right = static_cast<int32_t>(ac.wr);
   if (ac.rotary_dim) {
     p.rotary_cos = cos_t.view();
     p.rotary_sin = sin_t.view();
@@ -524,7 +537,8 @@ void check_append(const AppendCase& ac) {
   s.scale = default_scale_of(D);
   s.causal = ac.causal;
   s.window_left = ac.wl;
-  const bool per_row = ac.causal || ac.wl >= 0;
+  s.window_right = ac.wr;
+  const bool per_row = ac.causal || ac.wl >= 0 || ac.wr >= 0;
   auto qg = [&](int64_t b, int64_t i, int64_t h, int64_t d) {
     std::vector<double> x(D);
     for (int64_t t = 0; t < D; ++t) x[t] = qo.q.get({b, i, h, t});
@@ -550,6 +564,15 @@ TEST(ReferenceAppend, WritesCacheAndAttendsOverConcatenation) {
   check_append({.causal = true});
   check_append({.causal = true, .sq = 1});
   check_append({.wl = 2, .sq = 4});
+}
+
+TEST(ReferenceAppend, CausalIntersectsWindow) {
+  for (auto [wl, wr] : {std::pair<int64_t, int64_t>{2, 2}, {2, 0}, {-1, 2}, {2, -1}}) {
+    SCOPED_TRACE("window (" + std::to_string(wl) + ", " + std::to_string(wr) + ")");
+    check_append({.causal = true, .wl = wl, .wr = wr, .sq = 4});
+    check_append({.paged = true, .page = 3, .rotary_dim = 4, .interleaved = true, .causal = true,
+                  .wl = wl, .wr = wr, .sq = 3});
+  }
 }
 
 TEST(ReferenceAppend, Paged) {
