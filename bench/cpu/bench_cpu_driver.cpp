@@ -4,6 +4,7 @@
 //   bench_cpu_driver attn --op fwd|bwd --dtype f32|bf16 --b B --h H --s S --d D [--causal]
 //                    [--sq Sq] [--hkv Hkv] [--threads N] [--reps R] [--mem]
 //   bench_cpu_driver fma-peak [--threads N]     measured fp32 FMA peak (GFLOP/s) of this machine
+//   bench_cpu_driver read-bw [--threads N]      measured plain streaming-read bandwidth (GB/s)
 // --mem reports the peak resident memory the timed call adds (VmHWM reset through
 // /proc/self/clear_refs after the inputs are allocated and touched).
 #include <immintrin.h>
@@ -123,11 +124,43 @@ int fma_peak(int threads) {
   return 0;
 }
 
+// Plain streaming read: each thread sums its share of a buffer far larger than the caches with
+// 512-bit loads (4 independent chains); the best of several passes, in GB/s.
+__attribute__((target("avx512f"))) float read_share(const float* p, int64_t n) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i < n; i += 64) {
+    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
+    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
+    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32));
+    a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+int read_bandwidth(int threads) {
+  const int64_t n = int64_t{256} << 20;  // 1 GiB of floats
+  std::vector<float> buf(static_cast<size_t>(n), 1.0f);
+  const int64_t share = n / threads / 64 * 64;
+  double best = 0.0;
+  std::atomic<double> sink{0.0};
+  for (int pass = 0; pass < 5; ++pass) {
+    const double t0 = now();
+    std::vector<std::thread> ts;
+    for (int i = 0; i < threads; ++i)
+      ts.emplace_back([&, i] { sink = sink + read_share(buf.data() + i * share, share); });
+    for (auto& t : ts) t.join();
+    best = std::max(best, double(threads) * share * 4 / (now() - t0) * 1e-9);
+  }
+  std::printf("{\"mode\":\"read-bw\",\"threads\":%d,\"gbps\":%.2f,\"sink\":%g}\n", threads, best,
+              sink.load());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s attn|fma-peak [options]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s attn|fma-peak|read-bw [options]\n", argv[0]);
     return 2;
   }
   const std::string mode = argv[1];
@@ -156,6 +189,7 @@ int main(int argc, char** argv) {
     }
   }
   if (mode == "fma-peak") return fma_peak(threads > 0 ? threads : 1);
+  if (mode == "read-bw") return read_bandwidth(threads > 0 ? threads : 1);
 
   const fp_dtype dt = dts == "bf16" ? FP_BF16 : FP_F32;
   if (Sq < 0) Sq = S;

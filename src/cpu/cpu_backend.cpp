@@ -9,8 +9,10 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/config.hpp"
 #include "core/dtype.hpp"
 #include "core/heuristics.hpp"
+#include "cpu_info.hpp"
 #include "cpu_kernels.hpp"
 #include "cpu_threads.hpp"
 
@@ -21,10 +23,11 @@ using cpu::kBlockK;
 using cpu::kBlockQ;
 
 // The kernel set for this machine; FLASHPORT_CPU_ISA=avx512bf16|avx512|avx2|portable forces a
-// lower one (a higher one than the CPU has falls back to what it has).
+// lower one (a higher one than the CPU has falls back to what it has). Left to itself, a CPU with
+// AVX512-BF16 gets the pair-dot kernels only where they beat widening bf16 to fp32
+// (cpu::prefer_bf16_dot); the two sets differ only for bf16 inputs.
 const cpu::KernelTable& select_kernels() {
-  const char* env = std::getenv("FLASHPORT_CPU_ISA");
-  const std::string want = env ? env : "";
+  const std::string& want = runtime_config().cpu_isa;
 #ifdef FLASHPORT_CPU_X86
   static const bool has_avx512 = __builtin_cpu_supports("avx512f") &&
                                  __builtin_cpu_supports("avx512bw") &&
@@ -34,7 +37,8 @@ const cpu::KernelTable& select_kernels() {
                                __builtin_cpu_supports("f16c");
   static const bool has_bf16_dot = has_avx512 && __builtin_cpu_supports("avx512bf16");
   if (want == "portable" || want == "scalar") return cpu::kernels_portable();
-  if (has_bf16_dot && (want.empty() || want == "avx512bf16")) return cpu::kernels_avx512bf16();
+  static const bool auto_bf16_dot = has_bf16_dot && cpu::prefer_bf16_dot(cpu::cpu_info());
+  if (want == "avx512bf16" ? has_bf16_dot : want.empty() && auto_bf16_dot) return cpu::kernels_avx512bf16();
   if (has_avx512 && (want.empty() || want == "avx512" || want == "avx512bf16")) return cpu::kernels_avx512();
   if (has_avx2 && want != "portable") return cpu::kernels_avx2();
 #endif
@@ -66,6 +70,11 @@ int64_t max_keys(const Problem& p) {
 // range once for all kv heads of a sequence (row j of every head is contiguous in memory) and
 // the keys are split across threads instead of the heads.
 bool decode_mode(const Problem& p) { return p.seq.sq * p.group <= kBlockQ; }
+
+// Keys per forward step (decode: sized to the L2, see cpu::decode_block_keys).
+int64_t forward_block_keys(const Problem& p) {
+  return decode_mode(p) ? cpu::decode_block_keys(cpu::cpu_info(), p) : kBlockK;
+}
 
 float folded_q_scale(const ScoreRules& r) {
   return r.softcap > 0.0f ? r.scale / r.softcap : r.scale;
@@ -171,7 +180,7 @@ class CpuBackend final : public Backend {
     const int threads = cpu::resolve_threads(p.raw ? p.raw->num_threads : 0);
     const int64_t tiles = decode_mode(p) ? p.seq.batch
                                          : p.seq.batch * p.hkv * ceil_div(p.seq.sq * p.group, kBlockQ);
-    const int64_t key_blocks = ceil_div(max_keys(p), decode_mode(p) ? cpu::kBlockKDecode : kBlockK);
+    const int64_t key_blocks = ceil_div(max_keys(p), forward_block_keys(p));
     const int splits = resolve_num_splits(p.num_splits, tiles, key_blocks, threads,
                                           std::min(128, 4 * threads));
     *plan = Plan{};
@@ -206,7 +215,7 @@ class CpuBackend final : public Backend {
     const int64_t rb_max = std::max<int64_t>(1, ceil_div(p.seq.sq * p.group, kBlockQ));
     call.num_chunks = static_cast<int>(std::min(rb_max, std::max<int64_t>(1, ceil_div(4 * threads, heads))));
     call.decode = decode_mode(p);
-    call.block_k = call.decode ? cpu::kBlockKDecode : kBlockK;
+    call.block_k = static_cast<int>(forward_block_keys(p));
     std::vector<cpu::FwdTask> tasks;
     for (int64_t b = 0; b < p.seq.batch; ++b)
       for (int64_t hk = 0; hk < (call.decode ? 1 : p.hkv); ++hk)

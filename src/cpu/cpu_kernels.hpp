@@ -17,13 +17,12 @@ namespace flashport::cpu {
 // Tile sizes shared by the planner and every kernel. Block rows are (query position, group head)
 // pairs, position-major, so one K/V block serves the whole GQA group. The forward walks 128 keys
 // per step (halves the per-step O rescale and accumulator traffic of P.V; the last visible block
-// is trimmed to the rows' visible keys so causal diagonals do not pay for it). Decode keeps 64
-// (its next block is prefetched for every kv head at once: 1 MiB at 128 keys, fp32 D = 128,
-// measured slower; 32 was not reliably faster), and so does the backward (its causal diagonal
-// blocks are not trimmed, and 128 measured no faster).
+// is trimmed to the rows' visible keys so causal diagonals do not pay for it). Decode takes at
+// most 64, fewer where the prefetched next block would not fit half the L2
+// (cpu_info.hpp decode_block_keys), and the backward 64 (its causal diagonal blocks are not
+// trimmed, and 128 measured no faster).
 constexpr int kBlockQ = 64;
-constexpr int kBlockK = 128;  // forward, and the size of the forward's tiles
-constexpr int kBlockKDecode = 64;
+constexpr int kBlockK = 128;  // forward, and the size of the forward's tiles (decode's too)
 constexpr int kBlockKBwd = 64;
 
 struct SeqGeom {
@@ -40,7 +39,7 @@ struct FwdCall {
   int num_splits = 1;
   int num_chunks = 1;        // row chunks per (batch, kv head)
   bool decode = false;       // tasks are (batch, split) and walk all kv heads at once
-  int block_k = kBlockK;     // keys per step: kBlockK, or kBlockKDecode when decode
+  int block_k = kBlockK;     // keys per step: kBlockK, or decode_block_keys() when decode
   float qscale = 1.0f;       // folded into Q: softmax_scale (/ softcap when softcap is on)
   float* part_out = nullptr; // splits > 1: [split][total_q_rows][hq][dv], normalised partial out
   float* part_lse = nullptr; // splits > 1: [split][total_q_rows][hq], without the sink

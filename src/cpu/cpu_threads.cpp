@@ -1,5 +1,7 @@
 #include "cpu_threads.hpp"
 
+#include "core/config.hpp"
+
 #include <sched.h>
 
 #include <atomic>
@@ -27,10 +29,7 @@ int hardware_threads() {
 
 int resolve_threads(int32_t requested) {
   int n = requested;
-  if (n <= 0) {
-    const char* env = std::getenv("FLASHPORT_NUM_THREADS");
-    n = env ? std::atoi(env) : 0;
-  }
+  if (n <= 0) n = runtime_config().num_threads;
   if (n <= 0) n = hardware_threads();
   return n < hardware_threads() ? n : hardware_threads();
 }

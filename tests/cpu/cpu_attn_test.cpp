@@ -210,7 +210,7 @@ std::vector<Case> isa_cases() {
   return v;
 }
 INSTANTIATE_TEST_SUITE_P(Isa, CpuIsaVsReference,
-                         ::testing::Combine(::testing::Values("avx512", "avx2", "portable"),
+                         ::testing::Combine(::testing::Values("avx512bf16", "avx512", "avx2", "portable"),
                                             ::testing::ValuesIn(isa_cases())),
                          [](const ::testing::TestParamInfo<std::tuple<const char*, Case>>& info) {
                            return std::string(std::get<0>(info.param)) + "_" +

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/config.hpp"
 #include "flashport/flashport.h"
 #include "test_util.hpp"
 
@@ -311,13 +312,18 @@ inline void run_case(const Case& c) {
   if (c.d_sinks) EXPECT_TRUE(close_reported(gcpu.dsinks, gref.dsinks, gtol, "d_sinks"));
 }
 
-// Sets FLASHPORT_CPU_ISA for the scope of a test.
+// Sets FLASHPORT_CPU_ISA for the scope of a test (the library reads its settings once, so the
+// scope reloads them).
 struct IsaScope {
   explicit IsaScope(const char* isa) {
     if (isa) setenv("FLASHPORT_CPU_ISA", isa, 1);
     else unsetenv("FLASHPORT_CPU_ISA");
+    flashport::reload_runtime_config();
   }
-  ~IsaScope() { unsetenv("FLASHPORT_CPU_ISA"); }
+  ~IsaScope() {
+    unsetenv("FLASHPORT_CPU_ISA");
+    flashport::reload_runtime_config();
+  }
 };
 
 }  // namespace cputest

@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "cpu_harness.hpp"
+#include "cpu/cpu_info.hpp"
 
 namespace cputest {
 namespace {
@@ -154,9 +155,11 @@ TEST(CpuSelect, NumThreadsEnvironmentIsHonoured) {
   fp_attn_params pr = params(c, t, ref, FP_BACKEND_REFERENCE);
   ASSERT_TRUE(ok(fp_attn_fwd(&pr), "reference fwd"));
   setenv("FLASHPORT_NUM_THREADS", "1", 1);
+  flashport::reload_runtime_config();
   fp_attn_params pc = params(c, t, cpu, FP_BACKEND_CPU);
   const fp_status st = fp_attn_fwd(&pc);
   unsetenv("FLASHPORT_NUM_THREADS");
+  flashport::reload_runtime_config();
   ASSERT_TRUE(ok(st, "cpu fwd"));
   EXPECT_TRUE(close(cpu.out, ref.out, flashport::test::tolerance(c.dt), "out"));
 }
@@ -228,6 +231,109 @@ TEST(CpuMerge, ForwardAndBackwardMatchReference) {
     EXPECT_TRUE(close(cpu.dparts, ref.dparts, tol, "d_out_partials"));
     EXPECT_TRUE(close(cpu.dlse_parts, ref.dlse_parts, tol, "d_lse_partials"));
   }
+}
+
+// ---- Decode (streamed K/V, row-dot scores, split across threads) -------------------------------
+// Sq x group <= 64 rows per kv head: scores are row dot products over tiles of keys x rows, so
+// awkward head dims (vector tails), key counts (tile and block tails), GQA ratios (row tiles of
+// 4, 2, 1 and padded rows), dtypes, splits and thread counts each take a different path.
+struct DecodeCase {
+  const char* name;
+  fp_dtype dt;
+  int64_t b, sq, sk, hq, hkv, d, dv;
+  int splits, threads;
+};
+class CpuDecode : public ::testing::TestWithParam<std::tuple<const char*, DecodeCase>> {};
+TEST_P(CpuDecode, MatchesReference) {
+  IsaScope isa(std::get<0>(GetParam()));
+  const DecodeCase& dc = std::get<1>(GetParam());
+  Case c;
+  c.name = dc.name;
+  c.dt = dc.dt;
+  c.b = dc.b;
+  c.sq = dc.sq;
+  c.sk = dc.sk;
+  c.hq = dc.hq;
+  c.hkv = dc.hkv;
+  c.d = dc.d;
+  c.dv = dc.dv;
+  c.splits = dc.splits;
+  c.threads = dc.threads;
+  c.bwd = false;
+  run_case(c);
+}
+const DecodeCase kDecodeCases[] = {
+    {"f32_mha_d1_sk1", FP_F32, 2, 1, 1, 3, 3, 1, 1, 0, 2},
+    {"f32_g3_d3_sk3", FP_F32, 2, 1, 3, 6, 2, 3, 5, 1, 1},
+    {"f32_g4_d113_sk113", FP_F32, 3, 1, 113, 8, 2, 113, 113, 0, 2},
+    {"bf16_g4_d128_sk1025_split", FP_BF16, 1, 1, 1025, 32, 8, 128, 128, 0, 2},
+    {"bf16_g5_d64_sk1025_splits3", FP_BF16, 2, 1, 1025, 10, 2, 64, 64, 3, 2},
+    {"f16_g2_d80_sk113", FP_F16, 2, 1, 113, 4, 2, 80, 96, 0, 1},
+    {"f32_g8_sq3_d128_sk1025", FP_F32, 1, 3, 1025, 8, 1, 128, 128, 0, 2},
+    {"bf16_g1_d113_sk700_splits7", FP_BF16, 1, 1, 700, 4, 4, 113, 40, 7, 2},
+    {"f32_g64_d32_sk300", FP_F32, 1, 1, 300, 64, 1, 32, 32, 0, 2},
+    {"f32_b4_g4_d128_sk1025", FP_F32, 4, 1, 1025, 32, 8, 128, 128, 0, 2},
+};
+INSTANTIATE_TEST_SUITE_P(Isa, CpuDecode,
+                         ::testing::Combine(::testing::Values("avx512bf16", "avx512", "avx2", "portable"),
+                                            ::testing::ValuesIn(kDecodeCases)),
+                         [](const ::testing::TestParamInfo<std::tuple<const char*, DecodeCase>>& info) {
+                           return std::string(std::get<0>(info.param)) + "_" + std::get<1>(info.param).name;
+                         });
+
+// ---- Per-microarchitecture choices (pure functions of the reported CPU) ------------------------
+TEST(CpuInfo, Bf16DotOnlyWhereItIsFast) {
+  flashport::cpu::CpuInfo zen4;
+  zen4.vendor = flashport::cpu::CpuVendor::kAmd;
+  zen4.family = 0x19;
+  EXPECT_TRUE(flashport::cpu::prefer_bf16_dot(zen4));
+  flashport::cpu::CpuInfo xeon;
+  xeon.vendor = flashport::cpu::CpuVendor::kIntel;
+  xeon.family = 6;
+  xeon.model = 0x8F;  // Sapphire Rapids
+  EXPECT_FALSE(flashport::cpu::prefer_bf16_dot(xeon));
+  EXPECT_FALSE(flashport::cpu::prefer_bf16_dot(flashport::cpu::CpuInfo{}));
+}
+
+TEST(CpuInfo, DecodeBlockFitsHalfTheL2) {
+  flashport::Problem p;
+  p.dtype = FP_F32;
+  p.hkv = 8;
+  p.d = p.dv = 128;  // 8 KiB of K and V per key
+  flashport::cpu::CpuInfo c;
+  c.l2_bytes = 2 << 20;
+  EXPECT_EQ(flashport::cpu::decode_block_keys(c, p), 64);
+  c.l2_bytes = 512 << 10;
+  EXPECT_EQ(flashport::cpu::decode_block_keys(c, p), 32);
+  c.l2_bytes = 64 << 10;
+  EXPECT_EQ(flashport::cpu::decode_block_keys(c, p), 16);  // never fewer than 16
+  const flashport::cpu::CpuInfo& here = flashport::cpu::cpu_info();
+  EXPECT_GT(here.l2_bytes, 0);
+  EXPECT_GT(here.l1d_bytes, 0);
+}
+
+TEST(CpuSelect, IsaEnvironmentIsReadThroughRuntimeConfig) {
+  Case c;
+  c.sq = 20;
+  c.sk = 30;
+  const Built t = build(c);
+  Outputs o = make_outputs(c, t);
+  fp_attn_params p = params(c, t, o, FP_BACKEND_CPU);
+  fp_selection sel{};
+  {
+    IsaScope isa("portable");
+    ASSERT_TRUE(ok(fp_attn_fwd_select(&p, &sel), "select"));
+    EXPECT_NE(std::string(sel.kernel).find("_portable_"), std::string::npos) << sel.kernel;
+  }
+  ASSERT_TRUE(ok(fp_attn_fwd_select(&p, &sel), "select"));
+  const std::string k = sel.kernel;
+  EXPECT_EQ(k.find("_portable_"), std::string::npos) << k;
+#if defined(__x86_64__)
+  // Left to itself, the pair-dot kernels run only where the CPU is fast at them.
+  const bool dot = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+                   flashport::cpu::prefer_bf16_dot(flashport::cpu::cpu_info());
+  EXPECT_EQ(k.find("_avx512bf16_") != std::string::npos, dot) << k;
+#endif
 }
 
 }  // namespace
