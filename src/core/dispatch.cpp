@@ -3,10 +3,10 @@
 #include "dispatch.hpp"
 
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "config.hpp"
 #include "validate.hpp"
 
 namespace flashport {
@@ -48,10 +48,7 @@ const char* device_name(fp_device_type d) {
   return "?";
 }
 
-bool log_enabled() {
-  const char* v = std::getenv("FLASHPORT_LOG");
-  return v && *v && std::strcmp(v, "0") != 0;
-}
+bool log_enabled() { return runtime_config().log; }
 
 void log_call(const char* op, const Selected& s) {
   if (!log_enabled()) return;
@@ -89,22 +86,37 @@ Status check_workspace(const Selected& s, size_t given_bytes) {
   return Status::ok();
 }
 
+Status take_workspace(const Selected& s, void* given, size_t given_bytes,
+                      void* (*alloc)(void* ctx, size_t bytes), void* alloc_ctx, void** workspace) {
+  *workspace = given;
+  if (given != nullptr || alloc == nullptr) return check_workspace(s, given_bytes);
+  if (s.plan.workspace_bytes == 0) return Status::ok();  // the allocator is never asked for 0
+  *workspace = alloc(alloc_ctx, s.plan.workspace_bytes);
+  if (*workspace == nullptr)
+    return {FP_ERR_WORKSPACE, "workspace_alloc: returned NULL for the " +
+                                  std::to_string(s.plan.workspace_bytes) + " bytes that " +
+                                  name_of(s.backend->id()) + " kernel " + s.plan.kernel +
+                                  " needs"};
+  return Status::ok();
+}
+
 namespace {
 
-Status select_fwd(const fp_attn_params& p, const Problem& prob, const char* op, Selected* s) {
+Status select_fwd(const std::vector<const Backend*>& backends, const fp_attn_params& p,
+                  const Problem& prob, const char* op, Selected* s) {
   fp_backend forced;
   FP_RETURN_IF_ERROR(forced_backend(p.backend, &forced));
   return choose_backend(
-      registered_backends(), op, forced, prob.device,
+      backends, op, forced, prob.device,
       [&](const Backend& b, Plan* plan) { return b.plan_fwd(prob, plan); }, s);
 }
 
-Status select_bwd(const fp_attn_bwd_params& p, const BwdProblem& prob, const char* op,
-                  Selected* s) {
+Status select_bwd(const std::vector<const Backend*>& backends, const fp_attn_bwd_params& p,
+                  const BwdProblem& prob, const char* op, Selected* s) {
   fp_backend forced;
   FP_RETURN_IF_ERROR(forced_backend(p.fwd.backend, &forced));
   return choose_backend(
-      registered_backends(), op, forced, prob.fwd.device,
+      backends, op, forced, prob.fwd.device,
       [&](const Backend& b, Plan* plan) { return b.plan_bwd(prob, plan); }, s);
 }
 
@@ -133,8 +145,8 @@ Status forced_backend(fp_backend requested, fp_backend* forced) {
     return Status::ok();
   }
   *forced = FP_BACKEND_AUTO;
-  const char* env = std::getenv("FLASHPORT_BACKEND");
-  if (!env || !*env || std::strcmp(env, "auto") == 0) return Status::ok();
+  const char* env = runtime_config().backend.c_str();
+  if (!*env || std::strcmp(env, "auto") == 0) return Status::ok();
   static const struct { const char* name; fp_backend id; } kNames[] = {
       {"reference", FP_BACKEND_REFERENCE}, {"cpu", FP_BACKEND_CPU},
       {"cuda", FP_BACKEND_CUDA}, {"hip", FP_BACKEND_HIP}};
@@ -208,7 +220,7 @@ Status attn_fwd_select_op(const fp_attn_params& p, fp_selection* sel) {
     Problem prob;
     FP_RETURN_IF_ERROR(resolve_fwd(p, &prob));
     Selected s;
-    FP_RETURN_IF_ERROR(select_fwd(p, prob, "attn_fwd", &s));
+    FP_RETURN_IF_ERROR(select_fwd(registered_backends(), p, prob, "attn_fwd", &s));
     log_call("attn_fwd_select", s);
     fill_selection(s, sel);
     return Status::ok();
@@ -220,36 +232,45 @@ Status attn_bwd_select_op(const fp_attn_bwd_params& p, fp_selection* sel) {
     BwdProblem prob;
     FP_RETURN_IF_ERROR(resolve_bwd(p, &prob));
     Selected s;
-    FP_RETURN_IF_ERROR(select_bwd(p, prob, "attn_bwd", &s));
+    FP_RETURN_IF_ERROR(select_bwd(registered_backends(), p, prob, "attn_bwd", &s));
     log_call("attn_bwd_select", s);
     fill_selection(s, sel);
     return Status::ok();
   });
 }
 
-Status attn_fwd_op(const fp_attn_params& p) {
+Status attn_fwd_with(const std::vector<const Backend*>& backends, const fp_attn_params& p) {
   return logged("attn_fwd", [&] {
     Problem prob;
     FP_RETURN_IF_ERROR(resolve_fwd(p, &prob));
     Selected s;
-    FP_RETURN_IF_ERROR(select_fwd(p, prob, "attn_fwd", &s));
-    FP_RETURN_IF_ERROR(check_workspace(s, p.workspace_bytes));
+    FP_RETURN_IF_ERROR(select_fwd(backends, p, prob, "attn_fwd", &s));
+    void* workspace;
+    FP_RETURN_IF_ERROR(take_workspace(s, p.workspace, p.workspace_bytes, p.workspace_alloc,
+                                      p.workspace_alloc_ctx, &workspace));
     log_call("attn_fwd", s);
-    return s.backend->run_fwd(prob, s.plan, p.workspace);
+    return s.backend->run_fwd(prob, s.plan, workspace);
   });
 }
 
-Status attn_bwd_op(const fp_attn_bwd_params& p) {
+Status attn_bwd_with(const std::vector<const Backend*>& backends, const fp_attn_bwd_params& p) {
   return logged("attn_bwd", [&] {
     BwdProblem prob;
     FP_RETURN_IF_ERROR(resolve_bwd(p, &prob));
     Selected s;
-    FP_RETURN_IF_ERROR(select_bwd(p, prob, "attn_bwd", &s));
-    FP_RETURN_IF_ERROR(check_workspace(s, p.fwd.workspace_bytes));
+    FP_RETURN_IF_ERROR(select_bwd(backends, p, prob, "attn_bwd", &s));
+    void* workspace;
+    FP_RETURN_IF_ERROR(take_workspace(s, p.fwd.workspace, p.fwd.workspace_bytes,
+                                      p.fwd.workspace_alloc, p.fwd.workspace_alloc_ctx,
+                                      &workspace));
     log_call("attn_bwd", s);
-    return s.backend->run_bwd(prob, s.plan, p.fwd.workspace);
+    return s.backend->run_bwd(prob, s.plan, workspace);
   });
 }
+
+Status attn_fwd_op(const fp_attn_params& p) { return attn_fwd_with(registered_backends(), p); }
+
+Status attn_bwd_op(const fp_attn_bwd_params& p) { return attn_bwd_with(registered_backends(), p); }
 
 Status merge_fwd_op(const fp_merge_params& p) {
   return logged("merge_fwd", [&] {

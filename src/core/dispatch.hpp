@@ -17,8 +17,8 @@ struct Selected {
 
 using PlanFn = std::function<Status(const Backend&, Plan*)>;
 
-// The backend a call is forced to: `requested` if not AUTO, else FLASHPORT_BACKEND
-// (reference|cpu|cuda|hip; empty or "auto" = none). An unknown env value is an error.
+// The backend a call is forced to: `requested` if not AUTO, else FLASHPORT_BACKEND from
+// runtime_config() (reference|cpu|cuda|hip; empty or "auto" = none). An unknown value is an error.
 Status forced_backend(fp_backend requested, fp_backend* forced);
 
 // The selection rule over an explicit backend list (priority order): with a forced backend,
@@ -32,6 +32,12 @@ Status choose_backend(const std::vector<const Backend*>& backends, const char* o
 // FP_ERR_WORKSPACE naming the required size if `given_bytes` is below the plan's need.
 Status check_workspace(const Selected& s, size_t given_bytes);
 
+// The workspace a planned call runs on: `given` (checked against the plan), or, when `given` is
+// NULL and `alloc` is set, alloc(alloc_ctx, plan bytes) called once (never for 0 bytes; a NULL
+// answer is FP_ERR_WORKSPACE).
+Status take_workspace(const Selected& s, void* given, size_t given_bytes,
+                      void* (*alloc)(void* ctx, size_t bytes), void* alloc_ctx, void** workspace);
+
 // The compiled backend with this id, or null.
 const Backend* find_backend(fp_backend id);
 
@@ -44,6 +50,10 @@ Status attn_fwd_select_op(const fp_attn_params& p, fp_selection* sel);
 Status attn_bwd_select_op(const fp_attn_bwd_params& p, fp_selection* sel);
 Status attn_fwd_op(const fp_attn_params& p);
 Status attn_bwd_op(const fp_attn_bwd_params& p);
+// The same over an explicit backend list (tests): one resolve, one selection (one plan of the
+// chosen backend), the workspace, one launch.
+Status attn_fwd_with(const std::vector<const Backend*>& backends, const fp_attn_params& p);
+Status attn_bwd_with(const std::vector<const Backend*>& backends, const fp_attn_bwd_params& p);
 Status merge_fwd_op(const fp_merge_params& p);
 Status merge_bwd_op(const fp_merge_bwd_params& p);
 

@@ -1,24 +1,31 @@
 // Backend selection: the one routine behind select, workspace and launch; forced backends, the
 // FLASHPORT_BACKEND override, unavailable backends, workspace errors and FLASHPORT_LOG.
 // Selection logic is exercised with local test backends; the C API with the registered ones.
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <vector>
 
+#include "core/config.hpp"
 #include "core/dispatch.hpp"
 #include "validate_fixtures.hpp"
 
 namespace flashport::test {
 namespace {
 
-// Sets an environment variable for one scope.
+// Sets an environment variable for one scope (the library reads the environment once, so the
+// cached settings are re-read on entry and exit).
 class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value) : name_(name) {
     if (const char* old = std::getenv(name)) old_ = old, had_ = true;
     if (value) setenv(name, value, 1); else unsetenv(name);
+    reload_runtime_config();
   }
   ~ScopedEnv() {
     if (had_) setenv(name_, old_.c_str(), 1); else unsetenv(name_);
+    reload_runtime_config();
   }
 
  private:
@@ -37,15 +44,28 @@ class TestBackend final : public Backend {
   bool available() const override { return available_; }
   bool handles_device(fp_device_type d) const override { return d == dev_; }
   Status plan_fwd(const Problem&, Plan* plan) const override { return plan_any(plan); }
-  Status run_fwd(const Problem&, const Plan&, void*) const override { return Status::ok(); }
+  Status run_fwd(const Problem&, const Plan& plan, void* ws) const override {
+    return record_run(plan, ws);
+  }
   Status plan_bwd(const BwdProblem&, Plan* plan) const override { return plan_any(plan); }
-  Status run_bwd(const BwdProblem&, const Plan&, void*) const override { return Status::ok(); }
+  Status run_bwd(const BwdProblem&, const Plan& plan, void* ws) const override {
+    return record_run(plan, ws);
+  }
   Status plan_merge(const MergeProblem&, Plan* plan) const override { return plan_any(plan); }
   Status run_merge(const MergeProblem&, const Plan&) const override { return Status::ok(); }
   Status run_merge_bwd(const MergeBwdProblem&, const Plan&) const override { return Status::ok(); }
   mutable int plans = 0;
+  mutable int runs = 0;
+  mutable void* run_workspace = nullptr;  // what the last run got
+  mutable std::string run_kernel;
 
  private:
+  Status record_run(const Plan& plan, void* ws) const {
+    ++runs;
+    run_workspace = ws;
+    run_kernel = plan.kernel;
+    return Status::ok();
+  }
   Status plan_any(Plan* plan) const {
     ++plans;
     if (reject_) return unsupported(reject_);
@@ -181,6 +201,133 @@ TEST(Dispatch, EnvironmentOverride) {
   }
 }
 
+// A caller's workspace allocator that records its calls.
+struct RecordingAllocator {
+  std::vector<size_t> requests;
+  void* answer = nullptr;
+  static void* alloc(void* ctx, size_t bytes) {
+    auto* self = static_cast<RecordingAllocator*>(ctx);
+    self->requests.push_back(bytes);
+    return self->answer;
+  }
+};
+
+TEST(Dispatch, AllocatorIsCalledOnceWithThePlansBytesAfterOnePlan) {
+  TestBackend gpu(FP_BACKEND_CPU, FP_DEVICE_CPU, true, nullptr, 4096);
+  alignas(64) static unsigned char buffer[4096];
+  RecordingAllocator a;
+  a.answer = buffer;
+  FwdCall c;
+  c.p.workspace_alloc = &RecordingAllocator::alloc;
+  c.p.workspace_alloc_ctx = &a;
+  ASSERT_TRUE(attn_fwd_with({&gpu}, c.p).is_ok());
+  ASSERT_EQ(a.requests.size(), 1u);
+  EXPECT_EQ(a.requests[0], 4096u);
+  EXPECT_EQ(gpu.plans, 1);  // one resolve, one plan, one launch
+  EXPECT_EQ(gpu.runs, 1);
+  EXPECT_EQ(gpu.run_workspace, static_cast<void*>(buffer));
+
+  BwdCall b;
+  b.p.fwd.workspace_alloc = &RecordingAllocator::alloc;
+  b.p.fwd.workspace_alloc_ctx = &a;
+  gpu.plans = 0;
+  ASSERT_TRUE(attn_bwd_with({&gpu}, b.p).is_ok());
+  ASSERT_EQ(a.requests.size(), 2u);
+  EXPECT_EQ(a.requests[1], 4096u);
+  EXPECT_EQ(gpu.plans, 1);
+  EXPECT_EQ(gpu.run_workspace, static_cast<void*>(buffer));
+}
+
+TEST(Dispatch, AllocatorIsNeverAskedForZeroBytes) {
+  TestBackend cpu(FP_BACKEND_CPU, FP_DEVICE_CPU, true, nullptr, 0);
+  RecordingAllocator a;
+  FwdCall c;
+  c.p.workspace_alloc = &RecordingAllocator::alloc;
+  c.p.workspace_alloc_ctx = &a;
+  ASSERT_TRUE(attn_fwd_with({&cpu}, c.p).is_ok());
+  EXPECT_TRUE(a.requests.empty());
+  EXPECT_EQ(cpu.runs, 1);
+  EXPECT_EQ(cpu.run_workspace, nullptr);
+}
+
+TEST(Dispatch, AllocatorReturningNullFailsWithoutRunning) {
+  TestBackend gpu(FP_BACKEND_CPU, FP_DEVICE_CPU, true, nullptr, 512);
+  RecordingAllocator a;  // answers NULL
+  FwdCall c;
+  c.p.workspace_alloc = &RecordingAllocator::alloc;
+  c.p.workspace_alloc_ctx = &a;
+  Status st = attn_fwd_with({&gpu}, c.p);
+  EXPECT_EQ(st.code(), FP_ERR_WORKSPACE);
+  EXPECT_NE(st.message().find("workspace_alloc"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("512 bytes"), std::string::npos) << st.message();
+  EXPECT_EQ(a.requests.size(), 1u);
+  EXPECT_EQ(gpu.runs, 0);
+  EXPECT_TRUE(untouched({&c.out, &c.lse}));
+}
+
+TEST(Dispatch, GivenWorkspaceWinsOverTheAllocator) {
+  TestBackend gpu(FP_BACKEND_CPU, FP_DEVICE_CPU, true, nullptr, 256);
+  alignas(64) static unsigned char mine[256];
+  RecordingAllocator a;
+  FwdCall c;
+  c.p.workspace = mine;
+  c.p.workspace_bytes = sizeof(mine);
+  c.p.workspace_alloc = &RecordingAllocator::alloc;
+  c.p.workspace_alloc_ctx = &a;
+  ASSERT_TRUE(attn_fwd_with({&gpu}, c.p).is_ok());
+  EXPECT_TRUE(a.requests.empty());
+  EXPECT_EQ(gpu.run_workspace, static_cast<void*>(mine));
+  c.p.workspace_bytes = 255;  // too small: an error naming the need, the allocator still unused
+  Status st = attn_fwd_with({&gpu}, c.p);
+  EXPECT_EQ(st.code(), FP_ERR_WORKSPACE);
+  EXPECT_NE(st.message().find("needs 256 bytes (got 255)"), std::string::npos) << st.message();
+  EXPECT_TRUE(a.requests.empty());
+}
+
+TEST(Dispatch, WorkspaceNeededButNeitherGivenNorAllocatorIsAnError) {
+  TestBackend gpu(FP_BACKEND_CPU, FP_DEVICE_CPU, true, nullptr, 64);
+  FwdCall c;
+  Status st = attn_fwd_with({&gpu}, c.p);
+  EXPECT_EQ(st.code(), FP_ERR_WORKSPACE);
+  EXPECT_NE(st.message().find("needs 64 bytes (got 0)"), std::string::npos) << st.message();
+  EXPECT_EQ(gpu.runs, 0);
+}
+
+TEST(Dispatch, SelectThenRunAndRunWithAllocatorLaunchTheSameKernel) {
+  TestBackend declines(FP_BACKEND_CUDA, FP_DEVICE_CPU, true, "not this one");
+  TestBackend gpu(FP_BACKEND_CPU, FP_DEVICE_CPU, true, nullptr, 128);
+  alignas(64) static unsigned char buffer[128];
+  Selected s;
+  ASSERT_TRUE(choose({&declines, &gpu}, FP_BACKEND_AUTO, FP_DEVICE_CPU, &s).is_ok());
+  FwdCall c;
+  c.p.workspace = buffer;
+  c.p.workspace_bytes = s.plan.workspace_bytes;
+  ASSERT_TRUE(attn_fwd_with({&declines, &gpu}, c.p).is_ok());
+  const std::string select_then_run = gpu.run_kernel;
+  RecordingAllocator a;
+  a.answer = buffer;
+  FwdCall d;
+  d.p.workspace_alloc = &RecordingAllocator::alloc;
+  d.p.workspace_alloc_ctx = &a;
+  ASSERT_TRUE(attn_fwd_with({&declines, &gpu}, d.p).is_ok());
+  EXPECT_EQ(select_then_run, s.plan.kernel);
+  EXPECT_EQ(gpu.run_kernel, s.plan.kernel);
+  EXPECT_EQ(gpu.runs, 2);
+}
+
+TEST(Dispatch, EnvironmentIsReadOnceUntilReloaded) {
+  fp_backend forced;
+  ScopedEnv e("FLASHPORT_BACKEND", "reference");
+  ASSERT_TRUE(forced_backend(FP_BACKEND_AUTO, &forced).is_ok());
+  EXPECT_EQ(forced, FP_BACKEND_REFERENCE);
+  setenv("FLASHPORT_BACKEND", "cpu", 1);  // not seen until the settings are re-read
+  ASSERT_TRUE(forced_backend(FP_BACKEND_AUTO, &forced).is_ok());
+  EXPECT_EQ(forced, FP_BACKEND_REFERENCE);
+  reload_runtime_config();
+  ASSERT_TRUE(forced_backend(FP_BACKEND_AUTO, &forced).is_ok());
+  EXPECT_EQ(forced, FP_BACKEND_CPU);
+}
+
 // ---- Through the C API with the registered backends ----------------------------------------------
 
 TEST(DispatchCApi, RegisteredBackendsInPriorityOrder) {
@@ -292,6 +439,41 @@ TEST(DispatchCApi, GpuTensorsWithoutAGpuBackendAreUnavailable) {
   c.p.backend = FP_BACKEND_REFERENCE;
   EXPECT_TRUE(c_call_matches([&] { return fp_attn_fwd_select(&c.p, &sel); }, FP_ERR_UNSUPPORTED,
                              "reference cannot run on cuda tensors"));
+}
+
+TEST(DispatchCApi, SelectRunAndAllocatorRunLogTheSameKernel) {
+  ScopedEnv e("FLASHPORT_LOG", "1");
+  auto kernel_in = [](const std::string& log, const char* op) {
+    const std::string key = std::string("flashport: ") + op + " backend=";
+    const size_t at = log.find(key);
+    if (at == std::string::npos) return std::string("<missing>");
+    const size_t end = log.find(" splits=", at);
+    return log.substr(at + std::strlen("flashport: ") + std::strlen(op) + 1,
+                      end - at - std::strlen("flashport: ") - std::strlen(op) - 1);
+  };
+  RecordingAllocator a;
+  FwdCall c;  // AUTO: the fastest compiled CPU backend
+  fp_selection sel{};
+  ::testing::internal::CaptureStderr();
+  ASSERT_EQ(fp_attn_fwd_select(&c.p, &sel), FP_OK) << fp_last_error();
+  ASSERT_EQ(fp_attn_fwd(&c.p), FP_OK) << fp_last_error();
+  c.p.workspace_alloc = &RecordingAllocator::alloc;
+  c.p.workspace_alloc_ctx = &a;
+  const std::string first = ::testing::internal::GetCapturedStderr();
+  ::testing::internal::CaptureStderr();
+  ASSERT_EQ(fp_attn_fwd(&c.p), FP_OK) << fp_last_error();
+  const std::string second = ::testing::internal::GetCapturedStderr();
+  const std::string selected = kernel_in(first, "attn_fwd_select");
+  EXPECT_NE(selected.find(std::string("kernel=") + sel.kernel), std::string::npos) << first;
+  EXPECT_EQ(kernel_in(first, "attn_fwd"), selected) << first;
+  EXPECT_EQ(kernel_in(second, "attn_fwd"), selected) << second;
+  EXPECT_EQ(std::count(second.begin(), second.end(), '\n'), 1);  // one line: one selection
+  if (sel.workspace_bytes == 0) {
+    EXPECT_TRUE(a.requests.empty());
+  } else {
+    EXPECT_EQ(a.requests.size(), 1u);
+  }
+  EXPECT_TRUE(c.out.all_written());
 }
 
 TEST(DispatchCApi, LogLinePerCall) {
