@@ -1,0 +1,397 @@
+"""flashport.transformers: Hugging Face models with attn_implementation=flashport's name, against
+transformers' own sdpa (eager where a model has no sdpa) in the same precision, both judged by
+eager attention in fp64 with the same weights. Tiny random-weight models built from configs (no
+downloads): Llama, Mistral (sliding window), Qwen2 (window on one layer), Gemma2 (softcap,
+alternating windows), GPT-OSS (sinks, windows), GPT-2 (head dim 25).
+
+On a GPU (FLASHPORT_TRANSFORMERS_DEVICE=cuda, or the `cuda` cases where torch sees one) the same
+checks run in bf16 against sdpa in bf16.
+"""
+import copy
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import flashport.transformers as fport_hf  # noqa: E402
+from flashport.transformers import padding_mask, register  # noqa: E402
+
+NAME = register()
+VOCAB = 96
+WINDOW = 5
+
+
+def _common(**kw):
+    base = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                initializer_range=0.2, attention_dropout=0.0, pad_token_id=0)
+    base.update(kw)
+    return base
+
+
+def _config(arch):
+    t = transformers
+    if arch == "llama":
+        return t.LlamaConfig(**_common())
+    if arch == "mistral":
+        return t.MistralConfig(**_common(sliding_window=WINDOW))
+    if arch == "qwen2":
+        return t.Qwen2Config(**_common(use_sliding_window=True, sliding_window=WINDOW,
+                                       layer_types=["full_attention", "sliding_attention"]))
+    if arch == "gemma2":
+        return t.Gemma2Config(**_common(head_dim=16, attn_logit_softcapping=4.0,
+                                        final_logit_softcapping=30.0, sliding_window=WINDOW,
+                                        query_pre_attn_scalar=16,
+                                        layer_types=["sliding_attention", "full_attention"]))
+    if arch == "gpt_oss":
+        if not hasattr(t, "GptOssConfig"):
+            pytest.skip("this transformers has no GPT-OSS")
+        return t.GptOssConfig(**_common(head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                                        sliding_window=WINDOW,
+                                        layer_types=["sliding_attention", "full_attention"]))
+    if arch == "gpt2":  # head dim 100 / 4 = 25
+        return t.GPT2Config(vocab_size=VOCAB, n_embd=100, n_head=4, n_layer=2, n_positions=128,
+                            initializer_range=0.2, attn_pdrop=0.0, resid_pdrop=0.0,
+                            embd_pdrop=0.0, pad_token_id=0)
+    raise ValueError(arch)
+
+
+ARCHS = ["llama", "mistral", "qwen2", "gemma2", "gpt_oss", "gpt2"]
+WINDOWED = {"mistral", "qwen2", "gemma2", "gpt_oss"}
+
+
+def _device():
+    return os.environ.get("FLASHPORT_TRANSFORMERS_DEVICE", "cpu")
+
+
+def _dtype():
+    return torch.float32 if _device() == "cpu" else torch.bfloat16
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Models this small run fastest single-threaded (and do not fight other jobs for cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+_MODELS = {}
+
+
+def _models(arch):
+    """{impl: model} with identical weights: flashport and the baseline (sdpa, or eager where the
+    model declines sdpa) in the test dtype, and the fp64 eager judge (on the CPU)."""
+    if arch in _MODELS:
+        return _MODELS[arch]
+    config = _config(arch)
+    torch.manual_seed(0)
+    extra = {"experts_implementation": "eager"} if arch == "gpt_oss" else {}  # fp64 experts
+    judge = transformers.AutoModelForCausalLM.from_config(
+        copy.deepcopy(config), attn_implementation="eager", dtype=torch.float64, **extra)
+    with torch.no_grad():  # sinks are initialised near 0; give them weight
+        for name, p in judge.named_parameters():
+            if name.endswith("sinks"):
+                p.normal_(0.0, 1.5)
+    judge.eval()
+    state = judge.state_dict()
+    models = {"judge": judge}
+    baseline = "sdpa" if type(judge)._supports_sdpa else "eager"
+    for impl in (NAME, baseline):
+        m = transformers.AutoModelForCausalLM.from_config(
+            copy.deepcopy(config), attn_implementation=impl, dtype=_dtype())
+        m.load_state_dict(state)
+        models[impl] = m.to(_device()).eval()
+    models["baseline"] = models[baseline]
+    _MODELS[arch] = models
+    return models
+
+
+def _logits(model, **inputs):
+    device = next(model.parameters()).device
+    inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+    with torch.no_grad():
+        return model(**inputs).logits.double().cpu()
+
+
+def _each(model, ids, pieces, position_ids=None):
+    """model run on each sequence alone (no mask, no packing), pieces = [(row, first, end)],
+    scattered back into the layout of ids (NaN elsewhere). The pieces keep their position_ids
+    where given (default: 0, 1, ...)."""
+    out = torch.full((*ids.shape, VOCAB), float("nan"), dtype=torch.float64)
+    for row, first, end in pieces:
+        pos = None if position_ids is None else position_ids[row:row + 1, first:end]
+        out[row, first:end] = _logits(model, input_ids=ids[row:row + 1, first:end],
+                                      position_ids=pos)[0]
+    return out
+
+
+def _errors(arch, inputs, pieces=None):
+    """(flashport's, baseline's) max error against the fp64 eager judge, and the judge's logits.
+    With pieces (padded or packed inputs), the judge and the baseline run each sequence alone,
+    so the baseline's error is its rounding error alone, whatever it does with masks, and only
+    the pieces' positions are compared."""
+    models = _models(arch)
+    ours = _logits(models[NAME], **inputs)
+    if pieces is None:
+        judge = _logits(models["judge"], **inputs)
+        base = _logits(models["baseline"], **inputs)
+    else:
+        ids, pos = inputs["input_ids"], inputs.get("position_ids")
+        judge = _each(models["judge"], ids, pieces, pos)
+        base = _each(models["baseline"], ids, pieces, pos)
+    keep = torch.isfinite(judge)
+    assert keep.any() and torch.isfinite(ours[keep]).all()
+    return ((ours - judge)[keep].abs().max().item(), (base - judge)[keep].abs().max().item(),
+            judge[keep])
+
+
+def _assert_no_worse(err, base_err, judge):
+    # Same precision, same weights: within a small factor of the baseline's own rounding error
+    # (plus a floor of a few ulps of the logits' size, where the baseline happens to be exact).
+    eps = torch.finfo(_dtype()).eps
+    floor = 8 * eps * judge.abs().max().item()
+    assert err <= 4 * base_err + floor, (err, base_err, floor)
+
+
+def _ids(batch, seqlen):
+    return torch.randint(1, VOCAB, (batch, seqlen))
+
+
+def _padding(lengths, seqlen, side):
+    mask = torch.zeros(len(lengths), seqlen, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        if side == "left":
+            mask[b, seqlen - n:] = 1
+        else:
+            mask[b, :n] = 1
+    return mask
+
+
+# --------------------------------------------------------------------------------------------
+
+def test_register_returns_a_name_transformers_routes_to_us():
+    assert register() == NAME  # idempotent
+    assert "flash" not in NAME
+    assert transformers.AttentionInterface._global_mapping[NAME] is fport_hf.attention_forward
+    from transformers.masking_utils import AttentionMaskInterface
+    assert AttentionMaskInterface._global_mapping[NAME] is padding_mask
+    for bad in ("flashport", "my_sdpa", "paged|x", "org/kernel", ""):
+        with pytest.raises(ValueError, match="name"):
+            register(bad)
+
+
+def test_from_pretrained_and_from_config(tmp_path):
+    config = _config("llama")
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=NAME)
+    assert model.config._attn_implementation == NAME
+    model.save_pretrained(tmp_path)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path,
+                                                               attn_implementation=NAME)
+    assert loaded.config._attn_implementation == NAME
+    ids = _ids(2, 7)
+    torch.testing.assert_close(_logits(loaded, input_ids=ids), _logits(model, input_ids=ids))
+
+
+def test_mask_function_returns_2d_padding_or_none():
+    ones = torch.ones(2, 6, dtype=torch.bool)
+    assert padding_mask(2, 6, 6, attention_mask=ones) is None
+    assert padding_mask(2, 6, 6) is None
+    padded = ones.clone()
+    padded[1, :3] = False
+    got = padding_mask(2, 6, 6, attention_mask=padded)
+    assert got.dtype == torch.bool and torch.equal(got, padded)
+    # A sliding layer's keys are the mask's right end.
+    assert torch.equal(padding_mask(2, 1, 4, attention_mask=padded), padded[:, -4:])
+    # A static cache of 10 slots, 6 of them filled: the mask covers the filled ones.
+    assert torch.equal(padding_mask(2, 1, 10, q_offset=5), torch.ones(2, 6, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_unpadded(arch):
+    ids = _ids(2, 11)
+    err, base, judge = _errors(arch, dict(input_ids=ids))
+    _assert_no_worse(err, base, judge)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_padded(arch, side):
+    seqlen = 12
+    mask = _padding([12, 9, 4], seqlen, side)
+    ids = _ids(3, seqlen) * mask
+    position_ids = (mask.cumsum(1) - 1).clamp(min=0)  # each sequence's own positions
+    first = (mask.cumsum(1) == 0).sum(1)
+    pieces = [(b, int(first[b]), int(first[b] + mask[b].sum())) for b in range(3)]
+    err, base, judge = _errors(arch, dict(input_ids=ids, attention_mask=mask,
+                                          position_ids=position_ids), pieces)
+    _assert_no_worse(err, base, judge)
+
+
+def _packed(lengths):
+    ids = torch.cat([_ids(1, n) for n in lengths], dim=1)
+    position_ids = torch.cat([torch.arange(n) for n in lengths])[None]
+    cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    return ids, position_ids, cu
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_packed(arch):
+    """Sequences packed in one row (padding-free training): by position_ids, and by the
+    cu_seq_lens kwargs of transformers' DataCollatorWithFlattening."""
+    lengths = [6, 2, 7, 1]
+    ids, position_ids, cu = _packed(lengths)
+    pieces = [(0, int(cu[b]), int(cu[b + 1])) for b in range(len(lengths))]
+    err, base, judge = _errors(arch, dict(input_ids=ids, position_ids=position_ids), pieces)
+    _assert_no_worse(err, base, judge)
+
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt2"])
+def test_logits_packed_by_cu_seq_lens(arch):
+    """The cu_seq_lens_q/k and max_length_q/k kwargs (transformers' DataCollatorWithFlattening)
+    decide the sequences, whatever the position_ids (here one run 0..13)."""
+    lengths = [6, 2, 5, 1]
+    ids, _, cu = _packed(lengths)
+    position_ids = torch.arange(ids.shape[1])[None]
+    pieces = [(0, int(cu[b]), int(cu[b + 1])) for b in range(len(lengths))]
+    inputs = dict(input_ids=ids, position_ids=position_ids, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                  max_length_q=max(lengths), max_length_k=max(lengths))
+    models = _models(arch)
+    ours = _logits(models[NAME], **inputs)
+    judge = _each(models["judge"], ids, pieces, position_ids)
+    base = _each(models["baseline"], ids, pieces, position_ids)
+    _assert_no_worse((ours - judge).abs().max().item(), (base - judge).abs().max().item(), judge)
+
+
+def test_packed_rows_of_a_batch():
+    """position_ids restarting inside the rows of a batch of 2 (transformers' sdpa mask packs
+    per row too)."""
+    ids = _ids(2, 10)
+    position_ids = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4, 5], [0, 1, 2, 0, 1, 2, 3, 4, 0, 1]])
+    pieces = [(0, 0, 4), (0, 4, 10), (1, 0, 3), (1, 3, 8), (1, 8, 10)]
+    err, base, judge = _errors("qwen2", dict(input_ids=ids, position_ids=position_ids), pieces)
+    _assert_no_worse(err, base, judge)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_generate_greedy_with_cache(arch):
+    """Left-padded prompts, greedy decoding with the KV cache past the sliding window: the same
+    tokens as the baseline."""
+    models = _models(arch)
+    mask = _padding([8, 5, 2], 8, "left")
+    ids = (_ids(3, 8) * mask).to(_device())
+    mask = mask.to(_device())
+    args = dict(attention_mask=mask, max_new_tokens=2 * WINDOW, do_sample=False,
+                pad_token_id=0, eos_token_id=None)
+    with torch.no_grad():
+        ours = models[NAME].generate(ids, **args)
+        base = models["baseline"].generate(ids, **args)
+    assert torch.equal(ours, base)
+
+
+def test_generate_unpadded_batch_and_static_cache():
+    models = _models("llama")
+    ids = _ids(2, 6).to(_device())
+    args = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
+    with torch.no_grad():
+        base = models["baseline"].generate(ids, **args)
+        assert torch.equal(models[NAME].generate(ids, **args), base)
+        static = models[NAME].generate(ids, cache_implementation="static", disable_compile=True,
+                                       **args)
+        assert torch.equal(static, base)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_training_step_gradients(arch):
+    """One training step's gradients on a right-padded batch, against the baseline's."""
+    models = _models(arch)
+    mask = _padding([10, 7, 3], 10, "right")
+    ids = _ids(3, 10) * mask
+    labels = ids.masked_fill(mask == 0, -100)
+    inputs = {k: v.to(_device()) for k, v in
+              dict(input_ids=ids, attention_mask=mask, labels=labels).items()}
+    ours = _param_grads(models[NAME], lambda: models[NAME](**inputs).loss)
+    base = _param_grads(models["baseline"], lambda: models["baseline"](**inputs).loss)
+    assert ours.keys() == base.keys()
+    if arch == "gpt_oss":
+        assert any(n.endswith("sinks") for n in ours)
+    tol = 50 * torch.finfo(_dtype()).eps
+    for name in base:
+        scale = base[name].abs().max().item() + 1e-30
+        assert torch.isfinite(ours[name]).all(), name
+        assert (ours[name] - base[name]).abs().max().item() <= tol * scale, name
+
+
+def _sequence_loss(logits, ids):
+    """Next-token loss within one sequence (summed), so packing cannot leak across sequences."""
+    return torch.nn.functional.cross_entropy(logits[0, :-1].float(), ids[0, 1:], reduction="sum")
+
+
+def _param_grads(model, loss_fn):
+    model.zero_grad()
+    model.train()
+    try:
+        loss_fn().backward()
+    finally:
+        model.eval()
+    return {n: p.grad.double().cpu() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_training_step_packed_gradients(arch):
+    """Padding-free training: gradients of the per-sequence losses of a packed row, against the
+    baseline running each sequence alone."""
+    models = _models(arch)
+    lengths = [5, 3, 8]
+    ids, position_ids, cu = _packed(lengths)
+    ids, position_ids = ids.to(_device()), position_ids.to(_device())
+    spans = [(int(cu[b]), int(cu[b + 1])) for b in range(len(lengths))]
+
+    def packed_loss():
+        logits = models[NAME](input_ids=ids, position_ids=position_ids).logits
+        return sum(_sequence_loss(logits[:, a:e], ids[:, a:e]) for a, e in spans)
+
+    def each_loss():
+        return sum(_sequence_loss(models["baseline"](input_ids=ids[:, a:e]).logits, ids[:, a:e])
+                   for a, e in spans)
+
+    ours = _param_grads(models[NAME], packed_loss)
+    base = _param_grads(models["baseline"], each_loss)
+    tol = 50 * torch.finfo(_dtype()).eps
+    for name in base:
+        scale = base[name].abs().max().item() + 1e-30
+        assert (ours[name] - base[name]).abs().max().item() <= tol * scale, name
+
+
+def test_dropout_in_training_only():
+    """attention_dropout applies in train mode (new pattern per call, reproducible by seed) and
+    never in eval mode."""
+    config = _config("llama")
+    config.attention_dropout = 0.5
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=NAME)
+    ids = _ids(2, 9)
+    model.eval()
+    with torch.no_grad():
+        clean = model(ids).logits
+        assert torch.equal(model(ids).logits, clean)
+    model.train()
+    torch.manual_seed(5)
+    first = model(ids).logits
+    second = model(ids).logits
+    torch.manual_seed(5)
+    replay = model(ids).logits
+    assert not torch.allclose(first, clean) and not torch.allclose(first, second)
+    torch.testing.assert_close(first, replay, rtol=0, atol=0)
+    first.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_output_attentions_raises():
+    model = _models("llama")[NAME]
+    with pytest.raises(ValueError, match="output_attentions"):
+        model(_ids(1, 4).to(_device()), output_attentions=True)
