@@ -112,7 +112,7 @@ def shard_sequence(x: Tensor, rank: int, world_size: int, *, layout: str = "zigz
 
 
 def unshard_sequence(shards: Sequence[Tensor], *, layout: str = "zigzag", dim: int = 1) -> Tensor:
-    """The full tensor from every rank's shard (shards[r] from rank r); inverse of shard_sequence."""
+    """The full tensor from every rank's shard (shards[r] from rank r): shard_sequence undone."""
     _check_layout(layout)
     world_size = len(shards)
     pieces = {}
@@ -292,9 +292,8 @@ class _Rows:
     """Row selections along the token dim: (start, stop) slices, or (varlen) the packed first and
     second halves of every local document as index tensors, built on the device without a sync."""
 
-    def __init__(self, token_dim: int, cu_seqlens: Optional[Tensor], num_tokens: int,
-                 device: torch.device, need_halves: bool):
-        self.token_dim = token_dim
+    def __init__(self, cu_seqlens: Optional[Tensor], num_tokens: int, device: torch.device,
+                 need_halves: bool):
         self.halves = {}
         if cu_seqlens is not None and need_halves:
             t = torch.arange(num_tokens, device=device)
@@ -450,12 +449,12 @@ def _check_across_ranks(cfg, q: Tensor, k: Tensor, v: Tensor, cu: Optional[Tenso
     for col, name in enumerate(names):
         values = [row[col] for row in table]
         if any(x != values[0] for x in values):
-            per_rank = ", ".join(f"rank {r}: {shapes_of(row)}" for r, row in enumerate(table))
+            per_rank = ", ".join(f"rank {r}: {_shapes_of(row)}" for r, row in enumerate(table))
             raise ValueError(f"flashport.distributed: {name} must be the same on every rank of the "
                              f"group (every shard the same shape); got {per_rank}")
 
 
-def shapes_of(row: List[int]) -> str:
+def _shapes_of(row: List[int]) -> str:
     dims = row[:3]
     at, parts = 3, []
     for n, d in zip("qkv", dims):
@@ -560,7 +559,7 @@ def _make_config(q, k, v, group, layout, causal, window_size, softcap, softmax_s
 # Forward and backward rings
 # --------------------------------------------------------------------------------------------
 
-def _piece_args(cfg, piece: _Piece, rows_q: int, rows_k: int):
+def _piece_args(cfg, piece: _Piece):
     """cu_seqlens and max_seqlen of a piece's queries and keys (varlen; halves use cu // 2)."""
     if cfg.cu_seqlens is None:
         return None, None, 0, 0
@@ -586,7 +585,7 @@ def _ring_forward(cfg, q: Tensor, k: Tensor, v: Tensor, ring) -> Tuple[Tensor, T
     varlen = cfg.cu_seqlens is not None
     tdim = 0 if varlen else 1
     local_len = q.shape[tdim]
-    rows = _Rows(tdim, cfg.cu_seqlens, local_len, q.device, _needs_halves(cfg))
+    rows = _Rows(cfg.cu_seqlens, local_len, q.device, _needs_halves(cfg))
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     acc_out = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=acc_dtype, device=q.device)
     lse_shape = (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
@@ -598,7 +597,7 @@ def _ring_forward(cfg, q: Tensor, k: Tensor, v: Tensor, ring) -> Tuple[Tensor, T
         for piece in _plan(cfg, local_len, kv_rank):
             qp = rows.take(q, piece.q_sel, tdim)
             kp, vp = (rows.take(t, piece.k_sel, tdim) for t in kv)
-            cu_q, cu_k, mq, mk = _piece_args(cfg, piece, qp.shape[tdim], kp.shape[tdim])
+            cu_q, cu_k, mq, mk = _piece_args(cfg, piece)
             out_p, lse_p, _ = torch.ops.flashport.attn_fwd(
                 qp, kp, vp, cu_q, cu_k, mq, mk, None, None, None, None, 0.0, cfg.softmax_scale,
                 piece.causal, piece.window_left, piece.window_right, cfg.softcap, _TOP_LEFT, 0,
@@ -621,9 +620,10 @@ def _merge_rows(rows: _Rows, acc_out, acc_lse, out_p, lse_p, sel, tdim) -> None:
     def as_row_weight(w):  # [B, H, S] -> [B, S, H, 1]; varlen [H, T] -> [T, H, 1]
         return w.transpose(-1, -2).unsqueeze(-1)
 
-    new_out = old_out * as_row_weight(torch.exp(old_lse - new_lse)) + \
-        out_p.to(acc_out.dtype) * as_row_weight(torch.exp(lse_p - new_lse))
-    rows.put(acc_out, new_out, sel, tdim)
+    new_out = old_out.mul_(as_row_weight(torch.exp(old_lse - new_lse))).add_(
+        out_p * as_row_weight(torch.exp(lse_p - new_lse)))  # in place where old_out is a view
+    if isinstance(sel, str):  # index_select made copies: write them back
+        rows.put(acc_out, new_out, sel, tdim)
     rows.put(acc_lse, new_lse, sel, -1)
 
 
@@ -631,7 +631,7 @@ def _ring_backward(cfg, dout, q, k, v, out, lse, ring) -> Tuple[Tensor, Tensor, 
     varlen = cfg.cu_seqlens is not None
     tdim = 0 if varlen else 1
     local_len = q.shape[tdim]
-    rows = _Rows(tdim, cfg.cu_seqlens, local_len, q.device, _needs_halves(cfg))
+    rows = _Rows(cfg.cu_seqlens, local_len, q.device, _needs_halves(cfg))
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     dout = dout.contiguous()
     dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
@@ -648,7 +648,7 @@ def _ring_backward(cfg, dout, q, k, v, out, lse, ring) -> Tuple[Tensor, Tensor, 
             qp, dop, op = (rows.take(t, piece.q_sel, tdim) for t in (q, dout, out))
             lp = rows.take(lse, piece.q_sel, -1)
             kp, vp = (rows.take(t, piece.k_sel, tdim) for t in kv)
-            cu_q, cu_k, mq, mk = _piece_args(cfg, piece, qp.shape[tdim], kp.shape[tdim])
+            cu_q, cu_k, mq, mk = _piece_args(cfg, piece)
             # The forward's final out and lse: each step's probabilities are then exactly its
             # share of the global softmax, so the steps' gradients add up.
             dq_p, dk_p, dv_p, _ = torch.ops.flashport.attn_bwd(
