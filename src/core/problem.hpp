@@ -28,18 +28,34 @@ struct SeqInfo {
   int64_t max_blocks = 0;
   int64_t page_size = 0;
   const int32_t* cache_batch_idx = nullptr;  // [B] or null
+  const int32_t* cache_leftpad = nullptr;    // [B] or null: first valid cache row (needs seqused_k)
 
   FP_HD int64_t q_len(int64_t b) const { return cu_q ? int64_t(cu_q[b + 1]) - cu_q[b] : sq; }
   // First packed row of sequence b (0 for batched q).
   FP_HD int64_t q_start(int64_t b) const { return cu_q ? int64_t(cu_q[b]) : 0; }
-  // Keys valid before the append (what seqused_k says), the full length otherwise.
-  FP_HD int64_t k_len_before_append(int64_t b) const {
+  // Cache rows in use before the append, counted from cache row 0 (a left pad included): what
+  // seqused_k says, the full length otherwise. Appended row j lands at this row + j, and rotary
+  // positions count from it.
+  FP_HD int64_t cache_rows_used(int64_t b) const {
     if (seqused_k) return seqused_k[b];
     if (cu_k) return int64_t(cu_k[b + 1]) - cu_k[b];
     if (kv_layout == KvLayout::Paged) return max_blocks * page_size;
     return sk;
   }
-  FP_HD int64_t k_len(int64_t b) const { return k_len_before_append(b) + (seqused_k ? snew : 0); }
+  // Left pad of sequence b: its keys start at this cache row. Clamped to [0, cache_rows_used] so
+  // that a bad device-resident value cannot address outside the rows in use (host values are
+  // validated).
+  FP_HD int64_t k_pad(int64_t b) const {
+    if (!cache_leftpad) return 0;
+    const int64_t pad = cache_leftpad[b], used = cache_rows_used(b);
+    return pad < 0 ? 0 : (pad > used ? used : pad);
+  }
+  // Keys of sequence b (Lk): the rows in use plus the appended ones, less the left pad.
+  FP_HD int64_t k_len(int64_t b) const {
+    return cache_rows_used(b) + (seqused_k ? snew : 0) - k_pad(b);
+  }
+  // Cache row of key j (a packed layout's row within the sequence).
+  FP_HD int64_t key_row(int64_t b, int64_t j) const { return k_pad(b) + j; }
   FP_HD int64_t k_start(int64_t b) const { return cu_k ? int64_t(cu_k[b]) : 0; }
 };
 
@@ -59,17 +75,23 @@ struct RowAddr {
 struct KvAddr {
   int64_t s0 = 0, s1 = 0, s2 = 0;  // the tensor's first three strides
   KvLayout layout = KvLayout::Batched;
+  // Element (b, key j, head h, 0): key j is cache row seq.key_row(b, j) (past the left pad).
   FP_HD int64_t at(const SeqInfo& seq, int64_t b, int64_t j, int64_t h) const {
+    return at_row(seq, b, seq.key_row(b, j), h);
+  }
+  // Element (b, cache row `row`, head h, 0), rows counted from the sequence's first cache row:
+  // the path of writes that address absolute rows (append, rotary positions).
+  FP_HD int64_t at_row(const SeqInfo& seq, int64_t b, int64_t row, int64_t h) const {
     switch (layout) {
       case KvLayout::Packed:
-        return (seq.k_start(b) + j) * s0 + h * s2;
+        return (seq.k_start(b) + row) * s0 + h * s2;
       case KvLayout::Paged: {
-        const int64_t page = seq.block_table[b * seq.block_table_stride + j / seq.page_size];
-        return page * s0 + (j % seq.page_size) * s1 + h * s2;
+        const int64_t page = seq.block_table[b * seq.block_table_stride + row / seq.page_size];
+        return page * s0 + (row % seq.page_size) * s1 + h * s2;
       }
       default: {
-        const int64_t row = seq.cache_batch_idx ? int64_t(seq.cache_batch_idx[b]) : b;
-        return row * s0 + j * s1 + h * s2;
+        const int64_t cache = seq.cache_batch_idx ? int64_t(seq.cache_batch_idx[b]) : b;
+        return cache * s0 + row * s1 + h * s2;
       }
     }
   }

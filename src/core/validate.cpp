@@ -194,6 +194,7 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, bool lse_required
                           {p.seqused_k, "seqused_k"},
                           {p.block_table, "block_table"},
                           {p.cache_batch_idx, "cache_batch_idx"},
+                          {p.cache_leftpad, "cache_leftpad"},
                           {p.k_new, "k_new"},
                           {p.v_new, "v_new"},
                           {p.rotary_cos, "rotary_cos"},
@@ -222,7 +223,8 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, bool lse_required
                dtype_str(p.lse.dtype) + " with " + dtype_name(dt) + " inputs");
   const Opt index_tensors[] = {{p.cu_seqlens_q, "cu_seqlens_q"}, {p.cu_seqlens_k, "cu_seqlens_k"},
                                {p.seqused_k, "seqused_k"}, {p.block_table, "block_table"},
-                               {p.cache_batch_idx, "cache_batch_idx"}};
+                               {p.cache_batch_idx, "cache_batch_idx"},
+                               {p.cache_leftpad, "cache_leftpad"}};
   for (const Opt& o : index_tensors)
     if (given(o.t)) FP_RETURN_IF_ERROR(check_dtype(o.t, o.name, FP_I32, "(an index tensor)"));
   if (given(p.alibi_slopes))
@@ -348,6 +350,14 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, bool lse_required
   }
   if (given(p.seqused_k))
     FP_RETURN_IF_ERROR(check_shape(p.seqused_k, "seqused_k", {s.batch}, "[B]"));
+  if (given(p.cache_leftpad)) {
+    if (!given(p.seqused_k))
+      return bad("cache_leftpad", "needs seqused_k (a KV-cache call: the cache's end rows)", "no seqused_k");
+    if (s.kv == KvLayout::Packed)
+      return bad("cache_leftpad", "applies to a KV cache (batched or paged k), not to cu_seqlens_k",
+                 "cu_seqlens_k given");
+    FP_RETURN_IF_ERROR(check_shape(p.cache_leftpad, "cache_leftpad", {s.batch}, "[B]"));
+  }
 
   // Append-then-attend.
   if (given(p.k_new) != given(p.v_new))
@@ -445,6 +455,13 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, bool lse_required
           return bad("seqused_k", "seqused_k + Snew must fit the cache capacity",
                      "seqused_k[" + std::to_string(b) + "] = " + std::to_string(used) + " + Snew " +
                          std::to_string(s.snew) + " > capacity " + std::to_string(cap));
+        if (given(p.cache_leftpad)) {
+          const int64_t pad = host_i32(p.cache_leftpad, b * p.cache_leftpad.stride[0]);
+          if (pad < 0 || pad > used)
+            return bad("cache_leftpad", "entries must be in [0, seqused_k]",
+                       "cache_leftpad[" + std::to_string(b) + "] = " + std::to_string(pad) +
+                           ", seqused_k[" + std::to_string(b) + "] = " + std::to_string(used));
+        }
         // Causal/windowed q rows rotate at seqused_k + i (GPU kernels clamp to the last row).
         const bool q_per_row = p.causal || p.window_left >= 0 || p.window_right >= 0;
         if (given(p.rotary_cos) && q_per_row && used + s.sq > p.rotary_cos.shape[0])
@@ -454,13 +471,16 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, bool lse_required
       }
     }
     if (s.kv == KvLayout::Paged) {
-      // Only the blocks a sequence reaches must be valid (padding entries may be anything).
+      // Only the blocks a sequence reaches must be valid (padding entries, and the blocks wholly
+      // inside a left pad, may be anything).
       for (int64_t b = 0; b < s.batch; ++b) {
         const int64_t len = given(p.seqused_k)
                                 ? host_i32(p.seqused_k, b * p.seqused_k.stride[0]) + s.snew
                                 : s.sk;
+        const int64_t pad =
+            given(p.cache_leftpad) ? host_i32(p.cache_leftpad, b * p.cache_leftpad.stride[0]) : 0;
         const int64_t blocks = (len + s.page_size - 1) / s.page_size;
-        for (int64_t j = 0; j < blocks; ++j) {
+        for (int64_t j = pad / s.page_size; j < blocks; ++j) {
           const int64_t e = host_i32(p.block_table, b * p.block_table.stride[0] + j * p.block_table.stride[1]);
           if (e < 0 || e >= s.num_blocks)
             return bad("block_table", "entries must be in [0, num_blocks = " + std::to_string(s.num_blocks) + ")",
@@ -513,6 +533,8 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, bool lse_required
   }
   r.seq.cache_batch_idx =
       given(p.cache_batch_idx) ? static_cast<const int32_t*>(p.cache_batch_idx.data) : nullptr;
+  r.seq.cache_leftpad =
+      given(p.cache_leftpad) ? static_cast<const int32_t*>(p.cache_leftpad.data) : nullptr;
 
   auto row_addr = [&](const fp_tensor& t, bool packed) {
     RowAddr a;
@@ -712,6 +734,7 @@ Status resolve_bwd(const fp_attn_bwd_params& params, BwdProblem* out) {
   if (given(f.k_new)) return unsupported("backward: k_new/v_new (append to a KV cache) is not supported");
   if (given(f.block_table)) return unsupported("backward: block_table (paged KV cache) is not supported");
   if (given(f.cache_batch_idx)) return unsupported("backward: cache_batch_idx is not supported");
+  if (given(f.cache_leftpad)) return unsupported("backward: cache_leftpad (left-padded KV cache) is not supported");
   if (given(f.rotary_cos)) return unsupported("backward: rotary embedding is not supported");
 
   r.dout_ptr = params.dout.data;

@@ -100,14 +100,14 @@ void append_kv(const Problem& p, int threads) {
   const fp_dtype t = p.dtype;
   cpu::parallel_for(p.seq.batch, threads, [&](int64_t b) {
     std::vector<float> row(static_cast<size_t>(std::max(p.d, p.dv)));
-    const int64_t base = p.seq.k_len_before_append(b);
+    const int64_t base = p.seq.cache_rows_used(b);  // absolute cache row (left pad included)
     for (int64_t j = 0; j < snew; ++j)
       for (int64_t h = 0; h < p.hkv; ++h) {
         cpu::load_row(t, p.k_new_ptr, p.k_new.at(b, 0, j, h), p.d, row.data());
         if (p.rotary_dim > 0) cpu::rotate_row(p, base + j, row.data());
-        cpu::store_row(t, p.k_ptr, p.k.at(p.seq, b, base + j, h), p.d, row.data(), 1.0f);
+        cpu::store_row(t, p.k_ptr, p.k.at_row(p.seq, b, base + j, h), p.d, row.data(), 1.0f);
         cpu::load_row(t, p.v_new_ptr, p.v_new.at(b, 0, j, h), p.dv, row.data());
-        cpu::store_row(t, p.v_ptr, p.v.at(p.seq, b, base + j, h), p.dv, row.data(), 1.0f);
+        cpu::store_row(t, p.v_ptr, p.v.at_row(p.seq, b, base + j, h), p.dv, row.data(), 1.0f);
       }
   });
 }

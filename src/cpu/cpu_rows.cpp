@@ -24,13 +24,13 @@ int64_t kv_row_offset(const Problem& p, const KvAddr& a, int64_t b, int64_t j, i
   return a.at(p.seq, b, j, h);
 }
 
-int64_t kv_block_stride(const Problem& p, const KvAddr& a, int64_t /*b*/, int64_t j0, int64_t n) {
+int64_t kv_block_stride(const Problem& p, const KvAddr& a, int64_t b, int64_t j0, int64_t n) {
   switch (a.layout) {
     case KvLayout::Packed:
       return a.s0;
     case KvLayout::Paged: {
       const int64_t page = p.seq.page_size;
-      if ((j0 % page) + n > page) return 0;  // crosses a page boundary
+      if ((p.seq.key_row(b, j0) % page) + n > page) return 0;  // crosses a page boundary
       return n == 1 ? 1 : a.s1;
     }
     default:
@@ -120,7 +120,7 @@ void load_q_row(const Problem& p, const SeqGeom& g, int64_t b, int64_t i, int64_
   // flash_attn rotates q at seqused_k[b] + i when causal/windowed, else at seqused_k[b]; the
   // rotated q is a tensor of q's dtype there, so round like it.
   const bool local = p.rules.window_left >= 0 || p.rules.window_right >= 0;
-  rotate_row(p, p.seq.k_len_before_append(b) + (local ? i : 0), dst);
+  rotate_row(p, p.seq.cache_rows_used(b) + (local ? i : 0), dst);
   for (int64_t t = 0; t < p.rotary_dim; ++t) dst[t] = round_to(p.dtype, dst[t]);
 }
 

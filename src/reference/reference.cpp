@@ -87,9 +87,9 @@ void apply_rotary(const Problem& p, double* x, int64_t pos) {
 bool windowed(const ScoreRules& r) { return r.window_left >= 0 || r.window_right >= 0; }
 
 // Position at which query row i of sequence b is rotated (header: "q row i at seqused_k[b] + i
-// when causal or windowed, else at seqused_k[b]").
+// when causal or windowed, else at seqused_k[b]"; cache rows, so a left pad does not move it).
 int64_t q_rotary_pos(const Problem& p, int64_t b, int64_t i) {
-  return p.seq.k_len_before_append(b) + (windowed(p.rules) ? i : 0);
+  return p.seq.cache_rows_used(b) + (windowed(p.rules) ? i : 0);
 }
 
 int64_t kv_capacity(const Problem& p) {
@@ -110,15 +110,15 @@ int64_t max_key_len(const Problem& p) {
 Status check_ranges(const Problem& p) {
   const int64_t cap = kv_capacity(p);
   for (int64_t b = 0; b < p.seq.batch; ++b) {
-    const int64_t lk = p.seq.k_len(b);
-    if (lk < 0 || lk > cap) {
-      return invalid("reference backend: sequence " + std::to_string(b) + " has " +
-                     std::to_string(lk) + " keys, more than the KV cache holds (" +
+    const int64_t lk = p.seq.k_len(b), end = p.seq.key_row(b, lk);  // one past the last row
+    if (lk < 0 || end > cap) {
+      return invalid("reference backend: sequence " + std::to_string(b) + " reaches cache row " +
+                     std::to_string(end) + ", more than the KV cache holds (" +
                      std::to_string(cap) + ")");
     }
     if (p.seq.q_len(b) < 0) return invalid("cu_seqlens_q: must be non-decreasing");
     if (p.rotary_dim > 0) {
-      const int64_t last_pos = std::max(p.seq.k_len_before_append(b) + p.seq.snew - 1,
+      const int64_t last_pos = std::max(p.seq.cache_rows_used(b) + p.seq.snew - 1,
                                         q_rotary_pos(p, b, std::max<int64_t>(p.seq.q_len(b) - 1, 0)));
       if (last_pos >= p.rotary_rows) {
         return invalid("rotary_cos: has " + std::to_string(p.rotary_rows) +
@@ -248,19 +248,20 @@ void row_partial(const Problem& p, const KvRows& kv, const RowScores& rs, Dropou
   *lse = l;
 }
 
-// Append-then-attend: write k_new (rotated) and v_new into the cache.
+// Append-then-attend: write k_new (rotated) and v_new into the cache at cache rows
+// seqused_k[b] + j (absolute rows: a left pad does not move them).
 void append_new_keys(const Problem& p) {
   std::vector<double> row(std::max(p.d, p.dv));
   for (int64_t b = 0; b < p.seq.batch; ++b) {
-    const int64_t base = p.seq.k_len_before_append(b);
+    const int64_t base = p.seq.cache_rows_used(b);
     for (int64_t j = 0; j < p.seq.snew; ++j) {
       for (int64_t hk = 0; hk < p.hkv; ++hk) {
         load_row(p.k_new_ptr, p.dtype, p.k_new.at(b, 0, j, hk), p.d, row.data());
         if (p.rotary_dim > 0) apply_rotary(p, row.data(), base + j);
-        const int64_t koff = p.k.at(p.seq, b, base + j, hk);
+        const int64_t koff = p.k.at_row(p.seq, b, base + j, hk);
         for (int64_t d = 0; d < p.d; ++d) store_from_double(p.k_ptr, p.dtype, koff + d, row[d]);
         load_row(p.v_new_ptr, p.dtype, p.v_new.at(b, 0, j, hk), p.dv, row.data());
-        const int64_t voff = p.v.at(p.seq, b, base + j, hk);
+        const int64_t voff = p.v.at_row(p.seq, b, base + j, hk);
         for (int64_t d = 0; d < p.dv; ++d) store_from_double(p.v_ptr, p.dtype, voff + d, row[d]);
       }
     }

@@ -989,7 +989,7 @@ TEST(ResolveFwd, PagedFields) {
   EXPECT_EQ(r.seq.block_table_stride, 3);
   EXPECT_EQ(r.seq.sk, 12);
   EXPECT_EQ(r.seq.snew, 1);
-  EXPECT_EQ(r.seq.k_len_before_append(0), 5);
+  EXPECT_EQ(r.seq.cache_rows_used(0), 5);
   EXPECT_EQ(r.seq.k_len(0), 6);
   EXPECT_EQ(r.seq.k_len(1), 3);
   // Sequence 0, key 5 lives in block_table[0][1] = 0, slot 1.
@@ -1346,6 +1346,130 @@ TEST(ValidateMergeBwd, DPartialsLikePartials) {
   MergeBwdCall d;
   d.p.d_lse_partials = fp_tensor{};
   EXPECT_MERGE_BWD_INVALID(d, "d_lse_partials: is required");
+}
+
+// ---- Left-padded cache (cache_leftpad) -----------------------------------------------------------
+
+// A contiguous cache call: FwdCall's k/v [2, 5, 2, 8] as a cache with seqused_k {4, 5}.
+struct LeftpadCall : FwdCall {
+  HostTensor seqused = HostTensor::i32({2}, {4, 5});
+  HostTensor leftpad = HostTensor::i32({2}, {1, 0});
+  LeftpadCall() {
+    p.seqused_k = seqused.view();
+    p.cache_leftpad = leftpad.view();
+  }
+};
+
+TEST(ResolveFwd, LeftpadContiguousAddressing) {
+  LeftpadCall c;
+  Problem r;
+  ASSERT_TRUE(resolves(c.p, &r));
+  EXPECT_EQ(r.seq.cache_leftpad, c.leftpad.storage());
+  EXPECT_EQ(r.seq.k_pad(0), 1);
+  EXPECT_EQ(r.seq.k_len(0), 3);  // rows [1, 4)
+  EXPECT_EQ(r.seq.k_len(1), 5);
+  EXPECT_EQ(r.seq.cache_rows_used(0), 4);
+  EXPECT_EQ(r.seq.key_row(0, 2), 3);
+  // k [2, 5, 2, 8] contiguous: strides 80, 16, 8. Key 2 of sequence 0 is cache row 3.
+  EXPECT_EQ(r.k.at(r.seq, 0, 2, 1), 0 * 80 + 3 * 16 + 8);
+  EXPECT_EQ(r.k.at_row(r.seq, 0, 2, 1), 0 * 80 + 2 * 16 + 8);
+  EXPECT_EQ(r.v.at(r.seq, 1, 0, 0), 80);
+  // With cache_batch_idx the pad applies within the selected cache row.
+  HostTensor idx = HostTensor::i32({2}, {1, 0});
+  c.p.cache_batch_idx = idx.view();
+  ASSERT_TRUE(resolves(c.p, &r));
+  EXPECT_EQ(r.k.at(r.seq, 0, 2, 1), 1 * 80 + 3 * 16 + 8);
+}
+TEST(ResolveFwd, LeftpadPagedAddressing) {
+  PagedCall c;  // seqused_k {5, 2}, Snew 1, page 4, block_table {{5, 0, 3}, {1, 2, 4}}
+  HostTensor pad = HostTensor::i32({2}, {2, 1});
+  c.p.cache_leftpad = pad.view();
+  Problem r;
+  ASSERT_TRUE(resolves(c.p, &r));
+  EXPECT_EQ(r.seq.k_len(0), 5 + 1 - 2);
+  EXPECT_EQ(r.seq.k_len(1), 2 + 1 - 1);
+  // Sequence 0, key 3 = cache row 5: block_table[0][1] = 0, slot 1 (page stride 64, row 16).
+  EXPECT_EQ(r.k.at(r.seq, 0, 3, 1), 0 * 64 + 1 * 16 + 8);
+  // The append writes absolute rows: sequence 1's new row is cache row 2 (block 1, slot 2).
+  EXPECT_EQ(r.k.at_row(r.seq, 1, 2, 0), 1 * 64 + 2 * 16);
+  EXPECT_EQ(r.k.at(r.seq, 1, 1, 0), 1 * 64 + 2 * 16);
+}
+TEST(ValidateFwd, LeftpadNeedsSeqused) {
+  LeftpadCall c;
+  c.p.seqused_k = fp_tensor{};
+  EXPECT_FWD_INVALID(c, "cache_leftpad: needs seqused_k");
+}
+TEST(ValidateFwd, LeftpadIsInt32) {
+  LeftpadCall c;
+  HostTensor f(FP_F32, {2});
+  c.p.cache_leftpad = f.view();
+  EXPECT_FWD_INVALID(c, "cache_leftpad: must be int32");
+}
+TEST(ValidateFwd, LeftpadShapeIsB) {
+  LeftpadCall c;
+  HostTensor three = HostTensor::i32({3}, {0, 0, 0});
+  c.p.cache_leftpad = three.view();
+  EXPECT_FWD_INVALID(c, "cache_leftpad: must have shape [B] = [2]");
+  HostTensor two_d = HostTensor::i32({2, 1}, {0, 0});
+  c.p.cache_leftpad = two_d.view();
+  EXPECT_FWD_INVALID(c, "cache_leftpad: must have shape [B] = [2]");
+}
+TEST(ValidateFwd, LeftpadContiguous) {
+  LeftpadCall c;
+  HostTensor wide = HostTensor::i32({4}, {0, 0, 0, 0});
+  fp_tensor t = wide.view();
+  t.shape[0] = 2;
+  t.stride[0] = 2;
+  c.p.cache_leftpad = t;
+  EXPECT_FWD_INVALID(c, "cache_leftpad: last dimension must be contiguous");
+}
+TEST(ValidateFwd, LeftpadSameDevice) {
+  LeftpadCall c;
+  c.p.cache_leftpad.device_type = FP_DEVICE_CUDA;
+  EXPECT_FWD_INVALID(c, "cache_leftpad: must be on the same device as q");
+}
+TEST(ValidateFwd, LeftpadNotWithPackedKeys) {
+  VarlenCall c;
+  HostTensor used = HostTensor::i32({2}, {4, 6}), pad = HostTensor::i32({2}, {1, 1});
+  c.p.seqused_k = used.view();
+  c.p.cache_leftpad = pad.view();
+  EXPECT_FWD_INVALID(c, "cache_leftpad: applies to a KV cache");
+}
+TEST(ValidateFwd, LeftpadValuesWithinSeqused) {
+  for (int32_t bad_pad : {-1, 5}) {  // seqused_k[0] = 4
+    LeftpadCall c;
+    static_cast<int32_t*>(c.leftpad.storage())[0] = bad_pad;
+    EXPECT_FWD_INVALID(c, "cache_leftpad: entries must be in [0, seqused_k]");
+  }
+  // With an append, nothing is written into the cache either.
+  PagedCall pg;
+  HostTensor pad = HostTensor::i32({2}, {0, 3});  // seqused_k[1] = 2
+  pg.p.cache_leftpad = pad.view();
+  const HostTensor k0 = pg.k, v0 = pg.v;
+  EXPECT_TRUE(fwd_rejected(pg.p, FP_ERR_INVALID_ARGUMENT, "cache_leftpad: entries must be in [0, seqused_k]",
+                           {&pg.out, &pg.lse}));
+  EXPECT_TRUE(pg.k.bitwise_equal(k0));
+  EXPECT_TRUE(pg.v.bitwise_equal(v0));
+  // pad == seqused_k is valid (no old keys; the appended ones remain).
+  static_cast<int32_t*>(pad.storage())[1] = 2;
+  EXPECT_TRUE(resolves(pg.p));
+}
+TEST(ValidateFwd, LeftpadBlocksInsideThePadAreNotRead) {
+  PagedCall c;  // page 4; sequence 0 uses rows [pad, 6)
+  int32_t* bt = static_cast<int32_t*>(c.block_table.storage());
+  bt[0] = 99;  // block 0 of sequence 0: invalid
+  HostTensor pad = HostTensor::i32({2}, {4, 0});
+  c.p.cache_leftpad = pad.view();
+  EXPECT_TRUE(resolves(c.p));  // rows 0..3 are all padding
+  static_cast<int32_t*>(pad.storage())[0] = 3;
+  EXPECT_FWD_INVALID(c, "block_table: entries must be in [0, num_blocks = 6)");
+}
+TEST(ValidateBwd, LeftpadUnsupported) {
+  BwdCall c;
+  HostTensor used = HostTensor::i32({2}, {4, 5}), pad = HostTensor::i32({2}, {1, 0});
+  c.p.fwd.seqused_k = used.view();
+  c.p.fwd.cache_leftpad = pad.view();
+  EXPECT_BWD_UNSUPPORTED(c, "backward: cache_leftpad");
 }
 
 }  // namespace

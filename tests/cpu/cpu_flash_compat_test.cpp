@@ -48,6 +48,78 @@ std::vector<Case> causal_window_cases() {
   return v;
 }
 
+// cache_leftpad: contiguous (with and without cache_batch_idx) and paged caches, append, rotary,
+// GQA, split-KV and decode; the harness also compares the appended caches.
+std::vector<Case> leftpad_cases() {
+  std::vector<Case> v;
+  auto base = [](Case& c) {
+    c.leftpad = true; c.sq = 5; c.sk = 150; c.hq = 8; c.hkv = 2; c.b = 3; c.bwd = false;
+  };
+  auto add = [&](std::string n, std::function<void(Case&)> f) {
+    v.push_back(mk(n, [&](Case& c) { base(c); f(c); }));
+  };
+  add("contig", [](Case& c) { c.cache = Cache::Contiguous; c.batch_idx = false; });
+  add("contig_batch_idx_causal", [](Case& c) { c.cache = Cache::Contiguous; c.causal = 1; });
+  add("contig_append_causal_tl", [](Case& c) { c.cache = Cache::Contiguous; c.snew = 5; c.causal = 1; c.top_left = true; });
+  add("contig_append_rotary_interleaved", [](Case& c) {
+    c.cache = Cache::Contiguous; c.snew = 5; c.causal = 1; c.rotary = Rotary::Interleaved; c.rotary_dim = 16;
+  });
+  add("contig_append_rotary_half_noncausal_bf16", [](Case& c) {
+    c.dt = FP_BF16; c.cache = Cache::Contiguous; c.batch_idx = false; c.snew = 3; c.sq = 3;
+    c.rotary = Rotary::Half; c.rotary_dim = 32;
+  });
+  add("contig_window_alibi_sinks_f16", [](Case& c) {
+    c.dt = FP_F16; c.cache = Cache::Contiguous; c.causal = 1; c.wl = 20; c.wr = 20; c.alibi = 2; c.sinks = true;
+  });
+  add("contig_dropout_softcap", [](Case& c) { c.cache = Cache::Contiguous; c.dropout = 0.2f; c.softcap = 5.0f; });
+  add("contig_decode_splits_mqa", [](Case& c) {
+    c.cache = Cache::Contiguous; c.sq = 1; c.sk = 900; c.hq = 8; c.hkv = 1; c.snew = 1; c.splits = 0;
+  });
+  add("contig_forced_splits", [](Case& c) { c.cache = Cache::Contiguous; c.splits = 4; c.sk = 400; c.causal = 1; });
+  add("paged16", [](Case& c) { c.cache = Cache::Paged; c.page = 16; c.causal = 1; });
+  add("paged3_append_rotary_f16", [](Case& c) {
+    c.dt = FP_F16; c.cache = Cache::Paged; c.page = 3; c.snew = 4; c.sq = 4; c.causal = 1;
+    c.rotary = Rotary::Interleaved; c.rotary_dim = 8;
+  });
+  add("paged64_decode_splits_sinks", [](Case& c) {
+    c.cache = Cache::Paged; c.page = 64; c.sq = 1; c.sk = 700; c.splits = 0; c.snew = 1; c.sinks = true;
+  });
+  add("paged100_window_alibi", [](Case& c) {
+    c.cache = Cache::Paged; c.page = 100; c.sk = 300; c.wl = 40; c.alibi = 1; c.causal = 1;
+  });
+  add("paged5_append_rotary_half_splits3_bf16", [](Case& c) {
+    c.dt = FP_BF16; c.cache = Cache::Paged; c.page = 5; c.sq = 2; c.sk = 200; c.snew = 2; c.causal = 1;
+    c.rotary = Rotary::Half; c.rotary_dim = 16; c.splits = 3;
+  });
+  return v;
+}
+
+class CpuLeftpad : public ::testing::TestWithParam<Case> {};
+TEST_P(CpuLeftpad, MatchesReference) { run_case(GetParam()); }
+INSTANTIATE_TEST_SUITE_P(Cases, CpuLeftpad, ::testing::ValuesIn(leftpad_cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// The lower ISA paths on a leftpad cross-section (the decode and paged key loaders differ).
+class CpuLeftpadIsa : public ::testing::TestWithParam<std::tuple<const char*, Case>> {};
+TEST_P(CpuLeftpadIsa, MatchesReference) {
+  IsaScope isa(std::get<0>(GetParam()));
+  run_case(std::get<1>(GetParam()));
+}
+std::vector<Case> leftpad_isa_cases() {
+  std::vector<Case> v;
+  for (const Case& c : leftpad_cases())
+    if (c.name == "paged3_append_rotary_f16" || c.name == "contig_decode_splits_mqa" ||
+        c.name == "contig_window_alibi_sinks_f16")
+      v.push_back(c);
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Cases, CpuLeftpadIsa,
+                         ::testing::Combine(::testing::Values("avx512", "avx2", "portable"),
+                                            ::testing::ValuesIn(leftpad_isa_cases())),
+                         [](const ::testing::TestParamInfo<std::tuple<const char*, Case>>& info) {
+                           return std::string(std::get<0>(info.param)) + "_" + std::get<1>(info.param).name;
+                         });
+
 class CpuCausalWindow : public ::testing::TestWithParam<Case> {};
 TEST_P(CpuCausalWindow, MatchesReference) { run_case(GetParam()); }
 INSTANTIATE_TEST_SUITE_P(Cases, CpuCausalWindow, ::testing::ValuesIn(causal_window_cases()),

@@ -43,6 +43,7 @@ struct Case {
   Cache cache = Cache::None;
   int64_t page = 16;      // paged cache page size
   bool batch_idx = true;  // contiguous cache: pass cache_batch_idx (rows in reverse order)
+  bool leftpad = false;   // KV cache: cache_leftpad, random in [0, seqused_k] (sequence 0: > 0)
   int64_t snew = 0;       // rows appended (k_new/v_new)
   Rotary rotary = Rotary::None;
   int64_t rotary_dim = 0;
@@ -79,7 +80,7 @@ inline ::testing::AssertionResult close_reported(const HostTensor& a, const Host
 // Inputs and outputs of one call; outputs are per backend.
 struct Built {
   HostTensor q, k, v, alibi, sinks, cu_q, cu_k, seqused, block_table, batch_idx, k_new, v_new,
-      cos, sin;
+      cos, sin, leftpad;
   int64_t max_q = 0, max_k = 0;
 };
 
@@ -129,6 +130,12 @@ inline Built build(const Case& c) {
     for (int64_t b = 0; b < c.b; ++b) used[b] = static_cast<int32_t>(rand_int(0, c.sk - c.snew));
     used[0] = static_cast<int32_t>(c.sk - c.snew);
     t.seqused = HostTensor::i32({c.b}, used);
+    if (c.leftpad) {
+      std::vector<int32_t> pad(c.b);
+      for (int64_t b = 0; b < c.b; ++b) pad[b] = static_cast<int32_t>(rand_int(0, used[b]));
+      pad[0] = static_cast<int32_t>(rand_int(1, std::max<int64_t>(1, used[0] - 1)));
+      t.leftpad = HostTensor::i32({c.b}, pad);
+    }
     if (c.cache == Cache::Contiguous) {
       const int64_t rows = c.batch_idx ? c.b + 1 : c.b;
       t.k = HostTensor(dt, {rows, c.sk, c.hkv, c.d});
@@ -202,6 +209,7 @@ inline fp_attn_params params(const Case& c, const Built& t, Outputs& o, fp_backe
   if (!t.seqused.empty()) p.seqused_k = t.seqused.view();
   if (!t.block_table.empty()) p.block_table = t.block_table.view();
   if (!t.batch_idx.empty()) p.cache_batch_idx = t.batch_idx.view();
+  if (!t.leftpad.empty()) p.cache_leftpad = t.leftpad.view();
   if (!t.k_new.empty()) {
     p.k_new = t.k_new.view();
     p.v_new = t.v_new.view();
