@@ -1,6 +1,7 @@
 """flashport.distributed: ring attention on gloo groups of 2 and 4 CPU processes against
 single-process flashport.torch.flash_attn_func on the full sequence (forward, lse and backward;
-causal zigzag/contiguous, non-causal, windows, softcap, GQA, Dv != D, varlen), bad input, the
+causal zigzag/contiguous, non-causal, windows, softcap, GQA, Dv != D, varlen; fp32, and bf16/fp16
+against the single call's own error), bad input, the
 sharding helpers, and the step plans (every visible (query, key) pair covered exactly once).
 
 Each world size is one spawn (processes are slow to start on a small machine): the workers run
@@ -43,6 +44,32 @@ def _full_inputs(seed, shape_q, shape_kv, dv=None):
     v = torch.randn(v_shape, generator=gen)
     g = torch.randn(shape_q[:-1] + v_shape[-1:], generator=gen)
     return q, k, v, g
+
+
+def _lowp_case(rank, world, *, seed, dtype, b=1, s_per_rank=32, hq=4, hkv=2, d=32,
+               layout="zigzag", **attn):
+    """bf16/fp16: the ring's error against the fp32 result (of the same rounded inputs) stays
+    within twice the single call's own error in that dtype, forward and backward."""
+    s = s_per_rank * world
+    q, k, v, g = (t.to(dtype) for t in _full_inputs(seed, (b, s, hq, d), (b, s, hkv, d)))
+
+    def run(fn, inputs, grad_out):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        out = fn(*leaves)
+        (out.float() * grad_out.float()).sum().backward()
+        return [out.detach().float()] + [t.grad.float() for t in leaves]
+
+    exact = run(lambda *x: flash_attn_func(*x, **attn), [t.float() for t in (q, k, v)], g)
+    single = run(lambda *x: flash_attn_func(*x, **attn), (q, k, v), g)
+    shard = lambda t: fpd.shard_sequence(t, rank, world, layout=layout)  # noqa: E731
+    ring = run(lambda *x: fpd.ring_flash_attn_func(*x, layout=layout, **attn),
+               [shard(t) for t in (q, k, v)], shard(g))
+    for name, r, e, s1 in zip(("out", "dq", "dk", "dv"), ring, exact, single):
+        err_ring = (r - shard(e)).abs().max().item()
+        err_single = (shard(s1) - shard(e)).abs().max().item()
+        scale = shard(e).abs().max().item()
+        assert err_ring <= 2 * err_single + 1e-3 * scale, \
+            f"{name}: ring error {err_ring:.3g} vs single-call error {err_single:.3g}"
 
 
 def _batched_case(rank, world, *, seed, b=2, s_per_rank=12, hq=4, hkv=2, d=16, dv=None,
@@ -173,6 +200,8 @@ def _cases(world):
         "varlen_noncausal": dict(fn="varlen", hkv=2),
         "varlen_causal_contiguous": dict(fn="varlen", causal=True, layout="contiguous",
                                          doc_units=(1, 4, 2, 1)),
+        "causal_zigzag_bf16": dict(fn="lowp", causal=True, dtype=torch.bfloat16),
+        "noncausal_fp16": dict(fn="lowp", dtype=torch.float16, hkv=4),
         "bad_input": dict(fn="bad"),
     }
     if world > 2:  # the 4-rank run keeps the spawn short: the main combinations only
@@ -197,6 +226,8 @@ def _worker(rank, world, store_path, out_dir):
             try:
                 if fn == "batched":
                     _batched_case(rank, world, seed=seed, **spec)
+                elif fn == "lowp":
+                    _lowp_case(rank, world, seed=seed, **spec)
                 elif fn == "varlen":
                     _varlen_case(rank, world, seed=seed, **spec)
                 else:
