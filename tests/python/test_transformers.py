@@ -196,6 +196,41 @@ def test_from_pretrained_and_from_config(tmp_path):
     torch.testing.assert_close(_logits(loaded, input_ids=ids), _logits(model, input_ids=ids))
 
 
+def test_set_attn_implementation_switches_a_loaded_model():
+    model = transformers.AutoModelForCausalLM.from_config(_config("qwen2"),
+                                                          attn_implementation="eager")
+    ids = _ids(2, 9)
+    eager = _logits(model, input_ids=ids)
+    model.set_attn_implementation(NAME)
+    assert model.config._attn_implementation == NAME
+    torch.testing.assert_close(_logits(model, input_ids=ids), eager, rtol=1e-4, atol=1e-4)
+
+
+def test_cross_attention_keeps_every_query():
+    """GPT-2 with cross-attention on padded encoder states: non-causal, Sq != Sk, only the
+    encoder's padded keys dropped."""
+    config = _config("gpt2")
+    config.add_cross_attention = True
+    torch.manual_seed(0)
+    models = {}
+    for impl in (NAME, "eager"):
+        models[impl] = transformers.GPT2LMHeadModel._from_config(
+            copy.deepcopy(config), attn_implementation=impl, dtype=torch.float64 if
+            impl == "eager" else torch.float32).eval()
+    models[NAME].load_state_dict(models["eager"].state_dict())
+    ids = _ids(2, 6)
+    encoder = torch.randn(2, 9, 100, dtype=torch.float64)
+    encoder_mask = _padding([9, 4], 9, "right")
+    ours = _logits(models[NAME], input_ids=ids, encoder_hidden_states=encoder.float(),
+                   encoder_attention_mask=encoder_mask)
+    judge = _logits(models["eager"], input_ids=ids, encoder_hidden_states=encoder,
+                    encoder_attention_mask=encoder_mask)
+    assert (ours - judge).abs().max().item() <= 1e-4 * judge.abs().max().item()
+    # Without the mask the padded encoder states would count.
+    unmasked = _logits(models[NAME], input_ids=ids, encoder_hidden_states=encoder.float())
+    assert (unmasked - judge)[1].abs().max().item() > 1e-2 * judge.abs().max().item()
+
+
 def test_mask_function_returns_2d_padding_or_none():
     ones = torch.ones(2, 6, dtype=torch.bool)
     assert padding_mask(2, 6, 6, attention_mask=ones) is None
