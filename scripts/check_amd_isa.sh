@@ -5,8 +5,8 @@
 # v_mfma instructions on gfx90a/gfx942 and v_wmma instructions on gfx1100/gfx1201 (and none of the
 # other family) and no scratch (VGPR spills or stack arrays). Prints instruction counts,
 # VGPRs/AGPRs/SGPRs, static LDS, scratch and spills per kernel. The attention kernels are the
-# forward main loop shared with CUDA (src/gpu/fwd_kernel.cuh). The aux kernels shared with CUDA
-# (src/gpu/aux_kernels.cu: merge / split-KV combine, merge backward, KV-cache append, rotary q)
+# forward main loop shared with CUDA (src/gpu/mma/fwd_kernel.cuh). The aux kernels shared with CUDA
+# (src/gpu/common/aux_kernels.cu: merge / split-KV combine, merge backward, KV-cache append, rotary q)
 # are memory-bound and have no matrix instructions: each must be present on every target, with
 # no scratch, and no matrix instruction is required of them.
 # Usage: scripts/check_amd_isa.sh [BUILD_DIR]        (default build-hip-isa)

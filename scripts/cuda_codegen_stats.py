@@ -83,7 +83,7 @@ def demangle(names):
 
 
 def report(build, log, pattern):
-    objs = sorted(glob.glob(os.path.join(build, "src/gpu/CMakeFiles/*/*.cu.o")))
+    objs = sorted(glob.glob(os.path.join(build, "src/gpu/CMakeFiles/**/*.cu.o"), recursive=True))
     usage, counts = ptxas_usage(log), sass_counts(objs)
     keys = sorted(k for k in counts if re.search(pattern, k[1]))
     names = demangle([k[1] for k in keys])

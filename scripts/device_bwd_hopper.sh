@@ -43,7 +43,7 @@ if [ "${VARIANTS:-0}" = 1 ]; then
   root=$PWD
   build_variant() {  # name source extra-flags
     local dir=/tmp/var_$1; mkdir -p $dir
-    local src_pat="-c $PWD/src/gpu/bwd_hopper.cu"
+    local src_pat="-c $PWD/src/gpu/hopper/bwd_hopper.cu"
     local cmd=${base_cmd//"$obj"/"$dir/bwd_hopper.cu.o"}
     cmd=${cmd//"$src_pat"/"-c $2"}
     (cd $B && eval "$cmd -I$root/src/gpu $3") > $dir/build.log 2>&1 &&
@@ -53,7 +53,7 @@ if [ "${VARIANTS:-0}" = 1 ]; then
     echo "variant $1 build rc=$? $(grep -A2 'bwd_hopper_kernelILi128ENS0_8BF' $dir/build.log | grep -oE '[0-9]+ bytes spill stores' | head -1)"
   }
   build_variant v1 $PWD/.hopper_v1/bwd_hopper_v1.cu "-DFLASHPORT_HOPPER_BWD_DQ_BULK=0 -Xptxas=-v" &
-  build_variant atomics $PWD/src/gpu/bwd_hopper.cu "-DFLASHPORT_HOPPER_BWD_DQ_BULK=0 -Xptxas=-v" &
+  build_variant atomics $PWD/src/gpu/hopper/bwd_hopper.cu "-DFLASHPORT_HOPPER_BWD_DQ_BULK=0 -Xptxas=-v" &
   mkdir -p /tmp/var_bulk && cp $B/libflashport.a /tmp/var_bulk/lib.a &&
     c++ -O2 -std=c++17 -I include -I $cuda/include bench/gpu/bench_bwd_driver.cpp /tmp/var_bulk/lib.a \
       -L $cuda/lib64 -lcudart -lpthread -o /tmp/var_bulk/drv

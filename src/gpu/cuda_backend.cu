@@ -10,10 +10,10 @@
 
 #include "core/backend.hpp"
 #include "core/heuristics.hpp"
-#include "bwd_hopper.hpp"
-#include "bwd_launch.hpp"
-#include "fwd_hopper.hpp"
-#include "fwd_launch.hpp"
+#include "gpu/hopper/bwd_hopper.hpp"
+#include "gpu/mma/bwd_launch.hpp"
+#include "gpu/hopper/fwd_hopper.hpp"
+#include "gpu/mma/fwd_launch.hpp"
 
 namespace flashport {
 namespace gpu {

@@ -1,5 +1,5 @@
-// The forward main loop shared by CUDA and HIP (src/gpu/fwd_kernel.cuh), unchanged, on the AMD
-// tile-MMA layer (src/gpu/tile_mma_amd.hpp) and the AMD tile rows (tile_config.hpp), run on the
+// The forward main loop shared by CUDA and HIP (src/gpu/mma/fwd_kernel.cuh), unchanged, on the AMD
+// tile-MMA layer (src/gpu/amd/tile_mma_amd.hpp) and the AMD tile rows (tile_config.hpp), run on the
 // CPU by the workgroup emulation of simt_emu.hpp in one target's register layout (this file is
 // compiled once per layout: MFMA wave64, WMMA gfx11 wave32, WMMA gfx12 wave32, and the plain path
 // of other gfx targets in wave64 and wave32), against the fp64 reference backend. Every
@@ -15,12 +15,12 @@
 // plain path runs its own shuffle code). It is not a run on AMD hardware: what it can't show is
 // timing, the compiler's code for the builtins and fences, and memory-model effects (one lane
 // runs at a time).
-#include "gpu/amd_layouts.hpp"
+#include "gpu/amd/amd_layouts.hpp"
 #include "simt_emu.hpp"
 // After the emulation header:
-#include "gpu/amd_plan.hpp"
-#include "gpu/fwd_kernel.cuh"
-#include "gpu/aux_kernels.cu"  // the aux kernels (split combine / merge, append + rotary), as built for HIP
+#include "gpu/amd/amd_plan.hpp"
+#include "gpu/mma/fwd_kernel.cuh"
+#include "gpu/common/aux_kernels.cu"  // the aux kernels (split combine / merge, append + rotary), as built for HIP
 
 #include <gtest/gtest.h>
 

@@ -1,8 +1,8 @@
-// The HIP backend's device gate (src/gpu/amd_gate.hpp): which devices may run the AMD kernels of
+// The HIP backend's device gate (src/gpu/amd/amd_gate.hpp): which devices may run the AMD kernels of
 // a build, from the device's gcnArchName, wave size and LDS, and the reason given otherwise.
 #include <gtest/gtest.h>
 
-#include "gpu/amd_gate.hpp"
+#include "gpu/amd/amd_gate.hpp"
 
 namespace amd = flashport::gpu::amd;
 

@@ -1,4 +1,4 @@
-// CPU tests of the AMD lane <-> element layouts (src/gpu/amd_layouts.hpp) against the layouts AMD
+// CPU tests of the AMD lane <-> element layouts (src/gpu/amd/amd_layouts.hpp) against the layouts AMD
 // documents. The "documented" functions below transcribe the published rules independently of
 // the header (AMD Matrix Instruction Calculator: gfx9 MFMA and gfx11 WMMA register/lane formulas;
 // RDNA4 WMMA: K split across half-waves, C rows 8 per half-wave), and an emulated instruction
@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "gpu/amd_layouts.hpp"
+#include "gpu/amd/amd_layouts.hpp"
 
 namespace amd = flashport::gpu::amd;
 

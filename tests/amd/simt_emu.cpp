@@ -10,7 +10,7 @@
 #ifndef FP_AMD_EMULATION_WAVE
 #define FP_AMD_EMULATION_WAVE 64  // unused here; the header needs a value
 #endif
-#include "gpu/amd_layouts.hpp"
+#include "gpu/amd/amd_layouts.hpp"
 #include "simt_emu.hpp"
 
 namespace simt {

@@ -5,9 +5,9 @@
 // skips the math (the main loop's inactive warps) can't pass a __syncthreads that another wave
 // has not reached. A lane reaching a barrier of the other kind than its wave or workgroup is an
 // error (divergent barriers), not a silent reordering. The instruction itself is computed from the
-// lane layouts of src/gpu/amd_layouts.hpp (which tests/amd/layout_test.cpp checks against AMD's
+// lane layouts of src/gpu/amd/amd_layouts.hpp (which tests/amd/layout_test.cpp checks against AMD's
 // documentation), so the kernel source runs unchanged except for the one builtin call. This
-// header provides what src/gpu/vendor.hpp provides on a real build (it is empty here). Include
+// header provides what src/gpu/common/vendor.hpp provides on a real build (it is empty here). Include
 // it first, with FP_AMD_EMULATION_LAYOUT and FP_AMD_EMULATION_WAVE defined.
 #pragma once
 #include <cmath>
@@ -15,7 +15,7 @@
 #include <cstdio>
 #include <functional>
 
-#include "gpu/amd_layouts.hpp"
+#include "gpu/amd/amd_layouts.hpp"
 
 #ifndef FP_AMD_EMULATION
 #define FP_AMD_EMULATION 1

@@ -1,4 +1,4 @@
-// The sm_90a wgmma backward (src/gpu/bwd_hopper.cu) against the fp64 reference backward: head
+// The sm_90a wgmma backward (src/gpu/hopper/bwd_hopper.cu) against the fp64 reference backward: head
 // dims 64/128/256 in both dtypes (D256: its own kernel, 64-key blocks), odd lengths (tails in both directions), several query blocks per key
 // block (the double-buffered Q/dO ring), causal in both alignments, windows, GQA (dK/dV summed over
 // the group), varlen, seqused_k, softcap (with its derivative), ALiBi, sinks with d_sinks, rows
@@ -15,7 +15,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "gpu/bwd_hopper.hpp"  // kHopperBwdD256: the D256 switch
+#include "gpu/hopper/bwd_hopper.hpp"  // kHopperBwdD256: the D256 switch
 #include "bwd_harness.hpp"
 
 namespace gputest {

@@ -1,4 +1,4 @@
-// The sm_90a wgmma prefill kernel (src/gpu/fwd_hopper.cu) against the fp64 reference: odd
+// The sm_90a wgmma prefill kernel (src/gpu/hopper/fwd_hopper.cu) against the fp64 reference: odd
 // lengths, causal in both alignments, windows, GQA, varlen, LSE, softcap/ALiBi/sinks, strided
 // tensors, rows without keys; and the selection itself: taken on sm_90 where the capability check
 // allows it, declined (and the mma.sync kernel still correct) where it does not, and under the
@@ -15,7 +15,7 @@
 #include <string>
 
 #include "core/heuristics.hpp"
-#include "gpu/tile_config.hpp"
+#include "gpu/common/tile_config.hpp"
 #include "gpu_harness.hpp"
 
 namespace gputest {

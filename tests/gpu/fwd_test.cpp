@@ -6,7 +6,7 @@
 #include <cstdlib>
 
 #include "core/heuristics.hpp"
-#include "gpu/tile_config.hpp"
+#include "gpu/common/tile_config.hpp"
 #include "gpu_harness.hpp"
 
 namespace gputest {

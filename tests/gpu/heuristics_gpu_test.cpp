@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "core/heuristics.hpp"
-#include "gpu/tile_config.hpp"
+#include "gpu/common/tile_config.hpp"
 
 namespace {
 

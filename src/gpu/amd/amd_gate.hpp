@@ -4,7 +4,7 @@
 #pragma once
 #include <string>
 
-#include "amd_layouts.hpp"
+#include "gpu/amd/amd_layouts.hpp"
 
 namespace flashport::gpu::amd {
 

@@ -11,9 +11,9 @@
 #include <string>
 
 #include "core/heuristics.hpp"
-#include "gpu_target.hpp"
-#include "kernel_args.hpp"
-#include "tile_config.hpp"
+#include "gpu/common/gpu_target.hpp"
+#include "gpu/common/kernel_args.hpp"
+#include "gpu/common/tile_config.hpp"
 
 #if !defined(FP_TARGET_AMD)
 #error "amd_plan.hpp is for the HIP build and the AMD emulation (AMD tile rows)"

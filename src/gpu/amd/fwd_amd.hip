@@ -1,8 +1,8 @@
 // Instances of the shared forward main loop (fwd_kernel.cuh) for AMD: the tile rows of
 // tile_config.hpp's AMD table (head dims 64, 128, 256) x fp16/bf16 (6 kernels), and their launch
-// entry. Compiled for every target in FLASHPORT_HIP_ARCHS by src/gpu/hip.cmake; their device ISA
+// entry. Compiled for every target in FLASHPORT_HIP_ARCHS by src/gpu/amd/hip.cmake; their device ISA
 // is what scripts/check_amd_isa.sh reads.
-#include "fwd_kernel.cuh"
+#include "gpu/mma/fwd_kernel.cuh"
 
 namespace flashport::gpu {
 FP_TARGET_NS_BEGIN

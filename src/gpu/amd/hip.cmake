@@ -33,9 +33,9 @@ endforeach()
 # head dims 64/128/256 x fp16/bf16 (fwd_launch.hpp: kAmdFwdInstances), and the aux kernels shared
 # with CUDA (aux_kernels.cu, compiled as HIP: merge/split combine, merge backward, KV-cache append
 # and rotary-q x fp16/bf16).
-set(FLASHPORT_HIP_KERNEL_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fwd_amd.hip
-                                 ${CMAKE_CURRENT_SOURCE_DIR}/aux_kernels.cu)
-set(FLASHPORT_HIP_HOST_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/hip_backend.hip)
+set(FLASHPORT_HIP_KERNEL_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/amd/fwd_amd.hip
+                                 ${CMAKE_CURRENT_SOURCE_DIR}/common/aux_kernels.cu)
+set(FLASHPORT_HIP_HOST_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/amd/hip_backend.hip)
 set(FLASHPORT_HIP_INSTANCES 12)  # forward 6 + aux 6
 list(LENGTH FLASHPORT_HIP_ARCHS _fp_hip_narch)
 message(STATUS "flashport HIP: ${FLASHPORT_HIP_INSTANCES} kernel instances x ${_fp_hip_narch} targets "
@@ -46,7 +46,7 @@ set(_fp_hip_flags
   -x hip -std=c++20 -O3 -fPIC -Wall -Wextra
   --rocm-path=/usr "--rocm-device-lib-path=${FLASHPORT_HIP_DEVICE_LIBS}"
   -I/usr/include -D__HIP_PLATFORM_AMD__ -include hip/hip_runtime.h
-  -I${PROJECT_SOURCE_DIR}/include -I${PROJECT_SOURCE_DIR}/src -I${CMAKE_CURRENT_SOURCE_DIR}
+  -I${PROJECT_SOURCE_DIR}/include -I${PROJECT_SOURCE_DIR}/src
   "-DFLASHPORT_GPU_ARCHS=\"${_fp_hip_archs}\"")
 set(_fp_hip_offload)
 foreach(arch IN LISTS FLASHPORT_HIP_ARCHS)
@@ -55,7 +55,7 @@ endforeach()
 
 set(_fp_hip_dir ${CMAKE_BINARY_DIR}/hip_isa)
 file(MAKE_DIRECTORY ${_fp_hip_dir})
-file(GLOB _fp_hip_headers ${CMAKE_CURRENT_SOURCE_DIR}/*.hpp ${CMAKE_CURRENT_SOURCE_DIR}/*.cuh
+file(GLOB _fp_hip_headers ${CMAKE_CURRENT_SOURCE_DIR}/*/*.hpp ${CMAKE_CURRENT_SOURCE_DIR}/*/*.cuh
                           ${PROJECT_SOURCE_DIR}/src/core/*.hpp ${PROJECT_SOURCE_DIR}/include/flashport/*.h)
 set(_fp_hip_objects)
 set(_fp_hip_isa)

@@ -14,10 +14,10 @@
 #include <cstring>
 #include <string>
 
-#include "amd_gate.hpp"
-#include "amd_plan.hpp"
+#include "gpu/amd/amd_gate.hpp"
+#include "gpu/amd/amd_plan.hpp"
 #include "core/backend.hpp"
-#include "fwd_launch.hpp"
+#include "gpu/mma/fwd_launch.hpp"
 
 namespace flashport {
 namespace gpu {

@@ -17,9 +17,9 @@
 #pragma once
 #include <cstdint>
 
-#include "amd_layouts.hpp"
-#include "gpu_target.hpp"
-#include "vendor.hpp"  // empty under the CPU emulation, which provides the same names
+#include "gpu/amd/amd_layouts.hpp"
+#include "gpu/common/gpu_target.hpp"
+#include "gpu/common/vendor.hpp"  // empty under the CPU emulation, which provides the same names
 
 namespace flashport::gpu {
 FP_TARGET_NS_BEGIN

@@ -9,12 +9,12 @@
 // has no single one). The AMD definitions live in the inline namespace of gpu_target.hpp.
 #include <cstdint>
 
-#include "fwd_launch.hpp"
-#include "gpu_target.hpp"
+#include "gpu/mma/fwd_launch.hpp"
+#include "gpu/common/gpu_target.hpp"
 #if defined(FP_TARGET_AMD)
-#include "tile_mma_amd.hpp"
+#include "gpu/amd/tile_mma_amd.hpp"
 #else
-#include "tile_mma.hpp"
+#include "gpu/common/tile_mma.hpp"
 #endif
 
 namespace flashport::gpu {
@@ -296,7 +296,7 @@ FP_TARGET_NS_END
 
 #if defined(FLASHPORT_DECODE_EXPERIMENTS) && defined(FP_TARGET_NVIDIA)
 // Decode tile candidates, built only for experiments (tile_config.hpp).
-#include "fwd_kernel.cuh"
+#include "gpu/mma/fwd_kernel.cuh"
 namespace flashport::gpu {
 FP_INSTANTIATE_FWD(kDecodeExp0)
 FP_INSTANTIATE_FWD(kDecodeExp1)

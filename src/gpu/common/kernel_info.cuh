@@ -3,8 +3,8 @@
 #pragma once
 #include <atomic>
 
-#include "kernel_info.hpp"
-#include "vendor.hpp"
+#include "gpu/common/kernel_info.hpp"
+#include "gpu/common/vendor.hpp"
 
 namespace flashport::gpu {
 

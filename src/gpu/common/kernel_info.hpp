@@ -2,7 +2,7 @@
 // has an image of the kernel, its registers and local memory, and how many blocks fit per SM at
 // its shared-memory size (the dynamic limit is raised on first use).
 #pragma once
-#include "vendor.hpp"
+#include "gpu/common/vendor.hpp"
 
 namespace flashport::gpu {
 

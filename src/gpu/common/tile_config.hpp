@@ -5,7 +5,7 @@
 #pragma once
 #include <cstdint>
 
-#include "gpu_target.hpp"
+#include "gpu/common/gpu_target.hpp"
 
 namespace flashport::gpu {
 FP_TARGET_NS_BEGIN

@@ -4,11 +4,11 @@
 #pragma once
 #include <cstdint>
 
-#include "gpu_target.hpp"
+#include "gpu/common/gpu_target.hpp"
 #if defined(FP_TARGET_AMD)
-#include "tile_mma_amd.hpp"
+#include "gpu/amd/tile_mma_amd.hpp"
 #else
-#include "tile_mma.hpp"
+#include "gpu/common/tile_mma.hpp"
 #endif
 
 namespace flashport::gpu {

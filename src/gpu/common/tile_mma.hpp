@@ -15,7 +15,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "vendor.hpp"
+#include "gpu/common/vendor.hpp"
 
 namespace flashport::gpu {
 

@@ -32,12 +32,12 @@
 #include <string>
 #include <type_traits>
 
-#include "bwd_hopper.hpp"
-#include "bwd_hopper_wgmma.hpp"
-#include "hopper_smem.hpp"
-#include "kernel_info.cuh"
-#include "tile_io.cuh"
-#include "tile_mma.hpp"
+#include "gpu/hopper/bwd_hopper.hpp"
+#include "gpu/hopper/bwd_hopper_wgmma.hpp"
+#include "gpu/hopper/hopper_smem.hpp"
+#include "gpu/common/kernel_info.cuh"
+#include "gpu/common/tile_io.cuh"
+#include "gpu/common/tile_mma.hpp"
 
 namespace flashport::gpu {
 namespace sm90 {

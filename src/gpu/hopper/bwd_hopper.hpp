@@ -19,11 +19,11 @@
 #include <cstdlib>
 #include <string>
 
-#include "bwd_launch.hpp"
+#include "gpu/mma/bwd_launch.hpp"
 #include "core/backend.hpp"
 #include "core/problem.hpp"
 #include "core/status.hpp"
-#include "vendor.hpp"
+#include "gpu/common/vendor.hpp"
 
 namespace flashport::gpu {
 

@@ -22,15 +22,15 @@
 #include <cstdio>
 #include <type_traits>
 
-#include "fwd_hopper.hpp"
-#include "fwd_hopper_rows.cuh"
-#include "fwd_hopper_tma.cuh"
-#include "fwd_hopper_v3.cuh"
-#include "fwd_hopper_wgmma.hpp"
-#include "hopper_smem.hpp"
-#include "kernel_info.cuh"
-#include "tile_io.cuh"
-#include "tile_mma.hpp"
+#include "gpu/hopper/fwd_hopper.hpp"
+#include "gpu/hopper/fwd_hopper_rows.cuh"
+#include "gpu/hopper/fwd_hopper_tma.cuh"
+#include "gpu/hopper/fwd_hopper_v3.cuh"
+#include "gpu/hopper/fwd_hopper_wgmma.hpp"
+#include "gpu/hopper/hopper_smem.hpp"
+#include "gpu/common/kernel_info.cuh"
+#include "gpu/common/tile_io.cuh"
+#include "gpu/common/tile_mma.hpp"
 
 namespace flashport::gpu {
 namespace sm90 {

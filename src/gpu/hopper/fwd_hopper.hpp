@@ -19,8 +19,8 @@
 
 #include "core/heuristics.hpp"
 #include "core/problem.hpp"
-#include "fwd_launch.hpp"
-#include "kernel_args.hpp"
+#include "gpu/mma/fwd_launch.hpp"
+#include "gpu/common/kernel_args.hpp"
 
 namespace flashport::gpu {
 

@@ -8,9 +8,9 @@
 #pragma once
 #include <cstdint>
 
-#include "kernel_args.hpp"
-#include "tile_io.cuh"
-#include "tile_mma.hpp"
+#include "gpu/common/kernel_args.hpp"
+#include "gpu/common/tile_io.cuh"
+#include "gpu/common/tile_mma.hpp"
 
 namespace flashport::gpu::sm90 {
 

@@ -26,11 +26,11 @@
 
 #include <cstdint>
 
-#include "fwd_hopper.hpp"
-#include "fwd_hopper_rows.cuh"
-#include "fwd_hopper_tma.cuh"
-#include "fwd_hopper_wgmma.hpp"
-#include "hopper_smem.hpp"
+#include "gpu/hopper/fwd_hopper.hpp"
+#include "gpu/hopper/fwd_hopper_rows.cuh"
+#include "gpu/hopper/fwd_hopper_tma.cuh"
+#include "gpu/hopper/fwd_hopper_wgmma.hpp"
+#include "gpu/hopper/hopper_smem.hpp"
 
 namespace flashport::gpu {
 

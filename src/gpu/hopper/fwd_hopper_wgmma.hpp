@@ -5,7 +5,7 @@
 #pragma once
 #include <cstdint>
 
-#include "hopper_smem.hpp"
+#include "gpu/hopper/hopper_smem.hpp"
 
 namespace flashport::gpu::sm90 {
 

@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <string>
 
-#include "bwd_launch.hpp"
-#include "tile_mma.hpp"
+#include "gpu/mma/bwd_launch.hpp"
+#include "gpu/common/tile_mma.hpp"
 
 namespace flashport::gpu {
 

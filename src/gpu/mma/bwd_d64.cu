@@ -1,5 +1,5 @@
 // Instances of the backward main loop for head dims in the 64 bucket (fp16 and bf16).
-#include "bwd_kernel.cuh"
+#include "gpu/mma/bwd_kernel.cuh"
 
 namespace flashport::gpu {
 FP_INSTANTIATE_BWD(kBwd64)

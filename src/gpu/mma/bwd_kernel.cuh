@@ -17,11 +17,11 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "bwd_launch.hpp"
-#include "kernel_info.cuh"
+#include "gpu/mma/bwd_launch.hpp"
+#include "gpu/common/kernel_info.cuh"
 #include "core/philox.hpp"
-#include "tile_io.cuh"
-#include "tile_mma.hpp"
+#include "gpu/common/tile_io.cuh"
+#include "gpu/common/tile_mma.hpp"
 
 namespace flashport::gpu {
 

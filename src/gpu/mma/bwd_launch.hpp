@@ -16,8 +16,8 @@
 #include "core/backend.hpp"
 #include "core/problem.hpp"
 #include "core/status.hpp"
-#include "kernel_info.hpp"
-#include "vendor.hpp"
+#include "gpu/common/kernel_info.hpp"
+#include "gpu/common/vendor.hpp"
 
 namespace flashport::gpu {
 

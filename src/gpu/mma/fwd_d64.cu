@@ -1,5 +1,5 @@
 // Instances of the forward main loop for head dims in the 64 bucket (prefill and decode tiles).
-#include "fwd_kernel.cuh"
+#include "gpu/mma/fwd_kernel.cuh"
 
 namespace flashport::gpu {
 FP_INSTANTIATE_FWD(kPrefill64)

@@ -23,11 +23,11 @@
 #include <type_traits>
 
 #include "core/philox.hpp"
-#include "fwd_launch.hpp"
-#include "gpu_target.hpp"
-#include "kernel_args.hpp"
-#include "tile_config.hpp"
-#include "tile_io.cuh"
+#include "gpu/mma/fwd_launch.hpp"
+#include "gpu/common/gpu_target.hpp"
+#include "gpu/common/kernel_args.hpp"
+#include "gpu/common/tile_config.hpp"
+#include "gpu/common/tile_io.cuh"
 
 namespace flashport::gpu {
 FP_TARGET_NS_BEGIN
@@ -607,7 +607,7 @@ FP_TARGET_NS_END
 
 // ---- host side: per-device setup and launch of one instance (CUDA; HIP: fwd_amd.hip) --------
 #if defined(FP_TARGET_NVIDIA)
-#include "kernel_info.cuh"
+#include "gpu/common/kernel_info.cuh"
 
 namespace flashport::gpu {
 

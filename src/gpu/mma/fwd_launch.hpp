@@ -1,11 +1,11 @@
 // Launch entry points of the GPU kernels (host side). Instances live in fwd_d{64,128,256}.cu,
 // one head-dim bucket each, so the CUDA build compiles them in parallel.
 #pragma once
-#include "gpu_target.hpp"
-#include "kernel_args.hpp"
-#include "kernel_info.hpp"
-#include "tile_config.hpp"
-#include "vendor.hpp"
+#include "gpu/common/gpu_target.hpp"
+#include "gpu/common/kernel_args.hpp"
+#include "gpu/common/kernel_info.hpp"
+#include "gpu/common/tile_config.hpp"
+#include "gpu/common/vendor.hpp"
 
 namespace flashport::gpu {
 
