@@ -376,9 +376,9 @@ def test_step_plans_cover_the_mask_exactly_once(layout, world, causal, window):
         assert calls == world * world
 
 
-def test_one_rank_group_equals_flash_attn_func(tmp_path):
+def test_one_rank_group_equals_flash_attn_func(tmp_path, monkeypatch):
     """A one-process gloo group: the ring degenerates to one local call per piece."""
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     store = dist.FileStore(str(tmp_path / "store"), 1)
     group_was_up = dist.is_initialized()
     if not group_was_up:
