@@ -237,6 +237,18 @@ fp_status fp_attn_fwd_workspace(const fp_attn_params* p, size_t* bytes);
 fp_status fp_attn_bwd_workspace(const fp_attn_bwd_params* p, size_t* bytes);
 
 fp_status fp_attn_fwd(const fp_attn_params* p);
+/* The attention probabilities of a forward call (flash_attn's return_attn_probs / S_dmask), a
+ * testing aid. p is the forward's params with its lse as an INPUT (required: the forward's LSE;
+ * out is not read and may be absent; k_new/v_new must be absent: call it after the forward, with
+ * seqused_k covering the appended rows). Writes every element of
+ *   probs [B, Hq, Sq_max, Sk_max]   Sq_max = Sq (batched) or max_seqlen_q (varlen);
+ *                                   Sk_max = k.shape[1] (batched cache), max_blocks * page_size
+ *                                   (paged) or max_seqlen_k (varlen keys),
+ * dtype float32 or q's dtype:  probs[b, h, i, j] = exp(s_ij - lse_i) for visible keys j < Lk[b]
+ * of rows i < Lq[b] (the undropped P of the header's rules: softcap, ALiBi, window, sinks through
+ * lse), negated where dropout drops the element (flash_attn's encoding); 0 elsewhere. GPU: one
+ * kernel on the caller's stream, no workspace, no allocation. */
+fp_status fp_attn_probs(const fp_attn_params* p, fp_tensor probs);
 fp_status fp_attn_bwd(const fp_attn_bwd_params* p);
 fp_status fp_merge_fwd(const fp_merge_params* p);
 fp_status fp_merge_bwd(const fp_merge_bwd_params* p);

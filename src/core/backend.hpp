@@ -4,6 +4,7 @@
 // "launch" therefore can never disagree.
 #pragma once
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "problem.hpp"
@@ -35,6 +36,14 @@ class Backend {
   virtual Status plan_merge(const MergeProblem& p, Plan* plan) const = 0;
   virtual Status run_merge(const MergeProblem& p, const Plan& plan) const = 0;
   virtual Status run_merge_bwd(const MergeBwdProblem& p, const Plan& plan) const = 0;
+  // fp_attn_probs (a testing aid): optional; a backend without it declines with this reason.
+  virtual Status plan_probs(const ProbsProblem& /*p*/, Plan* /*plan*/) const {
+    return unsupported(std::string(fp_backend_name(id())) + " backend: fp_attn_probs is not implemented");
+  }
+  virtual Status run_probs(const ProbsProblem& p, const Plan& /*plan*/) const {
+    Plan unused;
+    return plan_probs(p, &unused);
+  }
 };
 
 // Backends in priority order (fastest first); defined in dispatch.cpp from the compiled set.

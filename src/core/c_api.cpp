@@ -114,6 +114,11 @@ fp_status fp_attn_fwd(const fp_attn_params* p) {
   return guarded("fp_attn_fwd", [&] { return flashport::attn_fwd_op(*p); });
 }
 
+fp_status fp_attn_probs(const fp_attn_params* p, fp_tensor probs) {
+  if (!p) return null_arg("params");
+  return guarded("fp_attn_probs", [&] { return flashport::attn_probs_op(*p, probs); });
+}
+
 fp_status fp_attn_bwd(const fp_attn_bwd_params* p) {
   if (!p) return null_arg("params");
   return guarded("fp_attn_bwd", [&] { return flashport::attn_bwd_op(*p); });

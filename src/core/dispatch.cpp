@@ -272,6 +272,21 @@ Status attn_fwd_op(const fp_attn_params& p) { return attn_fwd_with(registered_ba
 
 Status attn_bwd_op(const fp_attn_bwd_params& p) { return attn_bwd_with(registered_backends(), p); }
 
+Status attn_probs_op(const fp_attn_params& p, const fp_tensor& probs) {
+  return logged("attn_probs", [&] {
+    ProbsProblem prob;
+    FP_RETURN_IF_ERROR(resolve_probs(p, probs, &prob));
+    fp_backend forced;
+    FP_RETURN_IF_ERROR(forced_backend(p.backend, &forced));
+    Selected s;
+    FP_RETURN_IF_ERROR(choose_backend(
+        registered_backends(), "attn_probs", forced, prob.fwd.device,
+        [&](const Backend& b, Plan* plan) { return b.plan_probs(prob, plan); }, &s));
+    log_call("attn_probs", s);
+    return s.backend->run_probs(prob, s.plan);
+  });
+}
+
 Status merge_fwd_op(const fp_merge_params& p) {
   return logged("merge_fwd", [&] {
     MergeProblem prob;

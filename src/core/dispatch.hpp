@@ -54,6 +54,7 @@ Status attn_bwd_op(const fp_attn_bwd_params& p);
 // chosen backend), the workspace, one launch.
 Status attn_fwd_with(const std::vector<const Backend*>& backends, const fp_attn_params& p);
 Status attn_bwd_with(const std::vector<const Backend*>& backends, const fp_attn_bwd_params& p);
+Status attn_probs_op(const fp_attn_params& p, const fp_tensor& probs);
 Status merge_fwd_op(const fp_merge_params& p);
 Status merge_bwd_op(const fp_merge_bwd_params& p);
 

@@ -183,6 +183,18 @@ struct Problem {
   int64_t total_q_rows = 0;       // B*Sq or Tq (upper bound of query rows)
 };
 
+// A validated fp_attn_probs call: the forward (lse as an input) and the probs tensor
+// [B, Hq, seq.sq, seq.sk].
+struct ProbsProblem {
+  Problem fwd;
+  void* probs_ptr = nullptr;
+  fp_dtype probs_dtype = FP_F32;
+  int64_t probs_stride[4] = {0, 0, 0, 0};  // (b, h, i, j)
+  FP_HD int64_t at(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    return b * probs_stride[0] + h * probs_stride[1] + i * probs_stride[2] + j * probs_stride[3];
+  }
+};
+
 struct BwdProblem {
   Problem fwd;            // out and lse (required) are inputs here
   const void* dout_ptr = nullptr;

@@ -177,7 +177,14 @@ struct FwdShapes {
   int64_t snew = 0;
 };
 
-Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, bool lse_required) {
+// What the call does with the forward's tensors: the forward writes out (lse optional); the
+// backward and fp_attn_probs read lse; fp_attn_probs does not read out (optional there).
+struct FwdUse {
+  bool lse_required = false;
+  bool out_required = true;
+};
+
+Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, FwdUse use) {
   Problem r;
   r.raw = &p;
 
@@ -185,10 +192,12 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, bool lse_required
   FP_RETURN_IF_ERROR(require(p.q, "q"));
   FP_RETURN_IF_ERROR(require(p.k, "k"));
   FP_RETURN_IF_ERROR(require(p.v, "v"));
-  FP_RETURN_IF_ERROR(require(p.out, "out"));
-  if (lse_required) FP_RETURN_IF_ERROR(require(p.lse, "lse"));
+  if (use.out_required) FP_RETURN_IF_ERROR(require(p.out, "out"));
+  if (use.lse_required) FP_RETURN_IF_ERROR(require(p.lse, "lse"));
+  const bool has_out = given(p.out);
   struct Opt { const fp_tensor& t; const char* name; };
-  const Opt optional[] = {{p.lse, "lse"},
+  const Opt optional[] = {{p.out, "out"},
+                          {p.lse, "lse"},
                           {p.cu_seqlens_q, "cu_seqlens_q"},
                           {p.cu_seqlens_k, "cu_seqlens_k"},
                           {p.seqused_k, "seqused_k"},
@@ -206,7 +215,7 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, bool lse_required
     if (given(o.t)) FP_RETURN_IF_ERROR(check_basic(o.t, o.name));
 
   // One device for everything.
-  const Opt others[] = {{p.k, "k"}, {p.v, "v"}, {p.out, "out"}};
+  const Opt others[] = {{p.k, "k"}, {p.v, "v"}};
   for (const Opt& o : others) FP_RETURN_IF_ERROR(check_same_device(o.t, o.name, p.q, "q"));
   for (const Opt& o : optional)
     if (given(o.t)) FP_RETURN_IF_ERROR(check_same_device(o.t, o.name, p.q, "q"));
@@ -217,7 +226,7 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, bool lse_required
   const fp_dtype dt = p.q.dtype;
   if (p.k.dtype != dt) return bad("k", std::string("must have q's dtype ") + dtype_name(dt), dtype_str(p.k.dtype));
   if (p.v.dtype != dt) return bad("v", std::string("must have q's dtype ") + dtype_name(dt), dtype_str(p.v.dtype));
-  if (p.out.dtype != dt) return bad("out", std::string("must have q's dtype ") + dtype_name(dt), dtype_str(p.out.dtype));
+  if (has_out && p.out.dtype != dt) return bad("out", std::string("must have q's dtype ") + dtype_name(dt), dtype_str(p.out.dtype));
   if (given(p.lse) && p.lse.dtype != FP_F32 && !(p.lse.dtype == FP_F64 && dt == FP_F64))
     return bad("lse", "must be float32 (float64 allowed only with float64 inputs)",
                dtype_str(p.lse.dtype) + " with " + dtype_name(dt) + " inputs");
@@ -250,10 +259,10 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, bool lse_required
                               : (given(p.cu_seqlens_k) ? KvLayout::Packed : KvLayout::Batched);
   if (s.q_varlen) {
     FP_RETURN_IF_ERROR(check_ndim(p.q, "q", 3, "[Tq, Hq, D] with cu_seqlens_q"));
-    FP_RETURN_IF_ERROR(check_ndim(p.out, "out", 3, "[Tq, Hq, Dv] with cu_seqlens_q"));
+    if (has_out) FP_RETURN_IF_ERROR(check_ndim(p.out, "out", 3, "[Tq, Hq, Dv] with cu_seqlens_q"));
   } else {
     FP_RETURN_IF_ERROR(check_ndim(p.q, "q", 4, "[B, Sq, Hq, D]"));
-    FP_RETURN_IF_ERROR(check_ndim(p.out, "out", 4, "[B, Sq, Hq, Dv]"));
+    if (has_out) FP_RETURN_IF_ERROR(check_ndim(p.out, "out", 4, "[B, Sq, Hq, Dv]"));
   }
   const char* kv_layout = s.kv == KvLayout::Paged    ? "[num_blocks, page_size, Hkv, D|Dv] with block_table"
                           : s.kv == KvLayout::Packed ? "[Tk, Hkv, D|Dv] with cu_seqlens_k"
@@ -296,9 +305,9 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, bool lse_required
   for (int i = 0; i < kv_ndim - 1; ++i)
     if (p.v.shape[i] != p.k.shape[i])
       return bad("v", "must match k in every dim but the last", shape_str(p.v) + " vs k " + shape_str(p.k));
-  if (s.q_varlen)
+  if (has_out && s.q_varlen)
     FP_RETURN_IF_ERROR(check_shape(p.out, "out", {s.tq, s.hq, s.dv}, "[Tq, Hq, Dv]"));
-  else
+  else if (has_out)
     FP_RETURN_IF_ERROR(check_shape(p.out, "out", {s.batch, s.sq, s.hq, s.dv}, "[B, Sq, Hq, Dv]"));
   if (given(p.lse)) {
     if (s.q_varlen)
@@ -505,7 +514,7 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, bool lse_required
   r.q_ptr = p.q.data;
   r.k_ptr = p.k.data;
   r.v_ptr = p.v.data;
-  r.out_ptr = p.out.data;
+  r.out_ptr = has_out ? p.out.data : nullptr;
   r.lse_ptr = given(p.lse) ? p.lse.data : nullptr;
   r.k_new_ptr = given(p.k_new) ? p.k_new.data : nullptr;
   r.v_new_ptr = given(p.v_new) ? p.v_new.data : nullptr;
@@ -563,7 +572,7 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, bool lse_required
     return a;
   };
   r.q = row_addr(p.q, s.q_varlen);
-  r.out = row_addr(p.out, s.q_varlen);
+  if (has_out) r.out = row_addr(p.out, s.q_varlen);
   r.k = kv_addr(p.k);
   r.v = kv_addr(p.v);
   r.has_lse = given(p.lse);
@@ -710,13 +719,13 @@ Status check_like(const fp_tensor& t, const char* name, const fp_tensor& ref, co
 }  // namespace
 
 Status resolve_fwd(const fp_attn_params& params, Problem* out) {
-  return resolve_fwd_impl(params, out, /*lse_required=*/false);
+  return resolve_fwd_impl(params, out, FwdUse{});
 }
 
 Status resolve_bwd(const fp_attn_bwd_params& params, BwdProblem* out) {
   const fp_attn_params& f = params.fwd;
   BwdProblem r;
-  FP_RETURN_IF_ERROR(resolve_fwd_impl(f, &r.fwd, /*lse_required=*/true));
+  FP_RETURN_IF_ERROR(resolve_fwd_impl(f, &r.fwd, FwdUse{.lse_required = true}));
   FP_RETURN_IF_ERROR(check_like(params.dout, "dout", f.out, "out"));
   FP_RETURN_IF_ERROR(check_like(params.dq, "dq", f.q, "q"));
   FP_RETURN_IF_ERROR(check_like(params.dk, "dk", f.k, "k"));
@@ -774,6 +783,27 @@ Status resolve_bwd(const fp_attn_bwd_params& params, BwdProblem* out) {
   r.d_sinks = given(params.d_sinks) ? static_cast<float*>(params.d_sinks.data) : nullptr;
   r.deterministic = params.deterministic != 0;
   r.fwd.raw = &params.fwd;
+  *out = r;
+  return Status::ok();
+}
+
+Status resolve_probs(const fp_attn_params& params, const fp_tensor& probs, ProbsProblem* out) {
+  ProbsProblem r;
+  FP_RETURN_IF_ERROR(resolve_fwd_impl(params, &r.fwd, FwdUse{.lse_required = true, .out_required = false}));
+  if (given(params.k_new))
+    return bad("k_new", "must be absent in fp_attn_probs (it does not append: call it after the forward, "
+                        "with seqused_k covering the appended rows)", "k_new given");
+  FP_RETURN_IF_ERROR(require(probs, "probs"));
+  FP_RETURN_IF_ERROR(check_same_device(probs, "probs", params.q, "q"));
+  const fp_dtype dt = r.fwd.dtype;
+  if (probs.dtype != FP_F32 && probs.dtype != dt)
+    return bad("probs", std::string("must be float32 or q's dtype ") + dtype_name(dt), dtype_str(probs.dtype));
+  const SeqInfo& seq = r.fwd.seq;
+  FP_RETURN_IF_ERROR(check_shape(probs, "probs", {seq.batch, r.fwd.hq, seq.sq, seq.sk},
+                                 "[B, Hq, Sq_max, Sk_max]"));
+  r.probs_ptr = probs.data;
+  r.probs_dtype = probs.dtype;
+  for (int i = 0; i < 4; ++i) r.probs_stride[i] = probs.stride[i];
   *out = r;
   return Status::ok();
 }

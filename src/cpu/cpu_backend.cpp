@@ -325,6 +325,14 @@ class CpuBackend final : public Backend {
     return Status::ok();
   }
 
+  // fp_attn_probs is a testing aid: the fp64 reference's implementation serves CPU tensors.
+  Status plan_probs(const ProbsProblem& p, Plan* plan) const override {
+    return reference_backend()->plan_probs(p, plan);
+  }
+  Status run_probs(const ProbsProblem& p, const Plan& plan) const override {
+    return reference_backend()->run_probs(p, plan);
+  }
+
   Status plan_merge(const MergeProblem& p, Plan* plan) const override {
     if (p.device != FP_DEVICE_CPU) return unsupported("cpu backend: tensors must be in CPU memory");
     *plan = Plan{};

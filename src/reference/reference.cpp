@@ -451,6 +451,51 @@ class ReferenceBackend final : public Backend {
     return Status::ok();
   }
 
+  Status plan_probs(const ProbsProblem& pp, Plan* plan) const override {
+    if (pp.fwd.device != FP_DEVICE_CPU) return unsupported(kCpuOnly);
+    *plan = Plan{};
+    std::snprintf(plan->kernel, sizeof(plan->kernel), "reference_fp64_probs");
+    plan->num_threads = 1;
+    return Status::ok();
+  }
+
+  // probs[b, h, i, j] = exp(s_ij - lse_i) over the visible keys (the forward's scores, from
+  // compute_scores), negated where dropout drops the element; every other element 0.
+  Status run_probs(const ProbsProblem& pp, const Plan& /*plan*/) const override {
+    const Problem& p = pp.fwd;
+    if (p.device != FP_DEVICE_CPU) return unsupported(kCpuOnly);
+    FP_RETURN_IF_ERROR(check_ranges(p));
+    std::vector<double> qv(p.d);
+    RowScores rs;
+    KvRows kv;
+    for (int64_t b = 0; b < p.seq.batch; ++b) {
+      const int64_t lq = p.seq.q_len(b), lk = p.seq.k_len(b), q0 = p.seq.q_start(b);
+      for (int64_t hk = 0; hk < p.hkv; ++hk) {
+        gather_kv(p, b, hk, lk, &kv);
+        for (int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h)
+          for (int64_t i = 0; i < p.seq.sq; ++i) {
+            rs.lo = rs.hi = 0;
+            double lse = kNegInf;
+            if (i < lq) {
+              load_query(p, b, i, h, qv.data());
+              compute_scores(p, kv, qv.data(), b, h, i, lq, &rs);
+              lse = load_as_double(p.lse_ptr, p.lse_dtype, p.lse.at(b, q0, h, i));
+            }
+            DropoutRow drop(p, b, h, i);
+            for (int64_t j = 0; j < p.seq.sk; ++j) {
+              double prob = 0.0;
+              if (j >= rs.lo && j < rs.hi && lse != kNegInf) {
+                prob = std::exp(rs.s[j - rs.lo] - lse);
+                if (drop.factor(j) == 0.0) prob = -prob;
+              }
+              store_from_double(pp.probs_ptr, pp.probs_dtype, pp.at(b, h, i, j), prob);
+            }
+          }
+      }
+    }
+    return Status::ok();
+  }
+
   Status plan_merge(const MergeProblem& p, Plan* plan) const override {
     if (p.device != FP_DEVICE_CPU) return unsupported(kCpuOnly);
     *plan = Plan{};

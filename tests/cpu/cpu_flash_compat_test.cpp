@@ -120,6 +120,42 @@ INSTANTIATE_TEST_SUITE_P(Cases, CpuLeftpadIsa,
                            return std::string(std::get<0>(info.param)) + "_" + std::get<1>(info.param).name;
                          });
 
+// fp_attn_probs on CPU tensors: the CPU backend serves it with the reference's implementation
+// (a testing aid), so a forced CPU call gives the reference's bits, after a CPU forward's LSE.
+TEST(CpuProbs, ForcedCpuEqualsReference) {
+  for (fp_dtype dt : {FP_F32, FP_BF16}) {
+    Case c = mk("probs", [&](Case& k) {
+      k.dt = dt; k.cache = Cache::Contiguous; k.leftpad = true; k.causal = 1; k.wl = 30; k.wr = 30;
+      k.sq = 4; k.sk = 90; k.b = 3; k.hq = 4; k.hkv = 2; k.dropout = 0.2f; k.alibi = 1;
+    });
+    const Built t = build(c);
+    Outputs o = make_outputs(c, t);
+    fp_attn_params p = params(c, t, o, FP_BACKEND_CPU);
+    ASSERT_TRUE(ok(fp_attn_fwd(&p), "cpu fwd"));
+    for (fp_dtype pd : {FP_F32, dt}) {
+      HostTensor cpu(pd, {c.b, c.hq, c.sq, c.sk}), ref(pd, {c.b, c.hq, c.sq, c.sk});
+      cpu.fill_poison();
+      ref.fill_poison();
+      ASSERT_TRUE(ok(fp_attn_probs(&p, cpu.view()), "cpu probs"));
+      fp_attn_params pr = p;
+      pr.backend = FP_BACKEND_REFERENCE;
+      ASSERT_TRUE(ok(fp_attn_probs(&pr, ref.view()), "reference probs"));
+      EXPECT_TRUE(cpu.all_written());
+      EXPECT_TRUE(cpu.guards_intact());
+      EXPECT_TRUE(cpu.bitwise_equal(ref));
+      // Every visible row sums to one in absolute value (no sinks).
+      const auto x = cpu.to_double();
+      const auto used = t.seqused.to_i32(), pad = t.leftpad.to_i32();
+      for (int64_t b = 0; b < c.b; ++b) {
+        if (used[b] - pad[b] == 0) continue;
+        double sum = 0.0;
+        for (int64_t j = 0; j < c.sk; ++j) sum += std::fabs(x[((b * c.hq + 1) * c.sq + c.sq - 1) * c.sk + j]);
+        EXPECT_NEAR(sum, 1.0, pd == FP_F32 ? 1e-4 : 3e-2) << "sequence " << b;
+      }
+    }
+  }
+}
+
 class CpuCausalWindow : public ::testing::TestWithParam<Case> {};
 TEST_P(CpuCausalWindow, MatchesReference) { run_case(GetParam()); }
 INSTANTIATE_TEST_SUITE_P(Cases, CpuCausalWindow, ::testing::ValuesIn(causal_window_cases()),

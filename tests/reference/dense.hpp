@@ -104,46 +104,59 @@ struct Result {
   }
 };
 
+// Undropped probabilities P [lq, lk] of (sequence b, query head h) and their LSE per row.
+inline Mat head_probs(const Spec& s, int64_t b, int64_t h, const Getter& q, const Getter& k,
+                      std::vector<double>* lse) {
+  const int64_t lq = s.lq[b], lk = s.lk[b];
+  const int64_t shift = s.top_left ? 0 : lk - lq;
+  const int64_t hk = h / (s.hq / s.hkv);
+  const auto vis = visibility(s, lq, lk);
+  Mat Q(lq, s.d), K(lk, s.d);
+  for (int64_t i = 0; i < lq; ++i)
+    for (int64_t t = 0; t < s.d; ++t) Q(i, t) = q(b, i, h, t);
+  for (int64_t j = 0; j < lk; ++j)
+    for (int64_t t = 0; t < s.d; ++t) K(j, t) = k(b, j, hk, t);
+  Mat S = matmul(Q, transpose(K));
+  for (double& x : S.a) x *= s.scale;
+  if (s.softcap > 0)
+    for (double& x : S.a) x = s.softcap * std::tanh(x / s.softcap);
+  if (!s.alibi.empty()) {
+    const double slope = s.alibi[(s.alibi_per_batch ? b * s.hq : 0) + h];
+    for (int64_t i = 0; i < lq; ++i)
+      for (int64_t j = 0; j < lk; ++j) S(i, j) += -slope * std::fabs(double(i + shift - j));
+  }
+  const bool has_sink = !s.sinks.empty();
+  Mat P(lq, lk);
+  lse->assign(lq, kNegInf);
+  for (int64_t i = 0; i < lq; ++i) {
+    double mx = has_sink ? s.sinks[h] : kNegInf;
+    for (int64_t j = 0; j < lk; ++j)
+      if (vis[i][j]) mx = std::max(mx, S(i, j));
+    if (mx == kNegInf) continue;  // empty row: P = 0, lse = -inf
+    double z = has_sink ? std::exp(s.sinks[h] - mx) : 0.0;
+    for (int64_t j = 0; j < lk; ++j)
+      if (vis[i][j]) z += std::exp(S(i, j) - mx);
+    for (int64_t j = 0; j < lk; ++j) P(i, j) = vis[i][j] ? std::exp(S(i, j) - mx) / z : 0.0;
+    (*lse)[i] = mx + std::log(z);
+  }
+  return P;
+}
+
 inline Result forward(const Spec& s, const Getter& q, const Getter& k, const Getter& v) {
   Result res;
   const int64_t group = s.hq / s.hkv;
   for (int64_t b = 0; b < s.batch; ++b) {
     const int64_t lq = s.lq[b], lk = s.lk[b];
-    const int64_t shift = s.top_left ? 0 : lk - lq;
     Mat out_b(lq * s.hq, s.dv);
     std::vector<double> lse_b(s.hq * lq, kNegInf);
-    const auto vis = visibility(s, lq, lk);
     for (int64_t h = 0; h < s.hq; ++h) {
       const int64_t hk = h / group;
-      Mat Q(lq, s.d), K(lk, s.d), V(lk, s.dv);
-      for (int64_t i = 0; i < lq; ++i)
-        for (int64_t t = 0; t < s.d; ++t) Q(i, t) = q(b, i, h, t);
-      for (int64_t j = 0; j < lk; ++j) {
-        for (int64_t t = 0; t < s.d; ++t) K(j, t) = k(b, j, hk, t);
+      std::vector<double> lse_h;
+      Mat P = head_probs(s, b, h, q, k, &lse_h);
+      for (int64_t i = 0; i < lq; ++i) lse_b[h * lq + i] = lse_h[i];
+      Mat V(lk, s.dv);
+      for (int64_t j = 0; j < lk; ++j)
         for (int64_t t = 0; t < s.dv; ++t) V(j, t) = v(b, j, hk, t);
-      }
-      Mat S = matmul(Q, transpose(K));
-      for (double& x : S.a) x *= s.scale;
-      if (s.softcap > 0)
-        for (double& x : S.a) x = s.softcap * std::tanh(x / s.softcap);
-      if (!s.alibi.empty()) {
-        const double slope = s.alibi[(s.alibi_per_batch ? b * s.hq : 0) + h];
-        for (int64_t i = 0; i < lq; ++i)
-          for (int64_t j = 0; j < lk; ++j) S(i, j) += -slope * std::fabs(double(i + shift - j));
-      }
-      const bool has_sink = !s.sinks.empty();
-      Mat P(lq, lk);
-      for (int64_t i = 0; i < lq; ++i) {
-        double mx = has_sink ? s.sinks[h] : kNegInf;
-        for (int64_t j = 0; j < lk; ++j)
-          if (vis[i][j]) mx = std::max(mx, S(i, j));
-        if (mx == kNegInf) continue;  // empty row: P = 0, lse = -inf
-        double z = has_sink ? std::exp(s.sinks[h] - mx) : 0.0;
-        for (int64_t j = 0; j < lk; ++j)
-          if (vis[i][j]) z += std::exp(S(i, j) - mx);
-        for (int64_t j = 0; j < lk; ++j) P(i, j) = vis[i][j] ? std::exp(S(i, j) - mx) / z : 0.0;
-        lse_b[h * lq + i] = mx + std::log(z);
-      }
       // Dropout matrix (entries 0 or 1/(1-p)) applied elementwise.
       const double inv_keep = 1.0 / (1.0 - static_cast<double>(s.dropout_p));
       for (int64_t i = 0; i < lq; ++i)
