@@ -242,9 +242,11 @@ def run_simulated(args, world):
         if bwd:
             hops_bytes += [kv_bytes] * (world - 1) + [(k.numel() + v.numel()) * 4] * world
 
+        sources = {n: torch.ones(n, dtype=torch.uint8, device=device) for n in set(hops_bytes)}
+
         def copies_only():
             for nbytes in hops_bytes:
-                copier.start([torch.empty(nbytes, dtype=torch.uint8, device=device)], 0).wait()
+                copier.start([sources[nbytes]], 0).wait()
         t_copies = _time(copies_only, device, args.warmup, args.iters)
         steps = world * (2 if bwd else 1)
         need_gbs = max(hops_bytes) / (t_compute / steps) / 1e9
