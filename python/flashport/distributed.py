@@ -35,6 +35,10 @@ is keyed by local positions), and windows with varlen inputs (each document's ch
 different offsets). Sinks and paged caches are not arguments. The full sequence is square, so the
 causal alignment is that of flash_attn_func with Sq == Sk and there is no ``causal_align``.
 
+ulysses_flash_attn_func is the head-parallel alternative on the same shards: all-to-alls turn
+sequence shards into head groups over the whole sequence and back around one local call, so every
+option composes (ALiBi and windows included), at the price of Hq and Hkv divisible by W.
+
 Costs: a call checks, with one small all_gather and one host read, that every rank passes the same
 shapes, dtype, options and cu_seqlens (``check_inputs=False`` skips it; mismatches then hang or
 fail inside the transport). Varlen inputs with a causal mask gather the half-document rows of the
@@ -53,6 +57,7 @@ from . import torch as _registers_ops  # noqa: F401  (defines torch.ops.flashpor
 __all__ = [
     "RingAttentionUnsupported",
     "ring_flash_attn_func",
+    "ulysses_flash_attn_func",
     "ring_flash_attn_varlen_func",
     "shard_sequence",
     "unshard_sequence",
@@ -759,3 +764,109 @@ def ring_flash_attn_varlen_func(
         _check_across_ranks(cfg, q, k, v, cfg.cu_seqlens)
     out, lse = _RingAttention.apply(q, k, v, cfg)
     return (out, lse) if return_softmax_lse else out
+
+
+# --------------------------------------------------------------------------------------------
+# Ulysses (head-parallel): two all-to-alls around one local call on the whole sequence
+# --------------------------------------------------------------------------------------------
+
+def _seq_to_heads(x: Tensor, group, world_size: int, layout: str) -> Tensor:
+    """[B, S_local, H, ...] sequence shards -> [B, S, H / W, ...]: this rank's head group over the
+    whole sequence in global order."""
+    b, sl, h = x.shape[:3]
+    parts = x.reshape(b, sl, world_size, h // world_size, *x.shape[3:]).movedim(2, 0).contiguous()
+    received = torch.empty_like(parts)  # received[r]: rank r's tokens of our head group
+    dist.all_to_all_single(received, parts, group=group)
+    return unshard_sequence(list(received.unbind(0)), layout=layout, dim=1)
+
+
+def _heads_to_seq(x: Tensor, group, world_size: int, layout: str) -> Tensor:
+    """The inverse of _seq_to_heads: [B, S, H / W, ...] -> [B, S_local, H, ...]."""
+    parts = torch.stack([shard_sequence(x, r, world_size, layout=layout)
+                         for r in range(world_size)])
+    received = torch.empty_like(parts)  # received[r]: head group r of our tokens
+    dist.all_to_all_single(received, parts, group=group)
+    b, sl = received.shape[1:3]
+    return received.movedim(0, 2).reshape(b, sl, -1, *received.shape[4:])
+
+
+class _SeqToHeads(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, world_size, layout):
+        ctx.args = (group, world_size, layout)
+        return _seq_to_heads(x, group, world_size, layout)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _heads_to_seq(grad.contiguous(), *ctx.args), None, None, None
+
+
+class _HeadsToSeq(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, world_size, layout):
+        ctx.args = (group, world_size, layout)
+        return _heads_to_seq(x, group, world_size, layout)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _seq_to_heads(grad.contiguous(), *ctx.args), None, None, None
+
+
+def ulysses_flash_attn_func(
+    q: Tensor, k: Tensor, v: Tensor, *,
+    group=None,
+    layout: str = "zigzag",
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    deterministic: bool = False,
+    return_softmax_lse: bool = False,
+    check_inputs: bool = True,
+    backend: Union[None, str, int] = None,
+):
+    """Head-parallel (Ulysses) attention on the same shards as ring_flash_attn_func: an all-to-all
+    turns the sequence shards into head groups over the whole sequence (rank r: query heads
+    r*Hq/W .. (r+1)*Hq/W - 1 and their key/value heads), one local attention call runs with every
+    option (alibi_slopes [Hq] or [B, Hq] are sliced to the rank's heads; windows and ALiBi need no
+    ring rule here), and an all-to-all turns the result back into sequence shards. Needs Hq and
+    Hkv divisible by W. Differentiable in q, k, v. With dropout the pattern differs from a single
+    call's (it is keyed by local heads). Communication: all-to-alls of q, k, v and out (and of
+    their gradients), not overlapped with compute."""
+    rank, world_size = _group_rank(group)
+    _check_layout(layout)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor) or t.dim() != 4:
+            raise ValueError(f"flashport.distributed: {name} must be a [B, S_local, H, D] tensor")
+    hq, hkv = q.shape[2], k.shape[2]
+    if hq % world_size or hkv % world_size:
+        raise ValueError(f"flashport.distributed: k: Ulysses needs the query heads ({hq}) and the "
+                         f"key/value heads ({hkv}) divisible by the group size ({world_size})")
+    _check_device(group, q)
+    if len(window_size) != 2:
+        raise ValueError(f"flashport.distributed: window_size must be (left, right), got "
+                         f"{window_size!r}")
+    scale = float(q.shape[-1] ** (-0.5) if softmax_scale is None else softmax_scale)
+    cfg = _Config(group, rank, world_size, layout, bool(causal),
+                  (int(window_size[0]), int(window_size[1])), float(softcap), scale,
+                  bool(deterministic), _backend_id(backend))
+    if check_inputs:
+        _check_across_ranks(cfg, q, k, v, None)
+    if alibi_slopes is not None:
+        per = hq // world_size
+        alibi_slopes = alibi_slopes[..., rank * per:(rank + 1) * per].contiguous()
+    qh, kh, vh = (_SeqToHeads.apply(_contiguous_last(t), group, world_size, layout)
+                  for t in (q, k, v))
+    out, lse, _ = torch.ops.flashport.attn_fwd(
+        qh, kh, vh, None, None, 0, 0, None, None, alibi_slopes, None, float(dropout_p), scale,
+        cfg.causal, cfg.window[0], cfg.window[1], cfg.softcap, int(CausalAlign.BOTTOM_RIGHT), 0,
+        cfg.deterministic, cfg.backend)
+    out = _HeadsToSeq.apply(out, group, world_size, layout)
+    if not return_softmax_lse:
+        return out
+    # lse [B, H/W, S] -> [B, S, H/W, 1] -> sequence shards [B, S_local, H, 1] -> [B, H, S_local]
+    lse_local = _heads_to_seq(lse.detach().transpose(1, 2).unsqueeze(-1).contiguous(), group,
+                              world_size, layout)
+    return out, lse_local.squeeze(-1).transpose(1, 2).contiguous()

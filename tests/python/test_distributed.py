@@ -1,7 +1,7 @@
 """flashport.distributed: ring attention on gloo groups of 2 and 4 CPU processes against
 single-process flashport.torch.flash_attn_func on the full sequence (forward, lse and backward;
 causal zigzag/contiguous, non-causal, windows, softcap, GQA, Dv != D, varlen; fp32, and bf16/fp16
-against the single call's own error), bad input, the
+against the single call's own error; Ulysses head-parallel with ALiBi and windows), bad input, the
 sharding helpers, and the step plans (every visible (query, key) pair covered exactly once).
 
 Each world size is one spawn (processes are slow to start on a small machine): the workers run
@@ -73,7 +73,7 @@ def _lowp_case(rank, world, *, seed, dtype, b=1, s_per_rank=32, hq=4, hkv=2, d=3
 
 
 def _batched_case(rank, world, *, seed, b=2, s_per_rank=12, hq=4, hkv=2, d=16, dv=None,
-                  layout="zigzag", **attn):
+                  layout="zigzag", attention=fpd.ring_flash_attn_func, **attn):
     s = s_per_rank * world
     q, k, v, g = _full_inputs(seed, (b, s, hq, d), (b, s, hkv, d), dv)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -83,7 +83,7 @@ def _batched_case(rank, world, *, seed, b=2, s_per_rank=12, hq=4, hkv=2, d=16, d
 
     shard = lambda t: fpd.shard_sequence(t, rank, world, layout=layout)  # noqa: E731
     local = [shard(t).requires_grad_() for t in (q, k, v)]
-    out, lse = fpd.ring_flash_attn_func(*local, layout=layout, return_softmax_lse=True, **attn)
+    out, lse = attention(*local, layout=layout, return_softmax_lse=True, **attn)
     (out * shard(g)).sum().backward()
 
     torch.testing.assert_close(out, shard(ref_out.detach()), **FWD_TOL)
@@ -180,6 +180,8 @@ def _bad_input_cases(rank, world):
         q[0], kv[0], kv[0], cu_odd, 5, causal=True))
     _expect_error(ValueError, "int32", lambda: fpd.ring_flash_attn_varlen_func(
         q[0], kv[0], kv[0], cu.long(), 8))
+    _expect_error(ValueError, "divisible by the group size", lambda: fpd.ulysses_flash_attn_func(
+        torch.randn(1, 8, world + 1, 8), kv, kv))
     # After all that the group still works (nothing was left half-sent).
     out = fpd.ring_flash_attn_func(q, kv, kv, causal=True)
     assert torch.isfinite(out).all()
@@ -202,11 +204,18 @@ def _cases(world):
                                          doc_units=(1, 4, 2, 1)),
         "causal_zigzag_bf16": dict(fn="lowp", causal=True, dtype=torch.bfloat16),
         "noncausal_fp16": dict(fn="lowp", dtype=torch.float16, hkv=4),
+        "ulysses_causal_gqa_alibi": dict(fn="batched", attention=fpd.ulysses_flash_attn_func,
+                                         causal=True, hq=2 * world, hkv=world,
+                                         alibi_slopes=torch.linspace(0.05, 0.4, 2 * world)),
+        "ulysses_window_contiguous": dict(fn="batched", attention=fpd.ulysses_flash_attn_func,
+                                          window_size=(6, 2), layout="contiguous", hq=world,
+                                          hkv=world),
         "bad_input": dict(fn="bad"),
     }
     if world > 2:  # the 4-rank run keeps the spawn short: the main combinations only
         keep = ("noncausal_mha", "causal_zigzag_gqa", "causal_contiguous_mqa",
-                "causal_zigzag_window", "varlen_causal_zigzag_mqa", "bad_input")
+                "causal_zigzag_window", "varlen_causal_zigzag_mqa", "ulysses_causal_gqa_alibi",
+                "bad_input")
         cases = {k: v for k, v in cases.items() if k in keep}
     return cases
 
