@@ -4,8 +4,8 @@ eager attention in fp64 with the same weights. Tiny random-weight models built f
 downloads): Llama, Mistral (sliding window), Qwen2 (window on one layer), Gemma2 (softcap,
 alternating windows), GPT-OSS (sinks, windows), GPT-2 (head dim 25).
 
-On a GPU (FLASHPORT_TRANSFORMERS_DEVICE=cuda, or the `cuda` cases where torch sees one) the same
-checks run in bf16 against sdpa in bf16.
+FLASHPORT_TRANSFORMERS_DEVICE=cuda runs the same checks on a GPU, in bf16 against sdpa in bf16;
+FLASHPORT_TRANSFORMERS_DTYPE (float32, bfloat16, float16) overrides the dtype.
 """
 import copy
 import os
@@ -48,7 +48,9 @@ def _config(arch):
     if arch == "gpt_oss":
         if not hasattr(t, "GptOssConfig"):
             pytest.skip("this transformers has no GPT-OSS")
-        return t.GptOssConfig(**_common(head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+        # Every token to every expert: top-k routing would flip on rounding differences in
+        # bf16 and turn an ulp into a different expert.
+        return t.GptOssConfig(**_common(head_dim=16, num_local_experts=2, num_experts_per_tok=2,
                                         sliding_window=WINDOW,
                                         layer_types=["sliding_attention", "full_attention"]))
     if arch == "gpt2":  # head dim 100 / 4 = 25
@@ -67,7 +69,8 @@ def _device():
 
 
 def _dtype():
-    return torch.float32 if _device() == "cpu" else torch.bfloat16
+    default = "float32" if _device() == "cpu" else "bfloat16"
+    return getattr(torch, os.environ.get("FLASHPORT_TRANSFORMERS_DTYPE", default))
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -324,14 +327,14 @@ def _assert_same_tokens(ours, base, base_logits, ours_logits=None):
     and the rows go separate ways after it)."""
     top2 = base_logits.topk(2, dim=-1).values
     margin = top2[..., 0] - top2[..., 1]
-    tie = margin <= 64 * torch.finfo(_dtype()).eps * top2[..., 0].abs().clamp(min=1.0)
+    tie = margin <= 8 * torch.finfo(_dtype()).eps * top2[..., 0].abs().clamp(min=1.0)
     for row in range(base.shape[0]):
         steps = int(tie[row].nonzero()[0]) if tie[row].any() else base.shape[1]
         assert torch.equal(ours[row, :steps], base[row, :steps]), (row, ours[row], base[row])
-        if ours_logits is not None:  # a random model may repeat one token: the logits tell more
+        if ours_logits is not None and steps > 0:  # a random model may repeat one token
             scale = base_logits[row, :steps].abs().max().item()
             err = (ours_logits[row, :steps] - base_logits[row, :steps]).abs().max().item()
-            assert err <= 64 * torch.finfo(_dtype()).eps * scale, (row, err, scale)
+            assert err <= 32 * torch.finfo(_dtype()).eps * scale, (row, err, scale)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -375,11 +378,19 @@ def test_training_step_gradients(arch):
     assert ours.keys() == base.keys()
     if arch == "gpt_oss":
         assert any(n.endswith("sinks") for n in ours)
-    tol = 50 * torch.finfo(_dtype()).eps
+    _assert_grads_close(ours, base)
+
+
+def _assert_grads_close(ours, base):
+    """Every parameter's gradient within a few ulps of the largest gradient entry of the model
+    (a tensor such as a router bias sums cancelling terms: its own size says nothing of its
+    rounding)."""
+    assert ours.keys() == base.keys()
+    scale = max(g.abs().max().item() for g in base.values())
+    tol = 50 * torch.finfo(_dtype()).eps * scale
     for name in base:
-        scale = base[name].abs().max().item() + 1e-30
         assert torch.isfinite(ours[name]).all(), name
-        assert (ours[name] - base[name]).abs().max().item() <= tol * scale, name
+        assert (ours[name] - base[name]).abs().max().item() <= tol, name
 
 
 def _sequence_loss(logits, ids):
@@ -417,10 +428,7 @@ def test_training_step_packed_gradients(arch):
 
     ours = _param_grads(models[NAME], packed_loss)
     base = _param_grads(models["baseline"], each_loss)
-    tol = 50 * torch.finfo(_dtype()).eps
-    for name in base:
-        scale = base[name].abs().max().item() + 1e-30
-        assert (ours[name] - base[name]).abs().max().item() <= tol * scale, name
+    _assert_grads_close(ours, base)
 
 
 def test_dropout_in_training_only():
