@@ -510,7 +510,8 @@ def _make_config(q, k, v, group, layout, causal, window_size, softcap, softmax_s
     if alibi_slopes is not None:
         raise RingAttentionUnsupported(
             "flashport.distributed: alibi_slopes does not compose with ring attention (the ALiBi "
-            "distance |i - j| of a block is not expressible with the kernels' alignment)")
+            "distance |i - j| of a block is not expressible with the kernels' alignment); "
+            "ulysses_flash_attn_func supports it")
     if dropout_p:
         raise RingAttentionUnsupported(
             "flashport.distributed: dropout_p > 0 is not supported by ring attention (the dropout "
