@@ -21,7 +21,9 @@ What the attention function does with what transformers hands it:
     the kwarg, else `module.sinks`), `dropout`, `scaling`, `is_causal`, GQA (no repeat_kv);
   * `deterministic` (the kwarg, else torch.are_deterministic_algorithms_enabled()).
 It returns (attn_output [B, S, Hq, Dv], None); attention weights are never materialised
-(`output_attentions=True` raises: use "eager").
+(`output_attentions=True` raises: use "eager"). Mask patterns the kernels cannot express (a
+custom 4D mask, a model's own mask overlay, chunked attention) raise NotImplementedError or
+ValueError naming "sdpa"/"eager" as the way out; nothing is silently dropped.
 
 The mask function never builds a 4D mask: it returns the 2D padding mask (bool [B, kv_length],
 True = token) or None when nothing is padded.
@@ -83,7 +85,20 @@ def padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_
     itself, so the mask_function transformers composes is not evaluated.
 
     A static cache hands attention kv_length cache slots of which only q_offset + q_length are
-    filled; the mask then covers the filled ones, and attention drops the rest."""
+    filled; the mask then covers the filled ones, and attention drops the rest.
+
+    Patterns the kernels cannot express raise instead of being dropped: a model's own overlay
+    (transformers marks custom and/or mask functions with use_vmap; a union such as image-token
+    blocks is an or_mask) and chunked attention (config.attention_chunk_size)."""
+    if kwargs.get("use_vmap") or getattr(mask_function, "__name__", None) == "or_mask":
+        raise NotImplementedError(
+            "flashport: this model adds its own pattern to the attention mask (a mask_function "
+            "overlay, e.g. bidirectional image-token blocks), which flashport's kernels cannot "
+            "apply; use attn_implementation='sdpa' or 'eager'")
+    if getattr(kwargs.get("config"), "attention_chunk_size", None) is not None:
+        raise NotImplementedError(
+            "flashport: chunked attention (config.attention_chunk_size) is not supported; use "
+            "attn_implementation='sdpa' or 'eager'")
     if attention_mask is not None:
         # Sliding layers keep only the most recent kv_length keys: the mask's right end.
         attention_mask = attention_mask[:, -kv_length:].bool()

@@ -234,6 +234,30 @@ def test_cross_attention_keeps_every_query():
     assert (unmasked - judge)[1].abs().max().item() > 1e-2 * judge.abs().max().item()
 
 
+def test_mask_patterns_the_kernels_cannot_apply_raise():
+    from transformers.masking_utils import and_masks, causal_mask_function, or_masks
+
+    def image_blocks(batch_idx, head_idx, q_idx, kv_idx):
+        return kv_idx < 3
+
+    with pytest.raises(NotImplementedError, match="sdpa"):
+        padding_mask(1, 6, 6, mask_function=or_masks(causal_mask_function, image_blocks))
+    with pytest.raises(NotImplementedError, match="sdpa"):
+        padding_mask(1, 6, 6, mask_function=and_masks(causal_mask_function, image_blocks),
+                     use_vmap=True)
+    chunked = _config("llama")
+    chunked.attention_chunk_size = 4
+    with pytest.raises(NotImplementedError, match="chunk"):
+        padding_mask(1, 6, 6, mask_function=causal_mask_function, config=chunked)
+    # Through a model: an and_mask_function overlay reaches the mask function.
+    model = _models("llama")[NAME]
+    ids = _ids(1, 5).to(_device())
+    mask = transformers.masking_utils.create_causal_mask
+    with pytest.raises(NotImplementedError, match="overlay"):
+        mask(config=model.config, inputs_embeds=model.model.embed_tokens(ids),
+             attention_mask=None, cache=None, position_ids=None, and_mask_function=image_blocks)
+
+
 def test_mask_function_returns_2d_padding_or_none():
     ones = torch.ones(2, 6, dtype=torch.bool)
     assert padding_mask(2, 6, 6, attention_mask=ones) is None
