@@ -14,6 +14,7 @@
 #include "gpu/mma/bwd_launch.hpp"
 #include "gpu/hopper/fwd_hopper.hpp"
 #include "gpu/mma/fwd_launch.hpp"
+#include "gpu/common/probs_kernel.hpp"
 
 namespace flashport {
 namespace gpu {
@@ -360,6 +361,26 @@ class CudaBackend final : public Backend {
     }
 #endif
     return run_bwd_cuda(p, plan, workspace, static_cast<gpuStream_t>(p.fwd.raw->stream));
+  }
+
+  // fp_attn_probs: one element-wise kernel (probs_kernel.cu), no workspace.
+  Status plan_probs(const ProbsProblem& pp, Plan* plan) const override {
+    const Problem& p = pp.fwd;
+    if (p.device != FP_DEVICE_CUDA) return unsupported("cuda backend: tensors are not on a CUDA device");
+    if (p.dtype != FP_F16 && p.dtype != FP_BF16)
+      return unsupported("cuda backend: probs of float16/bfloat16 calls only");
+    if (p.lse_dtype != FP_F32) return unsupported("cuda backend: lse must be float32");
+    DeviceInfo dev;
+    FP_RETURN_IF_ERROR(check_device(p.device_index, &dev));
+    *plan = Plan{};
+    std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:probs:%s", p.dtype == FP_BF16 ? "bf16" : "fp16");
+    return Status::ok();
+  }
+  Status run_probs(const ProbsProblem& pp, const Plan&) const override {
+    DeviceGuard guard(pp.fwd.device_index);
+    if (gpuError_t e = launch_probs(probs_args(pp), static_cast<gpuStream_t>(pp.fwd.raw->stream)); e != gpuSuccess)
+      return {FP_ERR_RUNTIME, std::string("cuda backend: probs launch: ") + gpuGetErrorString(e)};
+    return Status::ok();
   }
 
   Status plan_merge(const MergeProblem& p, Plan* plan) const override {

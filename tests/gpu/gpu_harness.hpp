@@ -134,6 +134,7 @@ struct Case {
   bool cache = false, paged = false, batch_idx = false;
   int64_t page_size = 16, snew = 0;
   std::vector<int64_t> seqused;
+  std::vector<int64_t> leftpad;  // cache_leftpad per sequence (empty: none)
   int64_t rot_dim = 0;
   bool rot_interleaved = false;
   bool rng_on_device = false;  // dropout (seed, offset) as the device tensor dropout_rng
@@ -156,6 +157,7 @@ struct Case {
     if (cache) s += paged ? " paged(ps=" + std::to_string(page_size) + ")" : " cache";
     if (batch_idx) s += " batch_idx";
     if (snew) s += " snew=" + std::to_string(snew);
+    if (!leftpad.empty()) s += " leftpad";
     if (rot_dim) s += " rotary=" + std::to_string(rot_dim) + (rot_interleaved ? "i" : "h");
     return s;
   }
@@ -165,7 +167,7 @@ struct Case {
 struct Call {
   Case c;
   HostTensor q, k, v, out, lse, cu_q, cu_k, seqused, block_table, batch_idx, k_new, v_new, cos,
-      sin, alibi, sinks, rng;
+      sin, alibi, sinks, rng, leftpad;
   int64_t max_blocks = 0;
   static constexpr uint64_t kSeed = 0x1234567887654321ull, kOffset = 99;
 
@@ -191,6 +193,7 @@ struct Call {
       }
       std::vector<int32_t> su(c.seqused.begin(), c.seqused.end());
       seqused = HostTensor::i32({c.batch}, su);
+      if (!c.leftpad.empty()) leftpad = HostTensor::i32({c.batch}, std::vector<int32_t>(c.leftpad.begin(), c.leftpad.end()));
       if (c.paged) {
         max_blocks = (c.sk + c.page_size - 1) / c.page_size;
         const int64_t pool = c.batch * max_blocks + 3;
@@ -268,7 +271,7 @@ struct Call {
   // Parameters over the given views (host fp64 copies for the reference, device copies for CUDA).
   struct Views {
     fp_tensor q, k, v, out, lse, cu_q, cu_k, seqused, block_table, batch_idx, k_new, v_new, cos,
-        sin, alibi, sinks, rng;
+        sin, alibi, sinks, rng, leftpad;
   };
   fp_attn_params params(const Views& w, fp_backend backend) const {
     fp_attn_params p;
@@ -284,6 +287,7 @@ struct Call {
       p.seqused_k = w.seqused;
       if (c.paged) p.block_table = w.block_table;
       if (c.batch_idx) p.cache_batch_idx = w.batch_idx;
+      if (!c.leftpad.empty()) p.cache_leftpad = w.leftpad;
       if (c.snew > 0) p.k_new = w.k_new, p.v_new = w.v_new;
       if (c.rot_dim > 0) {
         p.rotary_cos = w.cos, p.rotary_sin = w.sin;
@@ -294,7 +298,7 @@ struct Call {
     p.causal = c.causal;
     p.causal_align = c.top_left ? FP_CAUSAL_TOP_LEFT : FP_CAUSAL_BOTTOM_RIGHT;
     p.window_left = c.wl;
-    p.window_right = c.causal ? -1 : c.wr;
+    p.window_right = c.wr;  // with causal: intersected (flash_attn)
     p.softcap = c.softcap;
     if (c.alibi) p.alibi_slopes = w.alibi;
     if (c.sinks) p.sinks = w.sinks;
@@ -330,6 +334,7 @@ inline Outputs run_reference(const Call& call) {
   if (!call.seqused.empty()) w.seqused = call.seqused.view();
   if (!call.block_table.empty()) w.block_table = call.block_table.view();
   if (!call.batch_idx.empty()) w.batch_idx = call.batch_idx.view();
+  if (!call.leftpad.empty()) w.leftpad = call.leftpad.view();
   if (!kn.empty()) w.k_new = kn.view(), w.v_new = vn.view();
   if (!call.cos.empty()) w.cos = call.cos.view(), w.sin = call.sin.view();
   if (!call.alibi.empty()) w.alibi = call.alibi.view();
@@ -346,7 +351,7 @@ inline Outputs run_reference(const Call& call) {
 // Device copies of every tensor of a call.
 struct DeviceCall {
   DevBuf q, k, v, out, lse, cu_q, cu_k, seqused, block_table, batch_idx, k_new, v_new, cos, sin,
-      alibi, sinks, rng, workspace;
+      alibi, sinks, rng, leftpad, workspace;
   Call::Views views{};
 
   explicit DeviceCall(const Call& c) {
@@ -361,6 +366,7 @@ struct DeviceCall {
     up(batch_idx, c.batch_idx, views.batch_idx), up(k_new, c.k_new, views.k_new);
     up(v_new, c.v_new, views.v_new), up(cos, c.cos, views.cos), up(sin, c.sin, views.sin);
     up(alibi, c.alibi, views.alibi), up(sinks, c.sinks, views.sinks), up(rng, c.rng, views.rng);
+    up(leftpad, c.leftpad, views.leftpad);
   }
 
   // Selects, sizes the workspace (allocated here, outside the call) and runs on `stream`.

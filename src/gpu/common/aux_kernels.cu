@@ -157,6 +157,7 @@ __global__ void __launch_bounds__(kMergeWarps * kWarpSize) merge_bwd_kernel(cons
 }
 
 // Element offset of cache row `pos` of sequence b, kv head h (page ids clamped into the pool).
+// `pos` is an absolute cache row (appends land at seqused_k + j whatever the left pad).
 __device__ __forceinline__ int64_t cache_row(const SeqInfo& seq, const KvAddr& ad, int64_t num_pages,
                                              int64_t b, int64_t pos, int64_t h) {
   if (ad.layout == KvLayout::Paged) {
@@ -164,7 +165,7 @@ __device__ __forceinline__ int64_t cache_row(const SeqInfo& seq, const KvAddr& a
     page = page < 0 ? 0 : (num_pages > 0 && page >= num_pages ? num_pages - 1 : page);
     return page * ad.s0 + (pos % seq.page_size) * ad.s1 + h * ad.s2;
   }
-  return ad.at(seq, b, pos, h);
+  return ad.at_row(seq, b, pos, h);
 }
 
 // Rotates one row (x -> dst) at position `pos`; columns past rot_dim are copied.
@@ -224,6 +225,7 @@ __global__ void __launch_bounds__(kAppendWarps * kWarpSize) rotate_q_kernel(cons
   const int64_t b = row / (a.hq * a.seq.sq);
   if (i >= a.seq.q_len(b)) return;
   const int64_t qs = a.seq.q_start(b);
+  // Rotary positions are cache rows (a left pad does not move them), as flash_attn.
   const int64_t pos = int64_t(a.seq.seqused_k[b]) + (a.q_pos_per_row ? i : 0);
   rotate_row<Elem>(a, reinterpret_cast<const T*>(a.q) + a.q_addr.at(b, qs, i, h),
                    reinterpret_cast<T*>(a.q_rot) + a.q_rot_addr.at(b, qs, i, h),

@@ -47,9 +47,10 @@ struct KvTileLoader {
   static constexpr int kPasses = BN / kRowsPerPass;
   static_assert(NT % kChunks == 0 && BN % kRowsPerPass == 0, "tile / thread mapping");
 
-  const uint16_t* base;                // tensor + sequence/head offset (row 0 of the sequence)
+  const uint16_t* base;                // tensor + sequence/head offset (key 0 of the sequence)
   int64_t stride = 0;                  // elements between rows
   const int32_t* table_row = nullptr;  // paged: this sequence's page table row
+  int pad = 0;                         // paged: cache row of key 0 (cache_leftpad)
 
   __device__ __forceinline__ KvTileLoader(const uint16_t* tensor, const SeqInfo& s, const KvAddr& ad,
                                           int64_t b, int64_t kvh) {
@@ -58,12 +59,14 @@ struct KvTileLoader {
       table_row = s.block_table + b * s.block_table_stride;
       base = tensor + head_off;
       stride = ad.s1;
+      pad = static_cast<int>(s.k_pad(b));
     } else if (ad.layout == KvLayout::Packed) {
       base = tensor + s.k_start(b) * ad.s0 + head_off;
       stride = ad.s0;
     } else {
+      // Key j is cache row k_pad + j (SeqInfo::key_row): the pad folds into the base.
       const int64_t row = s.cache_batch_idx ? int64_t(s.cache_batch_idx[b]) : b;
-      base = tensor + row * ad.s0 + head_off;
+      base = tensor + row * ad.s0 + s.k_pad(b) * ad.s1 + head_off;
       stride = ad.s1;
     }
   }
@@ -90,9 +93,10 @@ struct KvTileLoader {
         if (j < lk) {
           if (table_row != nullptr) {
             const int ps = static_cast<int>(a.seq.page_size);
-            int64_t page = table_row[j / ps];
+            const int row = pad + j;
+            int64_t page = table_row[row / ps];
             page = page < 0 ? 0 : (a.num_pages > 0 && page >= a.num_pages ? a.num_pages - 1 : page);
-            src = base + page * ad.s0 + int64_t(j % ps) * stride;
+            src = base + page * ad.s0 + int64_t(row % ps) * stride;
           } else {
             src = base + int64_t(j) * stride;
           }
@@ -254,7 +258,8 @@ __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileCo
   int lq = static_cast<int>(a.seq.q_len(b));
   if (lq > a.seq.sq) lq = static_cast<int>(a.seq.sq);  // clamp device-side lengths, don't fault
   int64_t lk64 = a.seq.k_len(b);
-  if (a.k_rows_cap > 0 && lk64 > a.k_rows_cap) lk64 = a.k_rows_cap;
+  // Keys are cache rows [k_pad, k_pad + lk): clamp them into the cache rows.
+  if (a.k_rows_cap > 0 && lk64 > a.k_rows_cap - a.seq.k_pad(b)) lk64 = a.k_rows_cap - a.seq.k_pad(b);
   const int lk = lk64 < 0 ? 0 : static_cast<int>(lk64);
   const int m_rows = lq * a.pack;
   if (m0 >= m_rows) return;
