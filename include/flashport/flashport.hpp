@@ -113,6 +113,7 @@ inline size_t workspace_bytes(const fp_attn_bwd_params& p) {
 }
 inline bool backend_available(fp_backend b) { return fp_backend_available(b) != 0; }
 inline void attn_fwd(const fp_attn_params& p) { check(fp_attn_fwd(&p)); }
+inline void attn_probs(const fp_attn_params& p, const fp_tensor& probs) { check(fp_attn_probs(&p, probs)); }
 inline void attn_bwd(const fp_attn_bwd_params& p) { check(fp_attn_bwd(&p)); }
 inline void merge_fwd(const fp_merge_params& p) { check(fp_merge_fwd(&p)); }
 inline void merge_bwd(const fp_merge_bwd_params& p) { check(fp_merge_bwd(&p)); }
