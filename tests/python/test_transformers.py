@@ -361,17 +361,19 @@ def _assert_same_tokens(ours, base, base_logits, ours_logits=None):
             assert err <= 32 * torch.finfo(_dtype()).eps * scale, (row, err, scale)
 
 
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_generate_greedy_with_cache(arch):
-    """Left-padded prompts, greedy decoding with the KV cache past the sliding window: the same
-    tokens as the baseline."""
+def test_generate_greedy_with_cache(arch, cache):
+    """Left-padded prompts, greedy decoding with the KV cache (transformers' default, or a
+    static one) past the sliding window: the same tokens as the baseline with its default."""
     models = _models(arch)
     mask = _padding([8, 5, 2], 8, "left")
     ids = (_ids(3, 8) * mask).to(_device())
     mask = mask.to(_device())
+    extra = dict(cache_implementation="static", disable_compile=True) if cache == "static" else {}
     with torch.no_grad():
         ours, ours_logits = _greedy(models[NAME], ids, attention_mask=mask,
-                                    max_new_tokens=2 * WINDOW)
+                                    max_new_tokens=2 * WINDOW, **extra)
         base, base_logits = _greedy(models["baseline"], ids, attention_mask=mask,
                                     max_new_tokens=2 * WINDOW)
     _assert_same_tokens(ours, base, base_logits, ours_logits)
