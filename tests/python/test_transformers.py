@@ -258,6 +258,45 @@ def test_mask_patterns_the_kernels_cannot_apply_raise():
              attention_mask=None, cache=None, position_ids=None, and_mask_function=image_blocks)
 
 
+def _decode_reference(q, k, v, mask, scale):
+    """fp64 attention of the last Sq positions of each row over its mask's keys, causal."""
+    batch, heads, sq, _ = q.shape
+    out = torch.zeros(batch, sq, heads, v.shape[-1], dtype=torch.float64)
+    for b in range(batch):
+        keys = mask[b].nonzero().reshape(-1)
+        kk = k[b][:, keys].double().repeat_interleave(heads // k.shape[1], 0)
+        vv = v[b][:, keys].double().repeat_interleave(heads // k.shape[1], 0)
+        scores = torch.einsum("hid,hjd->hij", q[b].double(), kk) * scale
+        first = len(keys) - sq  # query i is the key at compacted position first + i
+        visible = torch.arange(len(keys))[None, :] <= first + torch.arange(sq)[:, None]
+        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+        out[b] = torch.einsum("hij,hjd->ihd", probs, vv)
+    return out
+
+
+@pytest.mark.parametrize("case", ["left padding", "left padding, grad", "holes"])
+def test_padded_decode_paths(case):
+    """A decode chunk (Sq = 2 < Sk) over a padded cache: in place with cache_leftpad for left
+    padding without gradients, varlen otherwise (gradients, or padding inside a row)."""
+    module = _models("llama")[NAME].model.layers[0].self_attn
+    dev, dtype = _device(), _dtype()
+    q = torch.randn(3, 4, 2, 16, dtype=dtype, device=dev)
+    k = torch.randn(3, 2, 9, 16, dtype=dtype, device=dev)
+    v = torch.randn(3, 2, 9, 16, dtype=dtype, device=dev)
+    mask = _padding([9, 6, 2], 9, "left").bool()
+    if case == "holes":
+        mask[0, 2:5] = False
+    mask = mask.to(dev)
+    grad = case.endswith("grad")
+    q.requires_grad_(grad)
+    with torch.set_grad_enabled(grad):
+        out, weights = fport_hf.attention_forward(module, q, k, v, mask, scaling=0.25)
+    assert weights is None and out.requires_grad == grad
+    expected = _decode_reference(q.detach().cpu(), k.cpu(), v.cpu(), mask.cpu(), 0.25)
+    tol = 16 * torch.finfo(dtype).eps
+    assert (out.detach().double().cpu() - expected).abs().max().item() <= tol
+
+
 def test_mask_function_returns_2d_padding_or_none():
     ones = torch.ones(2, 6, dtype=torch.bool)
     assert padding_mask(2, 6, 6, attention_mask=ones) is None
