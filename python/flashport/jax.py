@@ -100,16 +100,11 @@ def _workspace_types(op, cfg, named):
         return ()
     meta = {n: (jnp.dtype(x.dtype).name, tuple(int(d) for d in x.shape))
             for n, x in named.items() if x is not None}
-    scalars = dict(softmax_scale=cfg.softmax_scale, causal=int(cfg.causal),
-                   causal_align=cfg.causal_align, window_left=cfg.window_left,
-                   window_right=cfg.window_right, softcap=cfg.softcap, dropout_p=cfg.dropout_p,
-                   num_splits=cfg.num_splits, backend=cfg.backend)
-    if named.get("cu_seqlens_q") is not None:
-        scalars.update(max_seqlen_q=cfg.max_seqlen_q, max_seqlen_k=cfg.max_seqlen_k)
-    if op == "bwd":
-        scalars.update(deterministic=int(cfg.deterministic))
     try:
-        nbytes = _C.gpu_workspace_bytes(op, meta, scalars)
+        nbytes = _C.gpu_workspace_bytes(op, meta, cfg.softmax_scale, cfg.causal, cfg.causal_align,
+                                        cfg.window_left, cfg.window_right, cfg.softcap,
+                                        cfg.dropout_p, cfg.num_splits, cfg.backend,
+                                        cfg.max_seqlen_q, cfg.max_seqlen_k, cfg.deterministic)
     except (ValueError, RuntimeError):
         # Not a call the CUDA backend plans (e.g. arrays placed on the CPU of a GPU machine):
         # the handler then takes scratch memory, and a real CUDA error surfaces at run time.

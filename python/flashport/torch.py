@@ -7,10 +7,14 @@ changing the import. flashport extras are keyword-only: ``sinks`` (per-head sink
 ``causal_align`` ("bottom_right" as flash_attn, or "top_left" as torch SDPA), ``backend`` (force a
 backend, e.g. "reference") and, for flash_attn_func/varlen, ``num_splits``.
 
-The kernels are torch.library custom ops (namespace ``flashport``) with fake implementations, so
-torch.compile(fullgraph=True) traces them, and autograd formulas (backward on every backend that has
-one). CPU and CUDA tensors; GPU calls run on the current CUDA stream with workspace from torch's
-caching allocator.
+Two routes run the same code. Eager calls on plain tensors go straight to the extension (typed
+positional arguments; tensors cross through torch's C-level DLPack exchange where torch has it,
+else as pointer/shape/strides), with autograd through a small torch.autograd.Function. While
+torch.compile/export trace, under a dispatch mode (fake tensors, make_fx) or with tensor subclasses,
+calls go through torch.library custom ops (namespace ``flashport``) with fake implementations and
+registered autograd, so torch.compile(fullgraph=True) traces them; their bodies are the eager
+route's calls, so both routes give the same bits. CPU and CUDA tensors; GPU calls run on the
+current CUDA stream with workspace from torch's caching allocator.
 
 Dropout RNG (CUDA-graph safe). Each dropout forward draws its Philox (seed, offset) as two random
 64-bit words with a torch random op (``Tensor.random_``) from torch's default generator of the
@@ -33,16 +37,14 @@ can only reach them through a torch random op.) The custom op returns the tensor
 output (``rng_state``: int64 [2] on the tensors' device; empty when dropout_p == 0).
 
 Differences from flash_attn, all loud:
-  * ``cache_leftpad`` is not supported: passing it raises NotImplementedError.
   * The softmax LSE returned by return_attn_probs / return_softmax_lse is not differentiable (as in
     flash_attn, whose backward ignores its gradient); it is marked non-differentiable here.
-  * ``S_dmask`` (return_attn_probs=True) is computed exactly, not as a kernel by-product: the
-    softmax probabilities P = exp(s - lse) of the visible keys, shape [B, Hq, Sq, Sk] (varlen:
-    [B, Hq, max_seqlen_q, max_seqlen_k], zero padded; no rounding to 128), with dropped elements
-    negated when dropout_p > 0 (flash_attn's encoding). It costs an extra O(Sq * Sk) pass and is
-    meant for testing, as in flash_attn.
+  * ``S_dmask`` (return_attn_probs=True) is None without dropout (as flash_attn); with dropout it
+    is computed exactly, not as a kernel by-product: the softmax probabilities P = exp(s - lse)
+    of the visible keys, shape [B, Hq, Sq, Sk] (varlen: [B, Hq, max_seqlen_q, max_seqlen_k], zero
+    padded; no rounding to 128), with dropped elements negated (flash_attn's encoding). It costs
+    an extra O(Sq * Sk) pass and is meant for testing, as in flash_attn.
 """
-import math
 import sys
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -62,41 +64,58 @@ __all__ = [
     "merge_attn_states",
 ]
 
-_U64 = (1 << 64) - 1
+_NAN = float("nan")  # softmax_scale=None: the library's 1/sqrt(D)
 # The int64 [2] rng_state is passed to the C API as its int32 view: {seed lo, seed hi, offset lo,
 # offset hi} needs little-endian words.
 assert sys.byteorder == "little", "flashport.torch: dropout_rng layout assumes a little-endian host"
 
 
 # --------------------------------------------------------------------------------------------
-# Helpers (run inside the custom ops: real tensors only)
+# How torch tensors reach the extension (set once): torch's C-level DLPack exchange table where
+# torch has one (>= 2.10: data pointer, shape, strides, current stream and the workspace from the
+# caching allocator, with no Python object per tensor), else the tensors' attributes.
 # --------------------------------------------------------------------------------------------
 
-def _dl(t: Optional[Tensor]):
-    """A DLPack capsule of t (no stream synchronisation: we run on the current stream)."""
-    if t is None:
-        return None
-    return t.detach().__dlpack__(stream=-1)
+def _raw_stream(device_index: int) -> int:
+    """torch's current stream of a GPU (attribute route only: the C route asks torch in C)."""
+    return torch.cuda.current_stream(device_index).cuda_stream
 
 
-def _stream(device: torch.device) -> int:
-    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.uint8)
 
 
-def _allocator(device: torch.device):
-    """Workspace from torch's caching allocator; the list keeps it alive for the call."""
-    held: List[Tensor] = []
-
-    def alloc(nbytes: int) -> int:
-        t = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        held.append(t)
-        return t.data_ptr()
-
-    return alloc, held
+def _empty(shape: Tuple[int, ...], code: int, device_index: int) -> Tensor:
+    """A new output or workspace from torch's caching allocator (attribute route). code: the
+    fp_dtype order of _DTYPES; device_index -1 is the CPU."""
+    device = "cpu" if device_index < 0 else torch.device("cuda", device_index)
+    return torch.empty(shape, dtype=_DTYPES[code], device=device)
 
 
-def _tensors(**kw) -> dict:
-    return {k: _dl(v) for k, v in kw.items() if v is not None}
+def _exchange_api():
+    """torch.Tensor's C exchange table (a "dlpack_exchange_api" capsule), or None."""
+    api = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)
+    return api if type(api).__name__ == "PyCapsule" else None
+
+
+def _connect(exchange_api) -> bool:
+    return _C.set_torch(torch.Tensor, exchange_api, _DTYPES[:5], _raw_stream, _empty,
+                        torch.version.hip is not None)
+
+
+_connect(_exchange_api())
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------
+
+def _use_custom_ops(x: Tensor) -> bool:
+    """True when a call must go through the registered custom ops rather than straight to the
+    extension: while torch.compile/export trace (dynamo), under a dispatch mode (FakeTensorMode,
+    make_fx, FlopCounterMode, ...) and for tensor subclasses (FakeTensor, FunctionalTensor,
+    DTensor, ...). Eager calls on plain tensors take the direct route; both run the same code."""
+    return (torch.compiler.is_compiling() or type(x) is not Tensor
+            or torch._C._len_torch_dispatch_stack() > 0)
 
 
 def _lse_dtype(q: Tensor) -> torch.dtype:
@@ -111,6 +130,12 @@ def _draw_dropout_rng(rng: Tensor) -> None:
     rng.random_(-(1 << 63), None)  # [-2^63, 2^63 - 1]: every 64-bit pattern
 
 
+def _new_rng(q: Tensor) -> Tensor:
+    rng = torch.empty(2, dtype=torch.int64, device=q.device)
+    _draw_dropout_rng(rng)
+    return rng
+
+
 def _rng_words(rng_state: Tensor, device: torch.device) -> Tensor:
     """The C API's dropout_rng (int32 [4] {seed lo, seed hi, offset lo, offset hi}) as a view of
     the int64 [2] rng_state (seed, offset); no copy, no host read."""
@@ -122,15 +147,17 @@ def _rng_words(rng_state: Tensor, device: torch.device) -> Tensor:
     return rng_state.contiguous().view(torch.int32)
 
 
+_BACKEND_IDS = {None: int(Backend.AUTO)}
+_BACKEND_IDS.update({b.name.lower(): int(b) for b in Backend})
+
+
 def _backend_id(backend) -> int:
-    if backend is None:
-        return int(Backend.AUTO)
+    found = _BACKEND_IDS.get(backend.lower() if isinstance(backend, str) else backend)
+    if found is not None:
+        return found
     if isinstance(backend, str):
-        try:
-            return int(Backend[backend.upper()])
-        except KeyError:
-            raise ValueError(f"flashport: unknown backend {backend!r}; one of "
-                             f"{[b.name.lower() for b in Backend]}") from None
+        raise ValueError(f"flashport: unknown backend {backend!r}; one of "
+                         f"{[b.name.lower() for b in Backend]}")
     return int(Backend(backend))
 
 
@@ -138,6 +165,9 @@ _ALIGN_IDS = {"bottom_right": int(CausalAlign.BOTTOM_RIGHT), "top_left": int(Cau
 
 
 def _align_id(causal_align) -> int:
+    found = _ALIGN_IDS.get(causal_align)
+    if found is not None:
+        return found
     if isinstance(causal_align, str):
         align = _ALIGN_IDS.get(causal_align.lower())
         if align is None:
@@ -153,16 +183,153 @@ def _window(window_size) -> Tuple[int, int]:
     return int(window_size[0]), int(window_size[1])
 
 
-def _maybe_contiguous(x: Optional[Tensor]) -> Optional[Tensor]:
-    return x.contiguous() if x is not None and x.stride(-1) != 1 else x
-
-
-def _scale(q: Tensor, softmax_scale) -> float:
-    return float(q.shape[-1] ** (-0.5) if softmax_scale is None else softmax_scale)
+def _scale(softmax_scale) -> float:
+    """The scale the extension gets: NaN asks the library for 1/sqrt(D) (one rule, every route)."""
+    return _NAN if softmax_scale is None else float(softmax_scale)
 
 
 # --------------------------------------------------------------------------------------------
-# Custom ops: forward / backward (batched and varlen), KV cache forward, merge
+# The calls into the extension. Every route runs these: the eager fast path directly, the
+# custom ops (torch.compile, export, fake tensors) from their bodies. The extension allocates
+# the outputs (contiguous, from torch's caching allocator), as the fake implementations do.
+# --------------------------------------------------------------------------------------------
+
+def _fwd_outputs(q: Tensor, v: Tensor, varlen: bool) -> Tuple[Tensor, Tensor]:
+    """(Fake) out [.., Hq, Dv] like q, and the LSE: [B, Hq, Sq] batched, [Hq, Tq] varlen."""
+    if v.shape[-1] == q.shape[-1]:
+        out = q.new_empty(q.shape)
+    else:
+        out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    if varlen:  # q [Tq, Hq, D]
+        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=_lse_dtype(q))
+    else:  # q [B, Sq, Hq, D]
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=_lse_dtype(q))
+    return out, lse
+
+
+def _fwd(q, k, v, cu_q, cu_k, max_q, max_k, block_table, seqused_k, alibi, sinks, rng,
+         dropout_p, scale, causal, wl, wr, softcap, align, num_splits, backend):
+    """One forward call -> (out, lse); rng is the drawn int64 [2] (seed, offset) when
+    dropout_p > 0."""
+    return _C.attn_fwd(q, k, v, None, None, cu_q, cu_k, max_q, max_k, block_table, seqused_k,
+                       alibi, sinks, None if rng is None else rng.view(torch.int32), dropout_p,
+                       scale, causal, wl, wr, softcap, align, num_splits, backend)
+
+
+def _bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, block_table, seqused_k, alibi, sinks,
+         rng, dropout_p, scale, causal, wl, wr, softcap, align, deterministic, backend):
+    """One backward call -> (dq, dk, dv, d_sinks or None); rng as in _fwd."""
+    return _C.attn_bwd(dout, q, k, v, out, lse, None, None, None, None, cu_q, cu_k, max_q, max_k,
+                       block_table, seqused_k, alibi, sinks,
+                       None if rng is None else rng.view(torch.int32), dropout_p, scale, causal,
+                       wl, wr, softcap, align, deterministic, backend)
+
+
+class _Attention(torch.autograd.Function):
+    """Autograd of the eager route: forward and backward straight to the extension. (The custom
+    op flashport::attn_fwd has the same formula registered for the traced route.)"""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, aux):
+        (cu_q, cu_k, max_q, max_k, block_table, seqused_k, alibi, rng, dropout_p, scale, causal,
+         wl, wr, softcap, align, num_splits, deterministic, backend) = aux
+        out, lse = _fwd(q, k, v, cu_q, cu_k, max_q, max_k, block_table, seqused_k, alibi, sinks,
+                        rng, dropout_p, scale, causal, wl, wr, softcap, align, num_splits,
+                        backend)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
+        ctx.aux = aux
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, sinks = ctx.saved_tensors
+        (cu_q, cu_k, max_q, max_k, block_table, seqused_k, alibi, rng, dropout_p, scale, causal,
+         wl, wr, softcap, align, _num_splits, deterministic, backend) = ctx.aux
+        if torch.compiler.is_compiling():  # compiled autograd traces the backward
+            no_rng = q.new_empty((0,), dtype=torch.int64) if rng is None else rng
+            dq, dk, dv, d_sinks = torch.ops.flashport.attn_bwd(
+                dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, block_table, seqused_k, alibi,
+                sinks, no_rng, dropout_p, scale, causal, wl, wr, softcap, align, deterministic,
+                backend)
+        else:
+            dq, dk, dv, d_sinks = _bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k,
+                                       block_table, seqused_k, alibi, sinks, rng, dropout_p,
+                                       scale, causal, wl, wr, softcap, align, deterministic,
+                                       backend)
+        return dq, dk, dv, (d_sinks if sinks is not None else None), None
+
+
+def _attention(q, k, v, cu_q, cu_k, max_q, max_k, block_table, seqused_k, alibi, sinks,
+               dropout_p, scale, causal, wl, wr, softcap, align, num_splits, deterministic,
+               backend):
+    """The forward of flash_attn_func / flash_attn_varlen_func -> (out, lse, rng_state or None)."""
+    if _use_custom_ops(q):
+        out, lse, rng = torch.ops.flashport.attn_fwd(
+            q, k, v, cu_q, cu_k, max_q, max_k, block_table, seqused_k, alibi, sinks, dropout_p,
+            scale, causal, wl, wr, softcap, align, num_splits, deterministic, backend)
+        return out, lse, rng
+    rng = _new_rng(q) if dropout_p > 0.0 else None
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
+                                    (sinks is not None and sinks.requires_grad)):
+        out, lse = _Attention.apply(q, k, v, sinks, (
+            cu_q, cu_k, max_q, max_k, block_table, seqused_k, alibi, rng, dropout_p, scale,
+            causal, wl, wr, softcap, align, num_splits, deterministic, backend))
+    else:
+        out, lse = _fwd(q, k, v, cu_q, cu_k, max_q, max_k, block_table, seqused_k, alibi, sinks,
+                        rng, dropout_p, scale, causal, wl, wr, softcap, align, num_splits,
+                        backend)
+    return out, lse, rng
+
+
+def _kvcache_fwd(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                 cache_batch_idx, cache_leftpad, block_table, alibi_slopes, sinks, softmax_scale,
+                 causal, window_left, window_right, softcap, rotary_interleaved, num_splits,
+                 causal_align, backend):
+    return _C.attn_fwd_kvcache(q, k_cache, v_cache, None, None, k, v, rotary_cos, rotary_sin,
+                               cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                               alibi_slopes, sinks, softmax_scale, causal, window_left,
+                               window_right, softcap, rotary_interleaved, num_splits, causal_align,
+                               backend)
+
+
+def _merge_outputs(out_partials: Tensor, lse_partials: Tensor) -> Tuple[Tensor, Tensor]:
+    return (out_partials.new_empty(out_partials.shape[1:]),
+            lse_partials.new_empty(lse_partials.shape[1:]))
+
+
+def _merge_fwd_run(out_partials, lse_partials, backend):
+    return _C.merge_fwd(out_partials, lse_partials, None, None, backend)
+
+
+def _merge_bwd_run(out_partials, lse_partials, out, lse, dout, dlse, backend):
+    return _C.merge_bwd(out_partials, lse_partials, out, lse, dout, dlse, None, None, backend)
+
+
+class _Merge(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, out_partials, lse_partials, backend):
+        out, lse = _merge_fwd_run(out_partials, lse_partials, backend)
+        ctx.save_for_backward(out_partials, lse_partials, out, lse)
+        ctx.backend = backend
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        out_partials, lse_partials, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        if torch.compiler.is_compiling():
+            grads = torch.ops.flashport.merge_bwd(out_partials, lse_partials, out, lse, dout,
+                                                  dlse, ctx.backend)
+        else:
+            grads = _merge_bwd_run(out_partials, lse_partials, out, lse, dout, dlse, ctx.backend)
+        return grads[0], grads[1], None
+
+
+# --------------------------------------------------------------------------------------------
+# Custom ops (torch.compile, export, fake tensors): forward / backward (batched and varlen), KV
+# cache forward, merge. Their bodies are the eager route's calls.
 # --------------------------------------------------------------------------------------------
 
 @torch.library.custom_op("flashport::attn_fwd", mutates_args=())
@@ -174,38 +341,18 @@ def _attn_fwd(
     dropout_p: float, softmax_scale: float, causal: bool, window_left: int, window_right: int,
     softcap: float, causal_align: int, num_splits: int, deterministic: bool, backend: int,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    out, lse, rng = _attn_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                   block_table, seqused_k, alibi_slopes, sinks, dropout_p,
-                                   softmax_scale, causal, window_left, window_right, softcap,
-                                   causal_align, num_splits, deterministic, backend)
-    scalars = dict(softmax_scale=softmax_scale, causal=int(causal), causal_align=causal_align,
-                   window_left=window_left, window_right=window_right, softcap=softcap,
-                   dropout_p=dropout_p, num_splits=num_splits, backend=backend)
-    if cu_seqlens_q is not None:
-        scalars.update(max_seqlen_q=max_seqlen_q)
-    if cu_seqlens_k is not None:
-        scalars.update(max_seqlen_k=max_seqlen_k)
-    dropout_rng = None
-    if dropout_p > 0.0:
-        _draw_dropout_rng(rng)
-        dropout_rng = _rng_words(rng, q.device)
-    alloc, _held = _allocator(q.device)
-    _C.attn_fwd(_tensors(q=q, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q,
-                         cu_seqlens_k=cu_seqlens_k, block_table=block_table, seqused_k=seqused_k,
-                         alibi_slopes=alibi_slopes, sinks=sinks, dropout_rng=dropout_rng),
-                scalars, _stream(q.device), alloc)
-    return out, lse, rng
+    rng = _new_rng(q) if dropout_p > 0.0 else None
+    out, lse = _fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
+                    seqused_k, alibi_slopes, sinks, rng, dropout_p, softmax_scale, causal,
+                    window_left, window_right, softcap, causal_align, num_splits, backend)
+    return out, lse, q.new_empty((0,), dtype=torch.int64) if rng is None else rng
 
 
 @_attn_fwd.register_fake
 def _attn_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
                    seqused_k, alibi_slopes, sinks, dropout_p, softmax_scale, causal, window_left,
                    window_right, softcap, causal_align, num_splits, deterministic, backend):
-    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
-    if cu_seqlens_q is None:  # q [B, Sq, Hq, D] -> lse [B, Hq, Sq]
-        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=_lse_dtype(q))
-    else:  # q [Tq, Hq, D] -> lse [Hq, Tq]
-        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=_lse_dtype(q))
+    out, lse = _fwd_outputs(q, v, cu_seqlens_q is not None)
     # rng_state: (seed, offset) on q's device when dropout is on, else empty (no work at p = 0).
     rng = q.new_empty((2,) if dropout_p > 0.0 else (0,), dtype=torch.int64)
     return out, lse, rng
@@ -220,29 +367,16 @@ def _attn_bwd(
     rng_state: Tensor, dropout_p: float, softmax_scale: float, causal: bool, window_left: int,
     window_right: int, softcap: float, causal_align: int, deterministic: bool, backend: int,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    dq, dk, dv, d_sinks = _attn_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                                         max_seqlen_q, max_seqlen_k, block_table, seqused_k,
-                                         alibi_slopes, sinks, rng_state, dropout_p,
-                                         softmax_scale, causal, window_left, window_right,
-                                         softcap, causal_align, deterministic, backend)
-    scalars = dict(softmax_scale=softmax_scale, causal=int(causal), causal_align=causal_align,
-                   window_left=window_left, window_right=window_right, softcap=softcap,
-                   dropout_p=dropout_p, backend=backend, deterministic=int(deterministic))
-    if cu_seqlens_q is not None:
-        scalars.update(max_seqlen_q=max_seqlen_q)
-    if cu_seqlens_k is not None:
-        scalars.update(max_seqlen_k=max_seqlen_k)
     # The forward's saved (seed, offset), read by the kernels where it lives (graph-safe).
-    dropout_rng = _rng_words(rng_state, q.device) if dropout_p > 0.0 else None
-    alloc, _held = _allocator(q.device)
-    _C.attn_bwd(_tensors(dout=_maybe_contiguous(dout), q=q, k=k, v=v, out=out, lse=lse,
-                         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                         block_table=block_table, seqused_k=seqused_k,
-                         alibi_slopes=alibi_slopes, sinks=sinks, dq=dq, dk=dk, dv=dv,
-                         d_sinks=d_sinks if sinks is not None else None,
-                         dropout_rng=dropout_rng),
-                scalars, _stream(q.device), alloc)
-    return dq, dk, dv, d_sinks
+    rng = None
+    if dropout_p > 0.0:
+        _rng_words(rng_state, q.device)  # checks it
+        rng = rng_state.contiguous()
+    dq, dk, dv, d_sinks = _bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                               max_seqlen_k, block_table, seqused_k, alibi_slopes, sinks, rng,
+                               dropout_p, softmax_scale, causal, window_left, window_right,
+                               softcap, causal_align, deterministic, backend)
+    return dq, dk, dv, q.new_empty((0,), dtype=torch.float32) if d_sinks is None else d_sinks
 
 
 @_attn_bwd.register_fake
@@ -250,9 +384,9 @@ def _attn_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seql
                    max_seqlen_k, block_table, seqused_k, alibi_slopes, sinks, rng_state, dropout_p,
                    softmax_scale, causal, window_left, window_right, softcap, causal_align,
                    deterministic, backend):
-    d_sinks = (torch.empty_like(sinks, dtype=torch.float32) if sinks is not None
+    d_sinks = (sinks.new_empty(sinks.shape, dtype=torch.float32) if sinks is not None
                else q.new_empty((0,), dtype=torch.float32))
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), d_sinks
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), d_sinks
 
 
 def _attn_setup_context(ctx, inputs, output):
@@ -290,65 +424,41 @@ def _attn_fwd_kvcache(
     cache_batch_idx: Optional[Tensor], block_table: Optional[Tensor],
     alibi_slopes: Optional[Tensor], sinks: Optional[Tensor], softmax_scale: float, causal: bool,
     window_left: int, window_right: int, softcap: float, rotary_interleaved: bool,
-    num_splits: int, causal_align: int, backend: int,
+    num_splits: int, causal_align: int, backend: int, cache_leftpad: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
-    out, lse = _attn_fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
-                                      cache_seqlens, cache_batch_idx, block_table, alibi_slopes,
-                                      sinks, softmax_scale, causal, window_left, window_right,
-                                      softcap, rotary_interleaved, num_splits, causal_align,
-                                      backend)
-    scalars = dict(softmax_scale=softmax_scale, causal=int(causal), causal_align=causal_align,
-                   window_left=window_left, window_right=window_right, softcap=softcap,
-                   rotary_interleaved=int(rotary_interleaved), num_splits=num_splits,
-                   backend=backend)
-    alloc, _held = _allocator(q.device)
-    _C.attn_fwd(_tensors(q=q, k=k_cache, v=v_cache, out=out, lse=lse, k_new=k, v_new=v,
-                         rotary_cos=rotary_cos, rotary_sin=rotary_sin, seqused_k=cache_seqlens,
-                         cache_batch_idx=cache_batch_idx, block_table=block_table,
-                         alibi_slopes=alibi_slopes, sinks=sinks),
-                scalars, _stream(q.device), alloc)
-    return out, lse
+    return _kvcache_fwd(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                        cache_batch_idx, cache_leftpad, block_table, alibi_slopes, sinks,
+                        softmax_scale, causal, window_left, window_right, softcap,
+                        rotary_interleaved, num_splits, causal_align, backend)
 
 
 @_attn_fwd_kvcache.register_fake
 def _attn_fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                            cache_batch_idx, block_table, alibi_slopes, sinks, softmax_scale,
                            causal, window_left, window_right, softcap, rotary_interleaved,
-                           num_splits, causal_align, backend):
-    out = q.new_empty((*q.shape[:-1], v_cache.shape[-1]))
-    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=_lse_dtype(q))
-    return out, lse
+                           num_splits, causal_align, backend, cache_leftpad=None):
+    return _fwd_outputs(q, v_cache, False)
 
 
 @torch.library.custom_op("flashport::merge_fwd", mutates_args=())
 def _merge_fwd(out_partials: Tensor, lse_partials: Tensor, backend: int) -> Tuple[Tensor, Tensor]:
-    out, lse = _merge_fwd_fake(out_partials, lse_partials, backend)
-    _C.merge_fwd(_tensors(out_partials=out_partials, lse_partials=lse_partials, out=out, lse=lse),
-                 backend, _stream(out_partials.device))
-    return out, lse
+    return _merge_fwd_run(out_partials, lse_partials, backend)
 
 
 @_merge_fwd.register_fake
 def _merge_fwd_fake(out_partials, lse_partials, backend):
-    return (out_partials.new_empty(out_partials.shape[1:]),
-            lse_partials.new_empty(lse_partials.shape[1:]))
+    return _merge_outputs(out_partials, lse_partials)
 
 
 @torch.library.custom_op("flashport::merge_bwd", mutates_args=())
 def _merge_bwd(out_partials: Tensor, lse_partials: Tensor, out: Tensor, lse: Tensor, dout: Tensor,
                dlse: Optional[Tensor], backend: int) -> Tuple[Tensor, Tensor]:
-    d_out_partials, d_lse_partials = _merge_bwd_fake(out_partials, lse_partials, out, lse, dout,
-                                                     dlse, backend)
-    _C.merge_bwd(_tensors(out_partials=out_partials, lse_partials=lse_partials, out=out, lse=lse,
-                          dout=_maybe_contiguous(dout), dlse=_maybe_contiguous(dlse),
-                          d_out_partials=d_out_partials, d_lse_partials=d_lse_partials),
-                 backend, _stream(out_partials.device))
-    return d_out_partials, d_lse_partials
+    return _merge_bwd_run(out_partials, lse_partials, out, lse, dout, dlse, backend)
 
 
 @_merge_bwd.register_fake
 def _merge_bwd_fake(out_partials, lse_partials, out, lse, dout, dlse, backend):
-    return torch.empty_like(out_partials), torch.empty_like(lse_partials)
+    return out_partials.new_empty(out_partials.shape), lse_partials.new_empty(lse_partials.shape)
 
 
 def _merge_setup_context(ctx, inputs, output):
@@ -372,71 +482,62 @@ torch.library.register_autograd("flashport::merge_fwd", _merge_backward,
 
 
 # --------------------------------------------------------------------------------------------
-# S_dmask for return_attn_probs (testing aid, as in flash_attn)
+# S_dmask for return_attn_probs (testing aid, as in flash_attn): fp_attn_probs on the device
 # --------------------------------------------------------------------------------------------
 
-def _probs_one(q, k, lse, keep, scale, causal, wl, wr, softcap, slopes, align):
-    """P for one sequence: q [Lq, Hq, D], k [Lk, Hkv, D], lse [Hq, Lq] -> [Hq, Lq, Lk]."""
-    lq, hq = q.shape[0], q.shape[1]
-    lk, hkv = k.shape[0], k.shape[1]
-    kk = k.float().repeat_interleave(hq // hkv, dim=1)
-    s = torch.einsum("ihd,jhd->hij", q.float(), kk) * scale
-    if softcap > 0:
-        s = softcap * torch.tanh(s / softcap)
-    shift = (lk - lq) if align == int(CausalAlign.BOTTOM_RIGHT) else 0
-    i = torch.arange(lq, device=q.device)[:, None]
-    j = torch.arange(lk, device=q.device)[None, :]
-    if slopes is not None:
-        s = s - slopes.float()[:, None, None] * (i + shift - j).abs()
-    visible = torch.ones(lq, lk, dtype=torch.bool, device=q.device)
-    if causal:
-        wr = 0
-    if wl >= 0:
-        visible &= j >= i + shift - wl
-    if wr >= 0:
-        visible &= j <= i + shift + wr
-    p = torch.exp(s - lse.float()[:, :, None]).masked_fill(~visible, 0.0)
-    if keep is not None:
-        p = torch.where(keep, p, -p)
-    return p
-
-
-def _attn_probs(q, k, lse, rng, dropout_p, scale, causal, window, softcap, alibi, align,
-                cu_q=None, cu_k=None, max_q=0, max_k=0, block_table=None):
+def _probs_dims(q, k, cu_q, cu_k, max_q, max_k, block_table):
+    if cu_q is None:
+        b, sq, hq = q.shape[0], q.shape[1], q.shape[2]
+    else:
+        b, sq, hq = cu_q.shape[0] - 1, max_q, q.shape[1]
     if block_table is not None:
-        raise NotImplementedError("flashport: return_attn_probs with a paged KV cache "
-                                  "(block_table) is not supported")
-    wl, wr = window
+        sk = block_table.shape[1] * k.shape[1]
+    else:
+        sk = k.shape[1] if cu_k is None else max_k
+    return b, hq, sq, sk
+
+
+@torch.library.custom_op("flashport::attn_probs", mutates_args=())
+def _attn_probs_op(
+    q: Tensor, k: Tensor, v: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
+    cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+    block_table: Optional[Tensor], seqused_k: Optional[Tensor], alibi_slopes: Optional[Tensor],
+    sinks: Optional[Tensor], rng_state: Tensor, dropout_p: float, softmax_scale: float,
+    causal: bool, window_left: int, window_right: int, softcap: float, causal_align: int,
+    backend: int,
+) -> Tensor:
+    return _C.attn_probs(q, k, v, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         block_table, seqused_k, alibi_slopes, sinks,
+                         _rng_words(rng_state, q.device) if dropout_p > 0.0 else None, dropout_p,
+                         softmax_scale, causal, window_left, window_right, softcap,
+                         causal_align, backend)
+
+
+@_attn_probs_op.register_fake
+def _attn_probs_fake(q, k, v, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                     block_table, seqused_k, alibi_slopes, sinks, rng_state, dropout_p,
+                     softmax_scale, causal, window_left, window_right, softcap, causal_align,
+                     backend):
+    return q.new_empty(_probs_dims(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                   block_table))
+
+
+def _attn_probs(q, k, v, lse, rng, cu_q, cu_k, max_q, max_k, block_table, seqused_k, alibi,
+                sinks, dropout_p, scale, causal, wl, wr, softcap, align, backend):
+    """S_dmask: None without dropout (as flash_attn); with dropout the probabilities
+    exp(s - lse) of the visible keys with the dropped elements negated, [B, Hq, Sq_max, Sk_max]
+    in q's dtype, zero elsewhere."""
+    if dropout_p == 0.0:
+        return None
     with torch.no_grad():
-        if cu_q is None:
-            batch, sq, hq = q.shape[0], q.shape[1], q.shape[2]
-            sk = k.shape[1]
-            seqs = [(q[b], k[b], lse[b]) for b in range(batch)]
-        else:
-            batch, hq = cu_q.numel() - 1, q.shape[1]
-            sq, sk = max_q, max_k
-            cq, ck = cu_q.tolist(), cu_k.tolist()
-            seqs = [(q[cq[b]:cq[b + 1]], k[ck[b]:ck[b + 1]], lse[:, cq[b]:cq[b + 1]])
-                    for b in range(batch)]
-        keep_all = None
-        if dropout_p > 0.0:
-            # Host read of the (seed, offset): S_dmask is a testing aid (as in flash_attn), built
-            # on the host; it syncs and so cannot be captured in a CUDA graph. Attention itself
-            # never reads the rng state on the host.
-            seed, offset = (int(x) & _U64 for x in rng.tolist())
-            keep_all = torch.from_numpy(
-                _C.dropout_keep_mask(seed, offset, batch, hq, sq, sk, float(dropout_p))
-            ).to(device=q.device, dtype=torch.bool)
-        s_dmask = torch.zeros((batch, hq, sq, sk), dtype=q.dtype, device=q.device)
-        for b, (qb, kb, lb) in enumerate(seqs):
-            lq, lk = qb.shape[0], kb.shape[0]
-            slopes = None
-            if alibi is not None:
-                slopes = alibi if alibi.dim() == 1 else alibi[b]
-            keep = None if keep_all is None else keep_all[b, :, :lq, :lk]
-            s_dmask[b, :, :lq, :lk] = _probs_one(qb, kb, lb, keep, scale, causal, wl, wr, softcap,
-                                                 slopes, align).to(q.dtype)
-        return s_dmask
+        if _use_custom_ops(q):
+            return torch.ops.flashport.attn_probs(q, k, v, lse, cu_q, cu_k, max_q, max_k,
+                                                  block_table, seqused_k, alibi, sinks, rng,
+                                                  dropout_p, scale, causal, wl, wr, softcap,
+                                                  align, backend)
+        return _C.attn_probs(q, k, v, lse, cu_q, cu_k, max_q, max_k, block_table, seqused_k,
+                             alibi, sinks, rng.view(torch.int32), dropout_p, scale, causal, wl,
+                             wr, softcap, align, backend)
 
 
 # --------------------------------------------------------------------------------------------
@@ -462,20 +563,17 @@ def flash_attn_func(
     backend=None,
 ):
     """flash_attn.flash_attn_func. q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D|Dv] -> out [B, Sq, Hq, Dv];
-    with return_attn_probs: (out, softmax_lse [B, Hq, Sq], S_dmask). See the module docstring."""
-    q, k, v = (_maybe_contiguous(x) for x in (q, k, v))
-    scale = _scale(q, softmax_scale)
+    with return_attn_probs: (out, softmax_lse [B, Hq, Sq], S_dmask or None). See the module
+    docstring."""
     wl, wr = _window(window_size)
     align = _align_id(causal_align)
-    out, lse, rng = torch.ops.flashport.attn_fwd(
-        q, k, v, None, None, 0, 0, None, None, alibi_slopes, sinks, float(dropout_p), scale,
-        bool(causal), wl, wr, float(softcap), align, int(num_splits), bool(deterministic),
-        _backend_id(backend))
+    args = (None, None, 0, 0, None, None, alibi_slopes, sinks, float(dropout_p),
+            _scale(softmax_scale), bool(causal), wl, wr, float(softcap), align)
+    out, lse, rng = _attention(q, k, v, *args, int(num_splits), bool(deterministic),
+                               _backend_id(backend))
     if not return_attn_probs:
         return out
-    s_dmask = _attn_probs(q, k, lse, rng, dropout_p, scale, causal, (wl, wr), softcap,
-                          alibi_slopes, align)
-    return out, lse, s_dmask
+    return out, lse, _attn_probs(q, k, v, lse, rng, *args, _backend_id(backend))
 
 
 def flash_attn_varlen_func(
@@ -503,9 +601,7 @@ def flash_attn_varlen_func(
 ):
     """flash_attn.flash_attn_varlen_func. q [Tq, Hq, D], k/v [Tk, Hkv, D|Dv] (or a paged cache
     [num_blocks, page_size, Hkv, D|Dv] with block_table), cu_seqlens int32 [B+1] -> out
-    [Tq, Hq, Dv]; with return_attn_probs: (out, softmax_lse [Hq, Tq], S_dmask)."""
-    q, k, v = (_maybe_contiguous(x) for x in (q, k, v))
-    scale = _scale(q, softmax_scale)
+    [Tq, Hq, Dv]; with return_attn_probs: (out, softmax_lse [Hq, Tq], S_dmask or None)."""
     wl, wr = _window(window_size)
     align = _align_id(causal_align)
     seqused_k, cu_k = None, cu_seqlens_k
@@ -513,16 +609,14 @@ def flash_attn_varlen_func(
         # Paged keys: the C API takes their per-sequence lengths as seqused_k.
         seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
         cu_k = None
-    out, lse, rng = torch.ops.flashport.attn_fwd(
-        q, k, v, cu_seqlens_q, cu_k, int(max_seqlen_q), int(max_seqlen_k), block_table,
-        seqused_k, alibi_slopes, sinks, float(dropout_p), scale, bool(causal), wl, wr,
-        float(softcap), align, int(num_splits), bool(deterministic), _backend_id(backend))
+    args = (cu_seqlens_q, cu_k, int(max_seqlen_q), int(max_seqlen_k), block_table, seqused_k,
+            alibi_slopes, sinks, float(dropout_p), _scale(softmax_scale), bool(causal), wl, wr,
+            float(softcap), align)
+    out, lse, rng = _attention(q, k, v, *args, int(num_splits), bool(deterministic),
+                               _backend_id(backend))
     if not return_attn_probs:
         return out
-    s_dmask = _attn_probs(q, k, lse, rng, dropout_p, scale, causal, (wl, wr), softcap,
-                          alibi_slopes, align, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
-                          int(max_seqlen_k), block_table)
-    return out, lse, s_dmask
+    return out, lse, _attn_probs(q, k, v, lse, rng, *args, _backend_id(backend))
 
 
 def flash_attn_with_kvcache(
@@ -551,26 +645,25 @@ def flash_attn_with_kvcache(
     backend=None,
 ):
     """flash_attn.flash_attn_with_kvcache: appends k/v into the cache in place at cache_seqlens
-    (after rotary), then attends. Returns out, or (out, softmax_lse) with return_softmax_lse.
-    No backward (as in flash_attn)."""
-    if cache_leftpad is not None:
-        raise NotImplementedError(
-            "flashport: cache_leftpad is not supported (the C API has no left-padded KV cache); "
-            "shift the cache rows or use flash_attn_varlen_func")
-    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise ValueError("flashport: k_cache and v_cache must have a contiguous last dimension")
+    (after rotary), then attends over the cache rows [cache_leftpad, cache_seqlens + Snew).
+    Returns out, or (out, softmax_lse) with return_softmax_lse. No backward (as in flash_attn)."""
     if (k is None) != (v is None):
         raise ValueError("flashport: k and v must be given together")
-    q, k, v = (_maybe_contiguous(x) for x in (q, k, v))
     if cache_seqlens is not None and isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32,
                                    device=k_cache.device)
     wl, wr = _window(window_size)
-    out, lse = torch.ops.flashport.attn_fwd_kvcache(
-        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-        _maybe_contiguous(cache_batch_idx), _maybe_contiguous(block_table), alibi_slopes, sinks,
-        _scale(q, softmax_scale), bool(causal), wl, wr, float(softcap), bool(rotary_interleaved),
-        int(num_splits), _align_id(causal_align), _backend_id(backend))
+    args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            block_table, alibi_slopes, sinks, _scale(softmax_scale), bool(causal), wl, wr,
+            float(softcap), bool(rotary_interleaved), int(num_splits), _align_id(causal_align),
+            _backend_id(backend))
+    if _use_custom_ops(q):
+        out, lse = torch.ops.flashport.attn_fwd_kvcache(*args, cache_leftpad)
+    else:
+        out, lse = _kvcache_fwd(*args[:9], cache_leftpad, *args[9:])
+        if k is not None:  # the in-place append, as a custom op's mutation would record it
+            torch.autograd.graph.increment_version(k_cache)
+            torch.autograd.graph.increment_version(v_cache)
     return (out, lse) if return_softmax_lse else out
 
 
@@ -688,5 +781,9 @@ def merge_attn_states(out_partials, lse_partials, *, backend=None):
         out_partials = torch.stack(list(out_partials))
     if isinstance(lse_partials, (list, tuple)):
         lse_partials = torch.stack(list(lse_partials))
-    return torch.ops.flashport.merge_fwd(_maybe_contiguous(out_partials),
-                                         _maybe_contiguous(lse_partials), _backend_id(backend))
+    backend = _backend_id(backend)
+    if _use_custom_ops(out_partials):
+        return torch.ops.flashport.merge_fwd(out_partials, lse_partials, backend)
+    if torch.is_grad_enabled() and (out_partials.requires_grad or lse_partials.requires_grad):
+        return _Merge.apply(out_partials, lse_partials, backend)
+    return _merge_fwd_run(out_partials, lse_partials, backend)

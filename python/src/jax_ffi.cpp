@@ -1,6 +1,7 @@
 // XLA FFI handlers for flashport.jax, one set per platform (CPU, CUDA). They are built from
 // jaxlib's header-only FFI API, so nothing here links against jax. Rules kept here:
-//   * workspace comes from XLA's scratch allocator, never malloc;
+//   * workspace comes from a result buffer or XLA's scratch allocator, never malloc, through the
+//     C API's workspace_alloc (one resolve and one plan per call);
 //   * no device buffer is read on the host (dropout keys go to the kernels as the dropout_rng tensor);
 //   * no C++ exception leaves a handler: every failure is returned as an ffi::Error.
 #include <nanobind/nanobind.h>
@@ -128,27 +129,36 @@ ffi::Error fill_common(fp_attn_params& p, const ScalarAttrs& a, ffi::RemainingAr
   return ffi::Error::Success();
 }
 
-// The workspace: a trailing u8 result that flashport.jax sizes at trace time on GPUs (XLA's
-// scratch allocator is not available inside command buffers), else XLA's scratch allocator.
-// Never malloc'ed here.
-ffi::Error take_workspace(ffi::ScratchAllocator& scratch, ffi::RemainingRets& rets, size_t index,
-                          size_t bytes, void** ws) {
-  *ws = nullptr;
-  if (bytes == 0) return ffi::Error::Success();
-  if (rets.size() > index) {
-    auto buf = rets.get<ffi::AnyBuffer>(index);
-    if (buf.has_error()) return buf.error();
-    if ((*buf)->size_bytes() >= bytes) {
-      *ws = (*buf)->untyped_data();
-      return ffi::Error::Success();
-    }  // sized for another platform's plan: fall back to the scratch allocator
+// The workspace, handed to the C API as its workspace_alloc (called once, after the one plan,
+// only when the plan needs workspace): a trailing u8 result that flashport.jax sizes at trace time
+// on GPUs (XLA's scratch allocator is not available inside command buffers), else XLA's scratch
+// allocator. Never malloc'ed here.
+struct WorkspaceSource {
+  ffi::ScratchAllocator* scratch;
+  ffi::RemainingRets* rets;
+  size_t index;  // of the workspace result among the remaining results
+  std::string error;
+};
+
+void* take_workspace(void* ctx, size_t bytes) noexcept {
+  auto* src = static_cast<WorkspaceSource*>(ctx);
+  if (src->rets->size() > src->index) {
+    auto buf = src->rets->get<ffi::AnyBuffer>(src->index);
+    // Sized for another platform's plan: fall back to the scratch allocator.
+    if (!buf.has_error() && (*buf)->size_bytes() >= bytes) return (*buf)->untyped_data();
   }
-  auto mem = scratch.Allocate(bytes, 256);
-  if (!mem.has_value())
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                      "flashport: XLA scratch allocation of the workspace failed");
-  *ws = *mem;
-  return ffi::Error::Success();
+  auto mem = src->scratch->Allocate(bytes, 256);
+  if (!mem.has_value()) {
+    src->error = "XLA scratch allocation of " + std::to_string(bytes) + " workspace bytes failed";
+    return nullptr;
+  }
+  return *mem;
+}
+
+ffi::Error run_error(fp_status s, const WorkspaceSource& ws) {
+  if (s == FP_ERR_WORKSPACE && !ws.error.empty())
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted, "flashport: " + ws.error);
+  return status_error(s);
 }
 
 ffi::Error fwd_impl(fp_device_type dev, void* stream, int32_t ordinal,
@@ -167,13 +177,11 @@ ffi::Error fwd_impl(fp_device_type dev, void* stream, int32_t ordinal,
     size_t next = 0;
     FP_TRY(fill_common(p, a, extra, next, dev, ordinal));
     p.stream = stream;
-    fp_selection sel;
-    fp_status s = fp_attn_fwd_select(&p, &sel);
-    if (s != FP_OK) return status_error(s);
-    FP_TRY(take_workspace(scratch, extra_rets, 0, sel.workspace_bytes, &p.workspace));
-    p.workspace_bytes = sel.workspace_bytes;
-    s = fp_attn_fwd(&p);
-    if (s != FP_OK) return status_error(s);
+    WorkspaceSource ws{&scratch, &extra_rets, 0, {}};
+    p.workspace_alloc = &take_workspace;
+    p.workspace_alloc_ctx = &ws;
+    const fp_status s = fp_attn_fwd(&p);  // one resolve, one plan, one launch
+    if (s != FP_OK) return run_error(s, ws);
     return ffi::Error::Success();
   } catch (const std::exception& e) {
     return ffi::Error::Internal(std::string("flashport: ") + e.what());
@@ -209,14 +217,11 @@ ffi::Error bwd_impl(fp_device_type dev, void* stream, int32_t ordinal,
     }
     p.deterministic = deterministic;
     p.fwd.stream = stream;
-    fp_selection sel;
-    fp_status s = fp_attn_bwd_select(&p, &sel);
-    if (s != FP_OK) return status_error(s);
-    FP_TRY(take_workspace(scratch, extra_rets, (a.flags & kHasSinks) ? 1 : 0, sel.workspace_bytes,
-                          &p.fwd.workspace));
-    p.fwd.workspace_bytes = sel.workspace_bytes;
-    s = fp_attn_bwd(&p);
-    if (s != FP_OK) return status_error(s);
+    WorkspaceSource ws{&scratch, &extra_rets, size_t((a.flags & kHasSinks) ? 1 : 0), {}};
+    p.fwd.workspace_alloc = &take_workspace;
+    p.fwd.workspace_alloc_ctx = &ws;
+    const fp_status s = fp_attn_bwd(&p);
+    if (s != FP_OK) return run_error(s, ws);
     return ffi::Error::Success();
   } catch (const std::exception& e) {
     return ffi::Error::Internal(std::string("flashport: ") + e.what());

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import reference as ref
-from helpers import device_dtypes, eps, is_lowp, leaf64, leaf_lowp, randn
+from helpers import device_dtypes, eps, is_lowp, leaf64, leaf_lowp, randn, work_dtype
 
 fa = pytest.importorskip("flashport.torch")
 
@@ -165,22 +165,54 @@ def test_sinks_gradient(device, dtype):
 
 @pytest.mark.parametrize("device,dtype", device_dtypes())
 def test_attn_probs(device, dtype):
-    """S_dmask without dropout: exactly the softmax probabilities of the visible keys (rounded
-    to q's dtype: probabilities are <= 1, so 2 eps of the dtype bound the error of 16-bit ones)."""
-    b, sq, sk, h, d = 2, 11, 17, 2, 16
+    """S_dmask: None without dropout (as flash_attn); with dropout the softmax probabilities of
+    the visible keys (rounded to q's dtype: probabilities are <= 1, so 2 eps of the dtype bound
+    the error of 16-bit ones), negated exactly where dropout drops, zero elsewhere; on q's
+    device."""
+    b, sq, sk, h, d, p = 2, 11, 17, 2, 16, 0.3
     q, k, v = (randn(b, s, h, d, dtype=dtype, device=device) for s in (sq, sk, sk))
+    kw = dict(causal=True, window_size=(5, -1), softcap=4.0)
+    assert fa.flash_attn_func(q, k, v, return_attn_probs=True, **kw)[2] is None
     tol, sum_tol = (2 * eps(dtype), 2 * eps(dtype)) if is_lowp(dtype) else (1e-5, 1e-4)
-    out, lse, p = fa.flash_attn_func(q, k, v, causal=True, window_size=(5, -1), softcap=4.0,
-                                     return_attn_probs=True)
-    assert p.shape == (b, h, sq, sk)
+    torch.manual_seed(9)
+    out, lse, s_dmask = fa.flash_attn_func(q, k, v, dropout_p=p, return_attn_probs=True, **kw)
+    torch.manual_seed(9)
+    rng = torch.ops.flashport.attn_fwd(q, k, v, None, None, 0, 0, None, None, None, None, p,
+                                       d ** -0.5, True, 5, -1, 4.0, 0, 0, False, 0)[2]
+    keep = ref.dropout_keep(*rng.tolist(), b, h, sq, sk, p)
+    assert s_dmask.shape == (b, h, sq, sk)
+    assert s_dmask.dtype == q.dtype and s_dmask.device == q.device
     for bb in range(b):
         _, lse64 = ref.attention_one(q[bb].double().cpu(), k[bb].double().cpu(),
                                      v[bb].double().cpu(), causal=True, window=(5, -1),
                                      softcap=4.0)
         p64 = ref.probs_one(q[bb].double().cpu(), k[bb].double().cpu(), lse64, scale=d ** -0.5,
                             causal=True, window=(5, -1), softcap=4.0)
-        assert (p[bb].double().cpu() - p64).abs().max() < tol
-    assert (p.double().sum(-1).cpu() - 1).abs().max() < sum_tol  # every row sees keys here
+        got = s_dmask[bb].double().cpu()
+        assert (got.abs() - p64).abs().max() < tol
+        visible = p64 > 0
+        assert torch.equal((got < 0)[visible], ~keep[bb][visible])
+        assert (got[~visible] == 0).all()
+    assert (s_dmask.double().abs().sum(-1).cpu() - 1).abs().max() < sum_tol  # rows see keys
+
+
+def test_attn_probs_varlen_zero_padded(device):
+    """Varlen S_dmask is [B, Hq, max_seqlen_q, max_seqlen_k], zero past each sequence."""
+    dtype = work_dtype(device)
+    lens, h, d, p = [3, 9], 2, 16, 0.25
+    cu_ = torch.tensor([0, 3, 12], dtype=torch.int32, device=device)
+    q, k, v = (randn(12, h, d, dtype=dtype, device=device) for _ in range(3))
+    _, lse, s_dmask = fa.flash_attn_varlen_func(q, k, v, cu_, cu_, 9, 9, dropout_p=p,
+                                                return_attn_probs=True)
+    assert s_dmask.shape == (2, h, 9, 9)
+    assert (s_dmask[0, :, 3:] == 0).all() and (s_dmask[0, :, :, 3:] == 0).all()
+    for bb, (a, n) in enumerate(zip([0, 3], lens)):
+        _, lse64 = ref.attention_one(q[a:a + n].double().cpu(), k[a:a + n].double().cpu(),
+                                     v[a:a + n].double().cpu())
+        p64 = ref.probs_one(q[a:a + n].double().cpu(), k[a:a + n].double().cpu(), lse64,
+                            scale=d ** -0.5)
+        tol = 2 * eps(dtype) if is_lowp(dtype) else 1e-5
+        assert (s_dmask[bb, :, :n, :n].double().abs().cpu() - p64).abs().max() < tol
 
 
 # ---------------------------------------------------------------------------------------------

@@ -76,6 +76,60 @@ def test_contiguous_cache_append(device, dtype, snew, causal):
 
 
 @pytest.mark.parametrize("device,dtype", device_dtypes())
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("snew", [0, 2])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cache_leftpad(device, dtype, paged, snew, causal):
+    """cache_leftpad (flash_attn's left-padded cache): sequence b attends over its cache rows
+    [pad, cache_seqlens + Snew), as the same call on its keys moved to the start of a cache;
+    appended rows land at cache row cache_seqlens[b]. Contiguous and paged caches, GQA."""
+    b, smax, hq, hkv, d, sq = 3, 48, 4, 2, 32, max(snew, 1)
+    seqlens_l, pads_l = [20, 7, 33], [5, 0, 30]
+    block_table = None
+    if paged:
+        page = 8
+        nblocks = b * smax // page + 2
+        k_cache, v_cache = (randn(nblocks, page, hkv, d, dtype=dtype, device=device)
+                            for _ in range(2))
+        block_table = torch.randperm(nblocks)[:b * smax // page].view(b, -1).to(torch.int32)
+        block_table = block_table.to(device)
+    else:
+        k_cache, v_cache = (randn(b, smax, hkv, d, dtype=dtype, device=device) for _ in range(2))
+    q = randn(b, sq, hq, d, dtype=dtype, device=device)
+    k_new = randn(b, snew, hkv, d, dtype=dtype, device=device) if snew else None
+    v_new = randn(b, snew, hkv, d, dtype=dtype, device=device) if snew else None
+    seqlens = torch.tensor(seqlens_l, dtype=torch.int32, device=device)
+    pads = torch.tensor(pads_l, dtype=torch.int32, device=device)
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+    out, lse = fa.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens,
+                                          cache_leftpad=pads, block_table=block_table,
+                                          causal=causal, return_softmax_lse=True)
+    bt = None if block_table is None else block_table.cpu()
+
+    def unpadded(cache):  # [b, smax, hkv, d]: sequence b's rows from its pad on, at row 0
+        rows = [logical_cache(cache, bb, block_table=bt) for bb in range(b)]
+        return torch.stack([torch.roll(r, -pads_l[bb], 0) for bb, r in enumerate(rows)])
+
+    shifted = torch.tensor([n - p for n, p in zip(seqlens_l, pads_l)])
+    out64, lse64 = oracle(q, unpadded(k_before), unpadded(v_before), shifted, k_new, v_new,
+                          causal=causal)
+    naive = None
+    if is_lowp(dtype):
+        naive, _ = oracle(q, unpadded(k_before), unpadded(v_before), shifted, k_new, v_new,
+                          causal=causal, dtype=dtype)
+    ref.assert_close_to_ref(out, out64, naive, "out")
+    ref.assert_lse_close(lse, lse64)
+    for bb in range(b):
+        after = logical_cache(k_cache, bb, block_table=bt)
+        before = logical_cache(k_before, bb, block_table=bt)
+        n = seqlens_l[bb]
+        if snew:
+            assert torch.equal(after[n:n + snew], k_new[bb])
+        assert torch.equal(after[:n], before[:n]) and torch.equal(after[n + snew:],
+                                                                   before[n + snew:])
+
+
+@pytest.mark.parametrize("device,dtype", device_dtypes())
 def test_cache_seqlens_int_and_batch_idx(device, dtype):
     b, bc, smax, h, d = 2, 5, 32, 2, 32
     k_cache = randn(bc, smax, h, d, dtype=dtype, device=device)
