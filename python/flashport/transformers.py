@@ -14,7 +14,8 @@ What the attention function does with what transformers hands it:
     and keys and runs varlen; non-causal attention keeps every query and drops the padded keys;
   * packed sequences: the `cu_seq_lens_q/k` (and `max_length_q/k`) kwargs of transformers'
     padding-free collator, or `position_ids` that restart inside a row, run varlen per sequence;
-  * cached decode (Sq < Sk): causal aligned bottom-right, as flash_attn;
+  * cached decode (Sq < Sk): causal aligned bottom-right, as flash_attn; a left-padded batch
+    reads the cache in place (cache_leftpad) when no gradient is needed;
   * `sliding_window` w (the kwarg, else `module.sliding_window`): window (w - 1, 0) with causal,
     the keys transformers' sliding masks keep; (w, w) without;
   * `softcap` (the kwarg, else `module.config.attn_logit_softcapping`), `s_aux` sinks (GPT-OSS;
@@ -31,7 +32,7 @@ True = token) or None when nothing is padded.
 import torch
 from torch import Tensor
 
-from .torch import flash_attn_func, flash_attn_varlen_func
+from .torch import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 
 __all__ = ["register", "attention_forward", "padding_mask", "DEFAULT_NAME"]
 
@@ -142,6 +143,18 @@ def _unpad_plan(mask: Tensor):
     return batch_idx, pos_idx, _cu_seqlens(lengths), int(lengths.max()) if mask.numel() else 0
 
 
+def _left_padding(mask: Tensor, sq: int):
+    """(first token of each row, row length) as int32 [B] when every row of the bool [B, L] mask
+    is padding then tokens, with at least sq tokens (the queries are the last sq positions), else
+    None."""
+    lengths = mask.sum(1, dtype=torch.int32)
+    pads = mask.shape[1] - lengths
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    if not bool(((positions >= pads[:, None]) == mask).all() & (lengths >= sq).all()):
+        return None
+    return pads, torch.full_like(lengths, mask.shape[1])
+
+
 def _packed_plan(position_ids: Tensor, batch: int, seqlen: int):
     """cu_seqlens and max length of the sequences packed along each row (a new one starts where a
     position is not its predecessor + 1, as transformers' packed-sequence mask), or None when
@@ -249,6 +262,23 @@ def _padded(q, k, v, mask, causal, options):
                          f"batch {batch} and length {sk}")
     if mask.shape[1] < sk:  # static cache: slots past the mask are unfilled
         k, v = k[:, :mask.shape[1]], v[:, :mask.shape[1]]
+
+    # Decoding a left-padded batch: the cache rows are read in place from the first token on
+    # (flash_attn's cache_leftpad) instead of gathering every layer's whole K/V at every step.
+    # Forward only: the KV-cache call has no backward.
+    tensors = (q, k, v, options["sinks"])
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                                 for t in tensors)
+    if causal and sq < mask.shape[1] and not needs_grad and options["dropout_p"] == 0.0:
+        left = _derived(mask, ("left", sq), lambda m: _left_padding(m, sq))
+        if left is not None:
+            pads, seqlens = left
+            return flash_attn_with_kvcache(
+                q, k, v, cache_seqlens=seqlens, cache_leftpad=pads,
+                softmax_scale=options["softmax_scale"], causal=True,
+                window_size=options["window_size"], softcap=options["softcap"],
+                sinks=options["sinks"])
+
     kb, kp, cu_k, max_k = _derived(mask, "keys", _unpad_plan)
     k_tokens, v_tokens = k[kb, kp], v[kb, kp]
 
