@@ -324,6 +324,55 @@ TEST(ReferenceLeftpad, PagedCache) {
   }
 }
 
+// Varlen queries (cu_seqlens_q) over a left-padded cache equal the same call on the shifted cache.
+TEST(ReferenceLeftpad, VarlenQueries) {
+  const int64_t B = 3, cap = 10, H = 2, D = 4;
+  const std::vector<int32_t> cu = {0, 3, 4, 9}, used = {8, 5, 10}, pad = {2, 5, 4};
+  HostTensor q(FP_F64, {9, H, D}), kc(FP_F64, {B, cap, H, D}), vc(FP_F64, {B, cap, H, D});
+  for (HostTensor* t : {&q, &kc, &vc}) t->fill_normal();
+  HostTensor ks(FP_F64, {B, cap, H, D}), vs(FP_F64, {B, cap, H, D});
+  ks.fill_normal();
+  vs.fill_normal();
+  std::vector<int32_t> used_shifted(B);
+  for (int64_t b = 0; b < B; ++b) {
+    used_shifted[b] = used[b] - pad[b];
+    for (int64_t r = pad[b]; r < used[b]; ++r)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t d = 0; d < D; ++d) {
+          ks.set({b, r - pad[b], h, d}, kc.get({b, r, h, d}));
+          vs.set({b, r - pad[b], h, d}, vc.get({b, r, h, d}));
+        }
+  }
+  HostTensor cu_q = HostTensor::i32({B + 1}, cu), seqused = HostTensor::i32({B}, used),
+             leftpad = HostTensor::i32({B}, pad), seqused2 = HostTensor::i32({B}, used_shifted);
+  HostTensor out(FP_F64, {9, H, D}), lse(FP_F64, {H, 9}), out2(FP_F64, {9, H, D}), lse2(FP_F64, {H, 9});
+  for (HostTensor* t : {&out, &lse, &out2, &lse2}) t->fill_poison();
+  fp_attn_params p = ref_params();
+  p.q = q.view();
+  p.k = kc.view();
+  p.v = vc.view();
+  p.out = out.view();
+  p.lse = lse.view();
+  p.cu_seqlens_q = cu_q.view();
+  p.max_seqlen_q = 5;
+  p.seqused_k = seqused.view();
+  p.cache_leftpad = leftpad.view();
+  p.causal = 1;
+  p.window_left = 3;
+  ASSERT_TRUE(FWD_OK(p));
+  EXPECT_TRUE(out.all_written());
+  fp_attn_params ps = p;
+  ps.k = ks.view();
+  ps.v = vs.view();
+  ps.cache_leftpad = fp_tensor{};
+  ps.seqused_k = seqused2.view();
+  ps.out = out2.view();
+  ps.lse = lse2.view();
+  ASSERT_TRUE(FWD_OK(ps));
+  EXPECT_TRUE(out.bitwise_equal(out2));
+  EXPECT_TRUE(lse.bitwise_equal(lse2));
+}
+
 // A sequence whose pad equals seqused_k and no append sees no key: out = 0, lse = -inf (the
 // sink's logit with sinks).
 TEST(ReferenceLeftpad, PadEqualToSequsedLeavesNoKeys) {
