@@ -2,8 +2,9 @@
 
 Random-weight decoder models built from configs (no downloads), one model per architecture with
 the same weights under both implementations; for each (batch, sequence length, padding) the
-median time of one no-grad forward over the whole batch, and the largest logit difference
-between the two (a sanity column: both are approximations in the model's dtype).
+median time of one no-grad forward over the whole batch (prefill) and of one decoding step on a
+cache holding the batch (decode), and the largest logit difference between the two (a sanity
+column: both are approximations in the model's dtype).
 
   * llama: Llama with GQA, every layer full attention;
   * qwen2: Qwen2 with a sliding window on every other layer.
@@ -15,6 +16,7 @@ the full length (flashport: varlen over the tokens; sdpa: a materialised 4D mask
 """
 import argparse
 import datetime
+import inspect
 import os
 import platform
 import statistics
@@ -81,6 +83,35 @@ def _inputs(batch, seqlen, padding, device, gen):
                 position_ids=position_ids.to(device))
 
 
+def _prefill(model, inputs, device, gen):
+    """One forward over the whole batch; the positions compared are the tokens."""
+    keep = inputs["attention_mask"].bool() if "attention_mask" in inputs else None
+    return (lambda: model(**inputs)), keep
+
+
+def _decode_step(model, inputs, device, gen):
+    """One decoding step (the same token for every sequence, drawn once) on a cache holding the
+    batch's prompts. Each timed step appends its token (a sliding-window cache cannot be cropped
+    back), so the cache grows by one per call, identically under both implementations."""
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters \
+        else "past_key_values"
+    cache = getattr(model(**inputs, use_cache=True), cache_arg)
+    batch, prompt_len = inputs["input_ids"].shape
+    token = torch.full((batch, 1), 17, dtype=torch.long, device=device)
+    mask = inputs.get("attention_mask")
+    positions = (inputs["position_ids"][:, -1:] if mask is not None
+                 else torch.full((batch, 1), prompt_len - 1, device=device))
+
+    def fn():
+        grown = cache.get_seq_length() - prompt_len + 1  # tokens appended, this one included
+        step = {"input_ids": token, "position_ids": positions + grown, cache_arg: cache}
+        if mask is not None:
+            step["attention_mask"] = torch.cat([mask, mask.new_ones(batch, grown)], dim=1)
+        return model(**step, use_cache=True)
+
+    return fn, None
+
+
 def run(args):
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
@@ -100,22 +131,23 @@ def run(args):
             models[impl] = m.to(device).eval()
         for batch, seqlen in args.shapes:
             for padding in args.padding:
-                gen = torch.Generator().manual_seed(batch * 100003 + seqlen)
-                inputs = _inputs(batch, seqlen, padding, device, gen)
-                keep = inputs["attention_mask"].bool() if "attention_mask" in inputs else None
-                result = {}
-                with torch.no_grad():
-                    for impl, model in models.items():
-                        result[impl] = _time(lambda: model(**inputs), device, args.warmup,
-                                             args.iters)
-                    logits = [model(**inputs).logits.float() for model in models.values()]
-                diff = (logits[0] - logits[1]).abs()
-                diff = (diff[keep] if keep is not None else diff).max().item()
-                rows.append((arch, batch, seqlen, padding, result[name] * 1e3,
-                             result["sdpa"] * 1e3, diff))
-                print(f"{arch} B={batch} S={seqlen} {padding}: flashport "
-                      f"{result[name] * 1e3:.2f} ms, sdpa {result['sdpa'] * 1e3:.2f} ms, "
-                      f"max |dlogit| {diff:.3g}", flush=True)
+                for phase in args.phases:
+                    gen = torch.Generator().manual_seed(batch * 100003 + seqlen)
+                    inputs = _inputs(batch, seqlen, padding, device, gen)
+                    with torch.no_grad():
+                        step = _prefill if phase == "prefill" else _decode_step
+                        result, logits, keep = {}, [], None
+                        for impl, model in models.items():
+                            fn, keep = step(model, inputs, device, gen)
+                            result[impl] = _time(fn, device, args.warmup, args.iters)
+                            logits.append(fn().logits.float())
+                    diff = (logits[0] - logits[1]).abs()
+                    diff = (diff[keep] if keep is not None else diff).max().item()
+                    rows.append((arch, phase, batch, seqlen, padding, result[name] * 1e3,
+                                 result["sdpa"] * 1e3, diff))
+                    print(f"{arch} {phase} B={batch} S={seqlen} {padding}: flashport "
+                          f"{result[name] * 1e3:.2f} ms, sdpa {result['sdpa'] * 1e3:.2f} ms, "
+                          f"max |dlogit| {diff:.3g}", flush=True)
         del models
     return rows
 
@@ -147,15 +179,16 @@ def _markdown(args, rows, argv):
         f"device: {_device_line(args)}  ",
         f"commit: {_commit()}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
         f"dtype {args.dtype}, median of {args.iters} forwards (no grad) after {args.warmup} "
-        f"warm-up",
+        f"warm-up. prefill: one forward over the batch's prompts; decode: one token per sequence "
+        f"on a DynamicCache holding them (growing by one token per timed step)",
         "",
-        "| model | batch | seqlen | padding | flashport ms | sdpa ms | sdpa / flashport | "
-        "max abs logit diff |",
-        "|---|---:|---:|---|---:|---:|---:|---:|",
+        "| model | phase | batch | seqlen | padding | flashport ms | sdpa ms | sdpa / flashport "
+        "| max abs logit diff |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|",
     ]
-    for arch, batch, seqlen, padding, ours, sdpa, diff in rows:
-        lines.append(f"| {arch} | {batch} | {seqlen} | {padding} | {ours:.2f} | {sdpa:.2f} | "
-                     f"{sdpa / ours:.2f}x | {diff:.3g} |")
+    for arch, phase, batch, seqlen, padding, ours, sdpa, diff in rows:
+        lines.append(f"| {arch} | {phase} | {batch} | {seqlen} | {padding} | {ours:.2f} | "
+                     f"{sdpa:.2f} | {sdpa / ours:.2f}x | {diff:.3g} |")
     return "\n".join(lines) + "\n"
 
 
@@ -177,6 +210,10 @@ def main(argv=None):
                    help="BATCHxSEQLEN, e.g. 8x1024 (default: 8x1024 4x4096 1x16384; --quick: "
                         "4x64 2x256)")
     p.add_argument("--padding", nargs="+", default=["none", "left"], choices=["none", "left"])
+    p.add_argument("--phases", nargs="+", default=["prefill", "decode"],
+                   choices=["prefill", "decode"],
+                   help="prefill: one forward over the prompts; decode: one token per sequence "
+                        "on a cache of the prompts")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's)")
