@@ -11,8 +11,8 @@ column: both are approximations in the model's dtype).
 Padding "left" pads the sequences of the batch to the longest with lengths spread from 1/4 to
 the full length (flashport: varlen over the tokens; sdpa: a materialised 4D mask).
 
-    python bench/python/bench_transformers.py --out bench/results/transformers_h100.md   # CUDA, bf16
-    python bench/python/bench_transformers.py --quick --out /tmp/transformers_cpu.md      # CPU, fp32
+    python bench/python/bench_transformers.py --out bench/results/transformers_h100.md  # CUDA bf16
+    python bench/python/bench_transformers.py --quick --out /tmp/transformers_cpu.md     # CPU fp32
 """
 import argparse
 import datetime
@@ -83,13 +83,13 @@ def _inputs(batch, seqlen, padding, device, gen):
                 position_ids=position_ids.to(device))
 
 
-def _prefill(model, inputs, device, gen):
+def _prefill(model, inputs, device):
     """One forward over the whole batch; the positions compared are the tokens."""
     keep = inputs["attention_mask"].bool() if "attention_mask" in inputs else None
     return (lambda: model(**inputs)), keep
 
 
-def _decode_step(model, inputs, device, gen):
+def _decode_step(model, inputs, device):
     """One decoding step (the same token for every sequence, drawn once) on a cache holding the
     batch's prompts. Each timed step appends its token (a sliding-window cache cannot be cropped
     back), so the cache grows by one per call, identically under both implementations."""
@@ -138,7 +138,7 @@ def run(args):
                         step = _prefill if phase == "prefill" else _decode_step
                         result, logits, keep = {}, [], None
                         for impl, model in models.items():
-                            fn, keep = step(model, inputs, device, gen)
+                            fn, keep = step(model, inputs, device)
                             result[impl] = _time(fn, device, args.warmup, args.iters)
                             logits.append(fn().logits.float())
                     diff = (logits[0] - logits[1]).abs()

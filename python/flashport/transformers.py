@@ -50,9 +50,9 @@ def _transformers_interfaces():
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface
     except ImportError as e:
-        raise ImportError("flashport.transformers needs transformers >= 5.0 (its AttentionInterface "
-                          "and masking_utils.AttentionMaskInterface): pip install "
-                          "'flashport[transformers]'") from e
+        raise ImportError("flashport.transformers needs transformers >= 5.0 (its "
+                          "AttentionInterface and masking_utils.AttentionMaskInterface): pip "
+                          "install 'flashport[transformers]'") from e
     return AttentionInterface, AttentionMaskInterface
 
 
