@@ -178,9 +178,12 @@ def _align_id(causal_align) -> int:
 
 
 def _window(window_size) -> Tuple[int, int]:
-    if len(window_size) != 2:
-        raise ValueError(f"flashport: window_size must be (left, right), got {window_size!r}")
-    return int(window_size[0]), int(window_size[1])
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise ValueError(f"flashport: window_size must be (left, right), got {window_size!r}") \
+            from None
+    return int(left), int(right)
 
 
 def _scale(softmax_scale) -> float:
@@ -283,9 +286,10 @@ def _attention(q, k, v, cu_q, cu_k, max_q, max_k, block_table, seqused_k, alibi,
 
 
 def _kvcache_fwd(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                 cache_batch_idx, cache_leftpad, block_table, alibi_slopes, sinks, softmax_scale,
-                 causal, window_left, window_right, softcap, rotary_interleaved, num_splits,
-                 causal_align, backend):
+                 cache_batch_idx, block_table, alibi_slopes, sinks, softmax_scale, causal,
+                 window_left, window_right, softcap, rotary_interleaved, num_splits, causal_align,
+                 backend, cache_leftpad):
+    """One KV-cache call (the custom op's argument order) -> (out, lse)."""
     return _C.attn_fwd_kvcache(q, k_cache, v_cache, None, None, k, v, rotary_cos, rotary_sin,
                                cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                alibi_slopes, sinks, softmax_scale, causal, window_left,
@@ -427,9 +431,9 @@ def _attn_fwd_kvcache(
     num_splits: int, causal_align: int, backend: int, cache_leftpad: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     return _kvcache_fwd(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                        cache_batch_idx, cache_leftpad, block_table, alibi_slopes, sinks,
-                        softmax_scale, causal, window_left, window_right, softcap,
-                        rotary_interleaved, num_splits, causal_align, backend)
+                        cache_batch_idx, block_table, alibi_slopes, sinks, softmax_scale, causal,
+                        window_left, window_right, softcap, rotary_interleaved, num_splits,
+                        causal_align, backend, cache_leftpad)
 
 
 @_attn_fwd_kvcache.register_fake
@@ -660,7 +664,7 @@ def flash_attn_with_kvcache(
     if _use_custom_ops(q):
         out, lse = torch.ops.flashport.attn_fwd_kvcache(*args, cache_leftpad)
     else:
-        out, lse = _kvcache_fwd(*args[:9], cache_leftpad, *args[9:])
+        out, lse = _kvcache_fwd(*args, cache_leftpad)
         if k is not None:  # the in-place append, as a custom op's mutation would record it
             torch.autograd.graph.increment_version(k_cache)
             torch.autograd.graph.increment_version(v_cache)

@@ -175,3 +175,47 @@ def test_compile_reduce_overhead_dropout():
     torch.manual_seed(99)
     eager = fa.flash_attn_func(q, k, v, dropout_p=P, causal=True)
     assert torch.equal(x, y) and torch.equal(x, eager)
+
+
+def test_public_api_eager_route_in_a_graph():
+    """flash_attn_func itself (the eager route: straight to the extension, outputs and workspace
+    from torch's allocator, the current stream from torch) captured with its backward: every
+    replay draws a new pattern, and the replay after torch.manual_seed(s) equals the eager call
+    after torch.manual_seed(s), forward and backward."""
+    q, k, v, dout = make_inputs()
+
+    def step(q, k, v, dout):
+        for t in (q, k, v):
+            t.grad = None
+        out = fa.flash_attn_func(q, k, v, dropout_p=P, causal=True, deterministic=True)
+        out.backward(dout)
+        return out.detach(), q.grad, k.grad, v.grad
+
+    graph, static = capture(step, q, k, v, dout)
+    first, second = replay(graph, static), replay(graph, static)
+    assert not torch.equal(first[0], second[0]) and not torch.equal(first[3], second[3])
+    torch.manual_seed(77)
+    replayed = replay(graph, static)
+    torch.manual_seed(77)
+    eager = [t.clone() for t in step(q, k, v, dout)]
+    for name, a, b in zip(("out", "dq", "dk", "dv"), replayed, eager):
+        assert torch.equal(a, b), name
+
+
+def test_split_kv_decode_in_a_graph_takes_workspace_from_the_graph_pool():
+    """A split-KV decode needs workspace: inside capture it comes from torch's allocator (the
+    graph's pool), and replays give the eager call's bits as the cache changes in place."""
+    q = randn(4, 1, 32, 128, dtype=torch.bfloat16, device="cuda")
+    kc, vc = (randn(4, 8192, 8, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    seqlens = torch.tensor([8192, 5000, 17, 8000], dtype=torch.int32, device="cuda")
+
+    def decode(q, kc, vc, seqlens):
+        return (fa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=8),)
+
+    graph, static = capture(decode, q, kc, vc, seqlens)
+    for _ in range(2):
+        kc.normal_()
+        seqlens.sub_(3)
+        got = replay(graph, static)[0]
+        want = fa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=8)
+        assert torch.equal(got, want)
