@@ -58,7 +58,7 @@ def sass_counts(objects):
         for line in out.splitlines():
             m = re.search(r"code for (sm_\w+)", line)
             if m:
-                arch = m.group(1)
+                arch = m.group(1).rstrip("a")  # as ptxas_usage keys it (cuobjdump may say sm_90a)
                 continue
             m = re.search(r"Function : (\S+)", line)
             if m:

@@ -115,7 +115,7 @@ def main():
         "FLOPs (4*B*H*S*S*D, halved when causal) / time of the backward alone; median of "
         f"{args.iters} CUDA-event timings after warm-up.",
         "",
-        "Command: `python3 bench/gpu/bench_bwd.py --build-dir <cuda build>` (scripts/device_bwd.sh).",
+        "Command: `python3 bench/gpu/bench_bwd.py --build-dir <cuda build>` (scripts/device.sh bench).",
         "",
         "| D | S | B | causal | flashport | flashport det | torch flash | cuDNN | vs flash | vs cuDNN | kernel |",
         "|---|---|---|---|---|---|---|---|---|---|---|",

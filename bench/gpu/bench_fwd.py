@@ -133,11 +133,6 @@ def main():
     ap.add_argument("--only", default="prefill,decode,longkv")
     ap.add_argument("--dims", default="64,128,256", help="prefill head dims")
     ap.add_argument("--split-sweep", action="store_true", help="decode B=1: time forced split counts")
-    ap.add_argument("--decode-variants", default="",
-                    help="decode: 'label:ENV=V,ENV=V;label2:...' configurations timed side by side (flashport "
-                         "only), e.g. 'kernel:FLASHPORT_SPLIT_COMBINE=kernel'")
-    ap.add_argument("--variant-splits", default="",
-                    help="with --decode-variants: forced split counts also timed for every variant (B <= 8)")
     args = ap.parse_args()
     torch.manual_seed(0)
     lib = load_lib(args.lib)
@@ -191,25 +186,6 @@ def main():
         emit()
 
     sweeps = []
-    variants = []  # (label, {env: value})
-    for spec in filter(None, args.decode_variants.split(";")):
-        label, _, envs = spec.partition(":")
-        variants.append((label, dict(e.split("=", 1) for e in filter(None, envs.split(",")))))
-    variant_rows = []
-    forced = [int(x) for x in filter(None, args.variant_splits.split(","))]
-
-    def with_env(env, fn):
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            return fn()
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-
     if "decode" in sections:
         emit("## Decode, Sq = 1, Hq = 32, Hkv = 8, D = 128, bf16 (TB/s of KV read; us)\n")
         emit(f"| B | Sk | flashport | torch flash | cuDNN | % of copy BW | vs cuDNN | splits | kernel |")
@@ -233,23 +209,6 @@ def main():
                  f"{f.used_splits} | {f.kernel} (err {err:.1e}) |")
             csv.append(f"decode,128,{Sk},{B},32,0,{tb(t_fp):.3f},{tb(t_fa):.3f},{tb(t_cd):.3f},TB/s,{f.kernel},"
                        f"{f.used_splits},{err:.2e}")
-            for label, env in variants:
-                for ns in [0] + (forced if B <= 8 else []):  # sweeps where splits matter
-                    def timed():
-                        if os.environ.get("FLASHPORT_SPLIT_COMBINE") == "fused-nomemset":
-                            # Counters left at zero by one fused call on this workspace layout.
-                            os.environ["FLASHPORT_SPLIT_COMBINE"] = "fused"
-                            fp.prepare(q, k, v, out, False, ns)()
-                            os.environ["FLASHPORT_SPLIT_COMBINE"] = "fused-nomemset"
-                        g = fp.prepare(q, k, v, out, False, ns)
-                        t = time_graph_ms(g)
-                        g()
-                        return t, g.used_splits, g.kernel, rel_err(out, ref)
-                    try:
-                        t, used, kern, e = with_env(env, timed)
-                        variant_rows.append((label, B, Sk, ns, t, used, kern, e))
-                    except Exception as ex:  # a variant that does not build or plan
-                        variant_rows.append((label, B, Sk, ns, float("nan"), 0, type(ex).__name__, float("nan")))
             if B == 1 and args.split_sweep:
                 sweep = []
                 for ns in (8, 16, 32, 48, 64, 96, 128):
@@ -262,16 +221,6 @@ def main():
         for line in sweeps:
             emit(line + "  ")
         if sweeps:
-            emit()
-        if variant_rows:
-            emit("### Decode variants (flashport only; us, TB/s of KV read; splits 0 = heuristic)\n")
-            emit("| variant | B | Sk | splits asked | us | TB/s | % of copy BW | splits used | rel err | kernel |")
-            emit("|---|---|---|---|---|---|---|---|---|---|")
-            for (label, B, Sk, ns, t, used, kern, e) in variant_rows:
-                tbs = 2 * B * Sk * 8 * 128 * 2 / (t * 1e-3) / 1e12
-                emit(f"| {label} | {B} | {Sk} | {ns} | {t * 1e3:.1f} | {tbs:.2f} | {100 * tbs / bw:.0f}% | {used} | "
-                     f"{e:.1e} | {kern} |")
-                csv.append(f"decode_variant:{label},128,{Sk},{B},32,0,{tbs:.3f},,,TB/s,{kern},{used},{e:.2e}")
             emit()
 
     if "longkv" in sections:

@@ -1,4 +1,4 @@
-"""One flashport call per shape, for ncu (scripts/device_gpu.sh ncu|full): prefill D128 S4k and
+"""One flashport call per shape, for ncu (run under ncu on a GPU machine): prefill D128 S4k and
 decode B=1 Sk=8k (main kernel + split combine)."""
 import sys
 

@@ -18,6 +18,7 @@ struct Plan {
   int32_t num_splits = 1;
   int32_t kernel_id = 0;     // backend-private
   int32_t num_threads = 0;   // CPU backends: resolved thread count
+  int32_t backend_args[4] = {0, 0, 0, 0};  // backend-private decision (GPU: tile, GQA pack), read by run_*
 };
 
 class Backend {

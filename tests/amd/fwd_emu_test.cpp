@@ -462,7 +462,7 @@ void check_merge(const MergeCase& c) {
   const flashport::Status st = flashport::resolve_merge(p, &prob);
   ASSERT_TRUE(st.is_ok()) << st.message();
   ASSERT_EQ(gpu::amd_merge_refusal(prob), "");
-  run_merge_emulated(gpu::amd_merge_args(prob));
+  run_merge_emulated(gpu::merge_args(prob));
   EXPECT_TRUE(t.out.guards_intact());
   EXPECT_TRUE(t.lse.guards_intact());
   EXPECT_TRUE(t.out.all_written());
@@ -514,7 +514,7 @@ TEST(AmdAuxEmulated, MergeBackward) {
   const flashport::Status st = flashport::resolve_merge_bwd(b, &prob);
   ASSERT_TRUE(st.is_ok()) << st.message();
   gpu::MergeBwdArgs g;
-  g.fwd = gpu::amd_merge_args(prob.fwd);
+  g.fwd = gpu::merge_args(prob.fwd);
   g.dout = dout.storage(), g.dlse = static_cast<const float*>(dlse.storage());
   g.d_part = d_part.storage(), g.d_lse_part = static_cast<float*>(d_lse_part.storage());
   std::memcpy(g.dout_stride, prob.dout_stride, sizeof(g.dout_stride));
@@ -556,11 +556,11 @@ TEST(AmdPlan, SplitCountAndWorkspace) {
   const gpu::AmdFwdLaunch many = gpu::amd_fwd_launch(p, 304);
   EXPECT_EQ(many.splits, flashport::resolve_num_splits(0, many.work_tiles, many.key_blocks, 304, gpu::kMaxSplits));
   EXPECT_GT(many.splits, 1);
-  EXPECT_EQ(many.ws_o_offset, 0u);
-  EXPECT_EQ(many.ws_lse_offset % 256, 0u);
-  EXPECT_GE(many.ws_lse_offset, size_t(many.splits) * size_t(many.ws_rows) * size_t(p.dv) * 4);
-  EXPECT_GE(many.ws_bytes, many.ws_lse_offset + size_t(many.splits) * size_t(many.ws_rows) * 4);
-  EXPECT_EQ(many.ws_rows, p.seq.batch * p.hq * p.seq.sq);
+  EXPECT_EQ(many.ws.o_offset, 0u);
+  EXPECT_EQ(many.ws.lse_offset % 256, 0u);
+  EXPECT_GE(many.ws.lse_offset, size_t(many.splits) * size_t(many.ws.rows) * size_t(p.dv) * 4);
+  EXPECT_GE(many.ws_bytes, many.ws.lse_offset + size_t(many.splits) * size_t(many.ws.rows) * 4);
+  EXPECT_EQ(many.ws.rows, p.seq.batch * p.hq * p.seq.sq);
   c.num_splits = 1;  // off, whatever the device
   p = resolved(c, &t);
   EXPECT_EQ(gpu::amd_fwd_launch(p, 304).splits, 1);
@@ -585,8 +585,8 @@ TEST(AmdPlan, AppendRotaryWorkspaceAndRefusals) {
   const gpu::AmdFwdLaunch l = gpu::amd_fwd_launch(p, 0);
   EXPECT_TRUE(l.append);
   EXPECT_TRUE(l.rotary_q);
-  EXPECT_EQ(l.q_rot_row_stride, p.hq * 104);  // head dim rounded to 8 elements
-  EXPECT_EQ(l.ws_bytes, (size_t(p.total_q_rows) * size_t(l.q_rot_row_stride) * 2 + 255) / 256 * 256);
+  EXPECT_EQ(l.ws.q_rot_row_stride, p.hq * 104);  // head dim rounded to 8 elements
+  EXPECT_EQ(l.ws_bytes, (size_t(p.total_q_rows) * size_t(l.ws.q_rot_row_stride) * 2 + 255) / 256 * 256);
   // rotary tables in a third dtype: refused by name
   Tensors t2;
   Case d = c;

@@ -120,8 +120,6 @@ inline bool warp_any(bool pred) {
   return any;
 }
 inline float fast_exp2(float x) { return exp2f(x); }
-inline float load_l2(const float* p) { return *p; }
-inline float4 load_l2(const float4* p) { return *p; }
 }  // namespace flashport::gpu
 
 // Value of `v` in lane `src` of the same wave (the plain path's operand fetch).

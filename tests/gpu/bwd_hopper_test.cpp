@@ -15,7 +15,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "gpu/hopper/bwd_hopper.hpp"  // kHopperBwdD256: the D256 switch
+#include "core/config.hpp"
 #include "bwd_harness.hpp"
 
 namespace gputest {
@@ -25,8 +25,8 @@ using flashport::test::close;
 
 constexpr const char* kHopperBwdName = "sm90_wgmma_bwd";
 
-// Whether the Hopper backward takes head dim d (D == Dv) at all: D256 only when switched on.
-bool hopper_takes(int64_t d) { return d != 256 || flashport::gpu::kHopperBwdD256; }
+// Whether the Hopper backward takes head dim d (D == Dv) at all: 64, 128 and 256.
+bool hopper_takes(int64_t d) { return d == 64 || d == 128 || d == 256; }
 
 // Runs the case on the CUDA backend against the reference; checks which kernel ran.
 void check_hopper_bwd(const Case& cs, bool expect_hopper, bool det = false) {
@@ -188,9 +188,11 @@ TEST(CudaHopperBwd, DeclinesToMmaSync) {
   c.strided = true;  // dout copies out's padded rows: not 16-byte aligned
   check_hopper_bwd(c, false);
   c.strided = false;
-  setenv("FLASHPORT_HOPPER_BWD", "0", 1);
+  setenv("FLASHPORT_HOPPER_BWD", "0", 1);  // the user's kill switch, read once: reload
+  flashport::reload_runtime_config();
   check_hopper_bwd(c, false);
   unsetenv("FLASHPORT_HOPPER_BWD");
+  flashport::reload_runtime_config();
   check_hopper_bwd(c, true);
 }
 

@@ -1,19 +1,17 @@
 // The sm_90a wgmma prefill kernel (src/gpu/hopper/fwd_hopper.cu) against the fp64 reference: odd
 // lengths, causal in both alignments, windows, GQA, varlen, LSE, softcap/ALiBi/sinks, strided
-// tensors, rows without keys; and the selection itself: taken on sm_90 where the capability check
-// allows it, declined (and the mma.sync kernel still correct) where it does not, and under the
-// schedule FLASHPORT_HOPPER_SCHED asks for (3, the default: TMA producer warp, mbarrier rings,
-// ping-pong consumers; 1: cp.async, all threads load). scripts/device_hopper.sh runs the suite under both;
-// BothSchedulesInOneProcess switches between them (and v3's ping-pong off) in-process.
-// SplitKv*: v3's split-KV (partials in the workspace, pre-filled with 0xFF bytes = NaN, then the
-// combine kernel) with forced and automatic counts, every feature, the persistent grid, CUDA
-// graphs, and FLASHPORT_HOPPER_SPLIT=0 (the mma.sync kernel splits instead).
+// tensors, rows without keys; and the selection itself: taken on sm_90 where its candidate check
+// allows it, declined (and the mma.sync kernel still correct) where it does not or when the user's
+// kill switch FLASHPORT_HOPPER_FWD=0 is set.
+// SplitKv*: split-KV (partials in the workspace, pre-filled with 0xFF bytes = NaN, then the
+// combine kernel) with forced and automatic counts, every feature, CUDA graphs.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <string>
 
+#include "core/config.hpp"
 #include "core/heuristics.hpp"
 #include "gpu/common/tile_config.hpp"
 #include "gpu_harness.hpp"
@@ -23,17 +21,6 @@ namespace {
 
 constexpr const char* kHopperName = "sm90_wgmma";
 
-// The schedule the library will pick (the same rule as fwd_hopper.hpp's hopper_schedule()).
-int requested_schedule() {
-  const char* env = std::getenv("FLASHPORT_HOPPER_SCHED");
-  return env != nullptr && env[0] == '1' ? 1 : 3;
-}
-
-// v3's split-KV is on (the same rule as fwd_hopper.hpp's hopper_split_enabled(), schedule v3).
-bool split_requested() {
-  const char* env = std::getenv("FLASHPORT_HOPPER_SPLIT");
-  return requested_schedule() == 3 && !(env != nullptr && env[0] == '0');
-}
 // The Hopper kernel can run on this device and build.
 bool hopper_here() { return device_is_sm90() && hopper_built(); }
 
@@ -53,8 +40,7 @@ void check_hopper(const Case& c, bool expect_hopper) {
   const bool want = expect_hopper && hopper_here();
   EXPECT_EQ(took, want) << c.describe() << " ran " << ran;
   if (took) {
-    const char* sched_tag = requested_schedule() == 3 ? "_tma_ws" : "_cpasync";
-    EXPECT_NE(ran.find(sched_tag), std::string::npos) << c.describe() << " ran " << ran;
+    EXPECT_NE(ran.find("_tma_ws"), std::string::npos) << c.describe() << " ran " << ran;
     expect_split_tag(sel, c.describe());
   }
 }
@@ -101,29 +87,32 @@ int64_t forced_splits(const Case& c, int32_t s) {
   return std::min<int64_t>(s, std::max<int64_t>(1, (c.sk + bn - 1) / bn));
 }
 
-// A split case: correct with a garbage workspace; v3 with ":splitkv+combine" where split-KV in v3
-// is on, the mma.sync kernel otherwise; `want_splits` (0: any count > 1) splits either way.
+// A split case: correct with a garbage workspace; the Hopper kernel with ":splitkv+combine" on
+// sm_90, the mma.sync kernel elsewhere; `want_splits` (0: any count > 1) splits either way.
 fp_selection check_hopper_split(const Case& c, int64_t want_splits) {
   const fp_selection sel = check_case_garbage_ws(c);
   const std::string ran(sel.kernel);
   const bool took = ran.find(kHopperName) != std::string::npos;
-  EXPECT_EQ(took, split_requested() && hopper_here()) << c.describe() << " ran " << ran;
+  EXPECT_EQ(took, hopper_here()) << c.describe() << " ran " << ran;
   if (want_splits > 0) EXPECT_EQ(sel.num_splits, want_splits) << c.describe() << " ran " << ran;
   else EXPECT_GT(sel.num_splits, 1) << c.describe() << " ran " << ran;
   expect_split_tag(sel, c.describe());
   return sel;
 }
 
-// Sets an environment variable for the scope, restoring the previous value.
+// Sets an environment variable for the scope, restoring the previous value; the library reads its
+// settings once (core/config.hpp), so both ends reload them.
 class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value) : name_(name) {
     if (const char* old = std::getenv(name)) had_ = true, old_ = old;
     setenv(name, value, 1);
+    flashport::reload_runtime_config();
   }
   ~ScopedEnv() {
     if (had_) setenv(name_, old_.c_str(), 1);
     else unsetenv(name_);
+    flashport::reload_runtime_config();
   }
 
  private:
@@ -250,8 +239,8 @@ TEST(CudaHopperFwd, DeclinedCallsFallBack) {
   }
   {
     Case c = base;
-    c.splits = 2;  // split-KV: v3 takes it (FLASHPORT_HOPPER_SPLIT=0 or schedule v1: mma.sync)
-    check_hopper(c, split_requested());
+    c.splits = 2;  // split-KV: the Hopper kernel takes it
+    check_hopper(c, true);
   }
   {
     Case c = base;
@@ -270,9 +259,10 @@ TEST(CudaHopperFwd, DeclinedCallsFallBack) {
   }
   {
     Case c = base;
-    setenv("FLASHPORT_HOPPER_FWD", "0", 1);
-    check_hopper(c, false);
-    unsetenv("FLASHPORT_HOPPER_FWD");
+    {
+      ScopedEnv off("FLASHPORT_HOPPER_FWD", "0");
+      check_hopper(c, false);
+    }
     check_hopper(c, true);
   }
 }
@@ -311,23 +301,15 @@ TEST(CudaHopperFwd, RandomizedMix) {
   }
 }
 
-// Both schedules (and v3 without ping-pong, v3 on a persistent grid) on the same cases in one
-// process: each checked against the reference, and each must be the kernel that ran. The big case
-// has more work tiles (9 x 8 x 3 = 216) than an H100 has SMs, so persistent blocks take several
-// tiles each (ring and Q rounds carried across tiles).
-TEST(CudaHopperFwd, BothSchedulesInOneProcess) {
+// Several shapes in one process, each checked against the reference and each run by the Hopper
+// kernel: batched, varlen with a window (per-sequence tails inside the packed tensor), and a
+// causal case with more work tiles (9 x 8 x 3 = 216) than an H100 has SMs.
+TEST(CudaHopperFwd, ShapesInOneProcess) {
   SKIP_WITHOUT_GPU();
-  struct Variant { const char* sched; const char* pingpong; const char* persistent; const char* tag; };
-  for (Variant v : {Variant{"1", "1", "0", "_cpasync"}, Variant{"3", "1", "0", "_tma_ws:"},
-                    Variant{"3", "0", "0", "_tma_ws_nopp"}, Variant{"3", "1", "1", "_tma_ws_persist:"},
-                    Variant{"3", "0", "1", "_tma_ws_persist_nopp"}}) {
-    ScopedEnv sched("FLASHPORT_HOPPER_SCHED", v.sched), pp("FLASHPORT_HOPPER_PINGPONG", v.pingpong),
-        persist("FLASHPORT_HOPPER_PERSISTENT", v.persistent);
+  {
     auto expect_tag = [&](const fp_selection& sel) {
       if (device_is_sm90() && hopper_built())
-        EXPECT_NE(std::string(sel.kernel).find(v.tag), std::string::npos)
-            << "FLASHPORT_HOPPER_SCHED=" << v.sched << " PINGPONG=" << v.pingpong
-            << " PERSISTENT=" << v.persistent << " ran " << sel.kernel;
+        EXPECT_NE(std::string(sel.kernel).find("_tma_ws:"), std::string::npos) << " ran " << sel.kernel;
     };
     for (int64_t d : {64, 128, 256}) {
       Case c;
@@ -356,10 +338,10 @@ TEST(CudaHopperFwd, BothSchedulesInOneProcess) {
   }
 }
 
-// ---- split-KV in v3 ----------------------------------------------------------------------------
+// ---- split-KV ----------------------------------------------------------------------------
 
 // Forced counts 2, 3, 7, 64: unequal ranges, query blocks x splits, and (64, and the short case)
-// more splits than v3 has key tiles: those splits are empty and must still store LSE = -inf.
+// more splits than the Hopper kernel has key tiles: those splits are empty and must still store LSE = -inf.
 TEST(CudaHopperFwd, SplitKvForcedCounts) {
   SKIP_WITHOUT_GPU();
   for (int64_t d : {64, 128, 256})
@@ -371,7 +353,7 @@ TEST(CudaHopperFwd, SplitKvForcedCounts) {
       check_hopper_split(c, forced_splits(c, s));
     }
   for (int64_t d : {64, 128, 256}) {
-    Case c;  // 130 keys: 3 mma.sync key blocks, 2 (D256: 3) v3 key tiles
+    Case c;  // 130 keys: 3 mma.sync key blocks, 2 (D256: 3) Hopper key tiles
     c.dtype = rand_dtype();
     c.batch = 2, c.hq = 2, c.hkv = 1, c.d = d, c.dv = d, c.sq = 129, c.sk = 130;
     c.splits = 64;
@@ -379,7 +361,7 @@ TEST(CudaHopperFwd, SplitKvForcedCounts) {
   }
 }
 
-// Automatic counts on long-KV / small-grid shapes: the heuristic over v3's tiles and occupancy
+// Automatic counts on long-KV / small-grid shapes: the heuristic over the Hopper tiles and occupancy
 // (1 block per SM).
 TEST(CudaHopperFwd, SplitKvAutoLongKeys) {
   SKIP_WITHOUT_GPU();
@@ -391,7 +373,7 @@ TEST(CudaHopperFwd, SplitKvAutoLongKeys) {
     c.dtype = rand_dtype();
     c.batch = 1, c.hq = sh.hq, c.hkv = sh.hkv, c.d = sh.d, c.dv = sh.d, c.sq = sh.sq, c.sk = sh.sk;
     c.splits = 0;
-    if (split_requested() && hopper_here()) {
+    if (hopper_here()) {
       const int64_t bn = sh.d == 256 ? 64 : 128;
       const int want = flashport::resolve_num_splits(0, (sh.sq + 127) / 128 * sh.hq, (sh.sk + bn - 1) / bn, sms,
                                                      flashport::gpu::kMaxSplits);
@@ -460,29 +442,6 @@ TEST(CudaHopperFwd, SplitKvVarlen) {
   }
 }
 
-// Split-KV on the persistent grid (3 x 7 x 4 x 2 = 168 work tiles, more than an H100's SMs: blocks
-// walk several (query block, split) tiles, ring and Q rounds carried across them; splits 6.. are
-// empty for v3's 128-key tiles) and without ping-pong.
-TEST(CudaHopperFwd, SplitKvPersistentAndNoPingpong) {
-  SKIP_WITHOUT_GPU();
-  for (auto [pp, persist] : {std::pair<const char*, const char*>{"1", "1"}, {"0", "0"}, {"0", "1"}}) {
-    ScopedEnv e1("FLASHPORT_HOPPER_PINGPONG", pp), e2("FLASHPORT_HOPPER_PERSISTENT", persist);
-    for (int64_t d : {64, 128, 256}) {
-      Case c;
-      c.dtype = rand_dtype();
-      c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = d, c.sq = 300, c.sk = 700;
-      c.causal = rand_int(0, 1);
-      c.sinks = rand_int(0, 1);
-      c.splits = 7;
-      const fp_selection sel = check_hopper_split(c, 7);
-      if (split_requested() && hopper_here()) {
-        const std::string tag = std::string(persist[0] == '1' ? "_tma_ws_persist" : "_tma_ws") + (pp[0] == '0' ? "_nopp" : ":");
-        EXPECT_NE(std::string(sel.kernel).find(tag), std::string::npos) << sel.kernel;
-      }
-    }
-  }
-}
-
 // Captured into a CUDA graph (no allocation, sync or host read inside the call) and replayed:
 // the bits of a direct call.
 TEST(CudaHopperFwd, SplitKvGraphReplay) {
@@ -499,25 +458,22 @@ TEST(CudaHopperFwd, SplitKvGraphReplay) {
   expect_graph_replay_equals(call, want, /*garbage_workspace=*/true);
 }
 
-// FLASHPORT_HOPPER_SPLIT=0 and schedule v1: split calls go to the mma.sync kernel (still right);
-// back on, v3 takes them again.
-TEST(CudaHopperFwd, SplitKvSwitchedOff) {
+// The kill switch FLASHPORT_HOPPER_FWD=0: split calls go to the mma.sync kernel (still right);
+// back on, the Hopper kernel takes them again.
+TEST(CudaHopperFwd, SplitKvKillSwitch) {
   SKIP_WITHOUT_GPU();
   Case c;
   c.dtype = rand_dtype();
   c.batch = 1, c.hq = 2, c.hkv = 2, c.d = 128, c.dv = 128, c.sq = 200, c.sk = 3000, c.splits = 3;
-  for (auto [name, value] : {std::pair<const char*, const char*>{"FLASHPORT_HOPPER_SPLIT", "0"},
-                             {"FLASHPORT_HOPPER_SCHED", "1"}}) {
-    ScopedEnv off(name, value);
-    const fp_selection sel = check_hopper_split(c, 3);
-    EXPECT_EQ(std::string(sel.kernel).find(kHopperName), std::string::npos) << name << "=" << value << " ran " << sel.kernel;
-  }
   {
-    ScopedEnv on("FLASHPORT_HOPPER_SPLIT", "1");
-    ScopedEnv v3("FLASHPORT_HOPPER_SCHED", "3");
-    const fp_selection sel = check_hopper_split(c, 3);
-    EXPECT_EQ(std::string(sel.kernel).find(kHopperName) != std::string::npos, hopper_here()) << sel.kernel;
+    ScopedEnv off("FLASHPORT_HOPPER_FWD", "0");
+    fp_selection sel{};
+    check_case(c, &sel);
+    EXPECT_EQ(sel.num_splits, 3) << sel.kernel;
+    EXPECT_EQ(std::string(sel.kernel).find(kHopperName), std::string::npos) << "FLASHPORT_HOPPER_FWD=0 ran " << sel.kernel;
   }
+  const fp_selection sel = check_hopper_split(c, 3);
+  EXPECT_EQ(std::string(sel.kernel).find(kHopperName) != std::string::npos, hopper_here()) << sel.kernel;
 }
 
 }  // namespace

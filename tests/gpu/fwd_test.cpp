@@ -386,25 +386,13 @@ TEST(CudaGraph, PrefillDecodeSplitCaptureAndReplay) {
   check_graph(forced, 4);
 }
 
-// ---- decode split-KV: combine kernel (default) and fused combine ------------------------------
+// ---- decode split-KV: partials, then the combine kernel ----------------------------------------
 
-// Sets an environment variable for a scope (the planner reads FLASHPORT_SPLIT_COMBINE per call).
-struct ScopedEnv {
-  const char* name;
-  ScopedEnv(const char* n, const char* value) : name(n) {
-    if (value != nullptr) setenv(n, value, 1);
-    else unsetenv(n);
-  }
-  ~ScopedEnv() { unsetenv(name); }
-};
-
-// Runs the case with a workspace full of 0xFF bytes (partials and, when fused, the counters of
-// the fused combine): checked against the fp64 reference; then the same call again on the same
-// workspace and three replays of it from a CUDA graph must give the first result's bits. Both
-// merge paths: the combine kernel (default) and FLASHPORT_SPLIT_COMBINE=fused.
-void check_split_decode_mode(const Case& cs, int min_splits, bool fused) {
-  SCOPED_TRACE(cs.describe() + (fused ? " [fused combine]" : " [combine kernel]"));
-  ScopedEnv env("FLASHPORT_SPLIT_COMBINE", fused ? "fused" : nullptr);
+// Runs the case with a workspace full of 0xFF bytes (the partials): checked against the fp64
+// reference; then the same call again on the same workspace and three replays of it from a CUDA
+// graph must give the first result's bits.
+void check_split_decode(const Case& cs, int min_splits) {
+  SCOPED_TRACE(cs.describe());
   Call call(cs);
   const Outputs ref = run_reference(call);
   ASSERT_TRUE(ref.ok) << ref.error;
@@ -418,13 +406,13 @@ void check_split_decode_mode(const Case& cs, int min_splits, bool fused) {
   EXPECT_GE(sel.num_splits, min_splits);
   EXPECT_NE(std::string(sel.kernel).find(":decode_"), std::string::npos) << "a decode tile runs";
   if (sel.num_splits > 1)
-    EXPECT_NE(std::string(sel.kernel).find(fused ? ":splitkv+fused" : ":splitkv+combine"), std::string::npos);
+    EXPECT_NE(std::string(sel.kernel).find(":splitkv+combine"), std::string::npos);
   HostTensor garbage(FP_F32, {static_cast<int64_t>((sel.workspace_bytes + 3) / 4)});
   DevBuf ws;
   ws.upload(garbage);
   CUDA_OK(cudaMemset(ws.ptr, 0xFF, ws.bytes));
   // The memset runs on the legacy stream, asynchronously; `stream` is non-blocking and would not
-  // wait for it (it once landed after the library's counter reset: nothing merged, flaky).
+  // wait for it.
   CUDA_OK(cudaDeviceSynchronize());
   p.workspace = ws.ptr, p.workspace_bytes = ws.bytes, p.stream = stream;
   ASSERT_EQ(fp_attn_fwd(&p), FP_OK) << fp_last_error();
@@ -471,11 +459,6 @@ void check_split_decode_mode(const Case& cs, int min_splits, bool fused) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
-}
-
-void check_split_decode(const Case& cs, int min_splits) {
-  check_split_decode_mode(cs, min_splits, false);
-  check_split_decode_mode(cs, min_splits, true);
 }
 
 TEST(CudaFwdDecode, SplitCountsForcedAndAuto) {

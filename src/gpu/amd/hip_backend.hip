@@ -113,7 +113,7 @@ class HipBackend final : public Backend {
   }
 
   // Everything plan and run must agree on comes from amd_plan.hpp (tile row, packing, splits,
-  // workspace, grid); run_fwd re-derives it and refuses a plan that differs.
+  // workspace, grid); run_fwd launches the plan's decision.
   Status decide_fwd(const Problem& p, AmdFwdLaunch* l, AmdDevice* dev) const {
     if (const std::string why = amd_fwd_refusal(p); !why.empty()) return unsupported("hip backend: " + why);
     const AmdDevice& d = amd_device(p.device_index);
@@ -134,17 +134,21 @@ class HipBackend final : public Backend {
                   l.append ? (l.rotary_q ? ":append+rotary" : ":append") : (l.rotary_q ? ":rotary" : ""));
     plan->workspace_bytes = l.ws_bytes;
     plan->num_splits = l.splits;
-    plan->kernel_id = l.tile * 2 + (p.dtype == FP_BF16 ? 1 : 0);
+    plan->kernel_id = kKernelMmaFwd;
+    PlanArgs::set(plan, l.tile, l.pack);
     return Status::ok();
   }
 
   Status run_fwd(const Problem& p, const Plan& plan, void* workspace) const override {
-    AmdFwdLaunch l;
-    AmdDevice dev;
-    FP_RETURN_IF_ERROR(decide_fwd(p, &l, &dev));
-    if (plan.num_splits != l.splits || plan.workspace_bytes != l.ws_bytes ||
-        plan.kernel_id != l.tile * 2 + (p.dtype == FP_BF16 ? 1 : 0))
+    // The plan's decision (tile, pack, splits), not a new one; the device gate is cached.
+    const int tile = PlanArgs::tile(plan);
+    if (plan.kernel_id != kKernelMmaFwd || tile < 0 || tile >= kNumTileIds || plan.num_splits < 1)
+      return {FP_ERR_RUNTIME, "hip backend: the plan is not a HIP forward plan"};
+    const AmdFwdLaunch l = amd_fwd_shape(p, static_cast<TileId>(tile), PlanArgs::pack(plan), plan.num_splits);
+    if (plan.workspace_bytes != l.ws_bytes)
       return {FP_ERR_RUNTIME, "hip backend: plan does not match the call (re-select after changing it)"};
+    AmdDevice dev;
+    FP_RETURN_IF_ERROR(check_device(p.device_index, kTileConfigs[l.tile].smem_bytes(), &dev));
     DeviceGuard guard(p.device_index);
     const auto stream = static_cast<gpuStream_t>(p.raw->stream);
     const bool bf16 = p.dtype == FP_BF16;
@@ -193,7 +197,7 @@ class HipBackend final : public Backend {
     AmdDevice dev;
     FP_RETURN_IF_ERROR(merge_device(p, &dev));
     DeviceGuard guard(p.raw->out.device_index);
-    if (gpuError_t e = launch_merge_amd(amd_merge_args(p), dev.wave_size, static_cast<gpuStream_t>(p.raw->stream));
+    if (gpuError_t e = launch_merge_amd(merge_args(p), dev.wave_size, static_cast<gpuStream_t>(p.raw->stream));
         e != gpuSuccess)
       return {FP_ERR_RUNTIME, std::string("hip backend: merge launch: ") + gpuGetErrorString(e)};
     return Status::ok();
@@ -204,16 +208,7 @@ class HipBackend final : public Backend {
     AmdDevice dev;
     FP_RETURN_IF_ERROR(merge_device(p, &dev));
     DeviceGuard guard(p.raw->out.device_index);
-    MergeBwdArgs g;
-    g.fwd = amd_merge_args(p);
-    g.dout = mb.raw->dout.data;
-    g.dlse = mb.has_dlse ? static_cast<const float*>(mb.raw->dlse.data) : nullptr;
-    g.d_part = mb.raw->d_out_partials.data;
-    g.d_lse_part = static_cast<float*>(mb.raw->d_lse_partials.data);
-    std::memcpy(g.dout_stride, mb.dout_stride, sizeof(g.dout_stride));
-    std::memcpy(g.dlse_stride, mb.dlse_stride, sizeof(g.dlse_stride));
-    std::memcpy(g.d_part_stride, mb.d_part_stride, sizeof(g.d_part_stride));
-    std::memcpy(g.d_lse_part_stride, mb.d_lse_part_stride, sizeof(g.d_lse_part_stride));
+    const MergeBwdArgs g = merge_bwd_args(mb);
     if (gpuError_t e = launch_merge_bwd_amd(g, dev.wave_size, static_cast<gpuStream_t>(p.raw->stream));
         e != gpuSuccess)
       return {FP_ERR_RUNTIME, std::string("hip backend: merge backward launch: ") + gpuGetErrorString(e)};

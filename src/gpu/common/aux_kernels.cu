@@ -295,14 +295,3 @@ gpuError_t launch_append_amd(const AppendArgs& a, bool bf16, int wave_size, gpuS
 
 FP_TARGET_NS_END
 }  // namespace flashport::gpu
-
-#if defined(FLASHPORT_DECODE_EXPERIMENTS) && defined(FP_TARGET_NVIDIA)
-// Decode tile candidates, built only for experiments (tile_config.hpp).
-#include "gpu/mma/fwd_kernel.cuh"
-namespace flashport::gpu {
-FP_INSTANTIATE_FWD(kDecodeExp0)
-FP_INSTANTIATE_FWD(kDecodeExp1)
-FP_INSTANTIATE_FWD(kDecodeExp2)
-FP_INSTANTIATE_FWD(kDecodeExp3)
-}  // namespace flashport::gpu
-#endif

@@ -34,9 +34,6 @@ struct FwdArgs {
   float* ws_o = nullptr;
   float* ws_lse = nullptr;
   int64_t ws_rows = 0;
-  // Fused split-KV combine: one arrival counter per (b, head, m-block) tile, zero at launch; the
-  // tile's last split block merges the partials and resets it. Null: the combine kernel merges.
-  uint32_t* ws_counters = nullptr;
 };
 
 // Merge of split partials (the internal split-KV combine and the public fp_merge_fwd).
@@ -140,7 +137,7 @@ inline AppendArgs append_args(const Problem& p, uint16_t* q_rot, int64_t q_rot_r
 }
 
 // The main loop's arguments for q at (q, q_addr): the caller's q or its rotated workspace copy.
-// The split-KV workspace areas (ws_o, ws_lse, ws_rows, ws_counters) are the caller's to set.
+// The split-KV workspace areas (ws_o, ws_lse, ws_rows) are the caller's to set (fwd_plan.hpp).
 inline FwdArgs fwd_args(const Problem& p, const uint16_t* q, const RowAddr& q_addr, int pack, int splits) {
   auto aligned16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
   auto mult8 = [](int64_t x) { return (x & 7) == 0; };

@@ -31,10 +31,6 @@ struct TileConfig {
   constexpr int smem_bytes() const { return (block_m + 2 * block_n * stages) * (head_dim + smem_row_pad) * 2; }
 };
 
-#ifndef FLASHPORT_FWD_TILE_VARIANT
-#define FLASHPORT_FWD_TILE_VARIANT 0
-#endif
-
 // Indices into kTileConfigs; also the Plan::kernel_id (times 2, + 1 for bf16).
 enum TileId : int {
   kPrefill64 = 0,
@@ -43,48 +39,22 @@ enum TileId : int {
   kDecode64,
   kDecode128,
   kDecode256,
-#if defined(FLASHPORT_DECODE_EXPERIMENTS)  // D128 decode candidates: scripts/device_decode.sh explore
-  kDecodeExp0,
-  kDecodeExp1,
-  kDecodeExp2,
-  kDecodeExp3,
-#endif
   kNumTileIds
 };
 
 #if defined(FP_TARGET_NVIDIA)
 inline constexpr TileConfig kTileConfigs[kNumTileIds] = {
-#if FLASHPORT_FWD_TILE_VARIANT == 1  // experiments only (scripts/device_gpu.sh variants)
-    {64, 128, 128, 4, 2, 1, "prefill_d64_m128n128w4"},
-#elif FLASHPORT_FWD_TILE_VARIANT == 2
-    {64, 64, 64, 4, 3, 1, "prefill_d64_m64n64w4"},
-#elif FLASHPORT_FWD_TILE_VARIANT == 3
-    {64, 128, 64, 8, 2, 1, "prefill_d64_m128n64w8"},
-#elif FLASHPORT_FWD_TILE_VARIANT == 4
-    {64, 128, 64, 4, 2, 2, "prefill_d64_m128n64w4s2"},
-#else
+    // Prefill: 128 x 64 with 4 warps (D64, D128); the alternatives timed (128 x 128, 64 x 64,
+    // 8 warps, a 2-stage ring) lost: bench/results/HISTORY.md.
     {64, 128, 64, 4, 2, 1, "prefill_d64_m128n64w4"},
-#endif
-#if FLASHPORT_FWD_TILE_VARIANT == 4
-    {128, 128, 64, 4, 2, 2, "prefill_d128_m128n64w4s2"},
-#else
     {128, 128, 64, 4, 2, 1, "prefill_d128_m128n64w4"},
-#endif
     // 64 x 64 with 4 warps, two blocks per SM, measured 0.86-1.03x FA2 against 0.75-0.93x for
     // FA2's own 128 x 64 x 8-warp shape (gpu_bench_v4*.md).
     {256, 64, 64, 4, 2, 1, "prefill_d256_m64n64w4"},
+    // Decode: a ring of (K, V) stages; deeper rings and narrower key steps lost (HISTORY.md).
     {64, 64, 64, 4, 3, 3, "decode_d64_m64n64w4s3"},
     {128, 64, 64, 4, 2, 3, "decode_d128_m64n64w4s3"},
     {256, 64, 64, 4, 2, 2, "decode_d256_m64n64w4s2"},
-#if defined(FLASHPORT_DECODE_EXPERIMENTS)
-    // H200 (gpu_decode_variants_v2.md), against the default above: deeper rings lose everywhere
-    // (s6: 1.16-1.54x slower, n16s12: 1.6-1.9x); n32s2 (4 blocks/SM) wins 3% where the batch
-    // fills the machine (B = 8..64), loses 3% at B=1 Sk=64k and 8-16% at B=1 Sk=8k.
-    {128, 64, 64, 4, 1, 6, "decode_d128_m64n64w4s6"},
-    {128, 64, 32, 4, 2, 6, "decode_d128_m64n32w4s6"},
-    {128, 64, 32, 4, 4, 2, "decode_d128_m64n32w4s2"},
-    {128, 64, 16, 4, 2, 12, "decode_d128_m64n16w4s12"},
-#endif
 };
 #else
 // AMD (HIP): a workgroup may use 64 KiB of LDS, and global -> LDS copies are plain loads and

@@ -101,24 +101,6 @@ __device__ __forceinline__ bool warp_any(bool pred) {
 #endif
 }
 
-// Loads of data other blocks of this launch wrote (split partials): through L2, never a
-// non-coherent L1 line (NVIDIA ld.global.cg; AMD an agent-scope atomic load, glc/sc0).
-__device__ __forceinline__ float load_l2(const float* p) {
-#if defined(FP_VENDOR_AMD)
-  return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
-#else
-  return __ldcg(p);
-#endif
-}
-__device__ __forceinline__ float4 load_l2(const float4* p) {
-#if defined(FP_VENDOR_AMD)
-  const float* f = reinterpret_cast<const float*>(p);
-  return make_float4(load_l2(f), load_l2(f + 1), load_l2(f + 2), load_l2(f + 3));
-#else
-  return __ldcg(p);
-#endif
-}
-
 __device__ __forceinline__ float fast_exp2(float x) {
 #if defined(FP_VENDOR_AMD)
   return __builtin_amdgcn_exp2f(x);

@@ -19,8 +19,8 @@
 //   dQ   = dS K     wgmma SS, dS and K both MN-major; D128: warpgroup w takes columns
 //                   [64w, 64w + 64) of the 64 rows; D64: rows [64w, 64w + 64) of the 128;
 //                   staged in shared memory and added into the fp32 workspace by one bulk
-//                   reduce per query row during the next step (FLASHPORT_HOPPER_BWD_DQ_BULK=0:
-//                   16-byte vector atomics, red.v4.f32, as in v1).
+//                   reduce per query row during the next step (faster than 16-byte vector
+//                   atomics: bench/results/HISTORY.md).
 // D256 (bwd_hopper_d256_kernel): 64-key blocks, the warpgroups split the head dim of dK/dV/dQ and
 // the queries of S^T/dP^T, P^T and dS^T through shared memory (bwd_hopper.hpp).
 // Q, dO, LSE2, D of the next step stream in with cp.async (all 256 threads) while this one runs.
@@ -43,10 +43,6 @@ namespace flashport::gpu {
 namespace sm90 {
 
 constexpr float kBwdLog2eH = 1.4426950408889634f;
-// Timing experiments only (wrong dQ): 1 = no dQ atomics, 2 = no dQ product and no atomics.
-#ifndef FLASHPORT_HOPPER_BWD_DIAG
-#define FLASHPORT_HOPPER_BWD_DIAG 0
-#endif
 
 // 4 bytes global -> shared; src_bytes 0 stores zero.
 __device__ __forceinline__ void cp_async_4(uint32_t smem, const void* gmem, int src_bytes) {
@@ -94,13 +90,11 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
   uint16_t* sV = sK + BN * D;
   uint16_t* sQ = sV + BN * D;        // [2][BM * D]
   uint16_t* sdO = sQ + 2 * BM * D;   // [2][BM * D]
-  constexpr bool kDefer = HopperBwdTile::kDeferDq;
-  uint16_t* sdS = sdO + 2 * BM * D;  // dS^T: [BN keys][BM queries], 64-query panels (x2 when deferred)
-  float* sL = reinterpret_cast<float*>(sdS + HopperBwdTile::kDsBuffers * BN * BM);  // [2][BM] LSE2
+  uint16_t* sdS = sdO + 2 * BM * D;  // dS^T: [BN keys][BM queries], 64-query panels
+  float* sL = reinterpret_cast<float*>(sdS + BN * BM);  // [2][BM] LSE2
   float* sDs = sL + 2 * BM;                             // [2][BM] D
-  constexpr bool kBulk = HopperBwdTile::kDqBulk;
   constexpr int kDqStride = HopperBwdTile::dq_stride(D);
-  float* sDq = sDs + 2 * BM;  // [2][BM][kDqStride] dQ staging (bulk mode)
+  float* sDq = sDs + 2 * BM;  // [2][BM][kDqStride] dQ staging
   const uint32_t sK_u32 = base_u32;
   const uint32_t sV_u32 = sK_u32 + BN * D * 2;
   const uint32_t sQ_u32 = sV_u32 + BN * D * 2;
@@ -204,30 +198,10 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
       const bool softcap = a.softcap_in > 0.0f;
       const bool transformed = softcap || R.alibi != nullptr;
 
-      // dQ of one step (64 x 64 per warpgroup) into the fp32 workspace. Vector atomics: lanes 2k
-      // and 2k+1 swap halves so each holds 4 consecutive columns of one row (even lane: row r,
-      // odd lane: row r + 8).
       float dq_acc[32];
       const int dq_d_panel = kDqByCols ? wg : 0;
-      auto add_dq = [&](int hh, int ii0) {
-        if (FLASHPORT_HOPPER_BWD_DIAG != 0) return;
-        const bool odd = lane & 1;
-        const int row = (kDqByCols ? 0 : wg * 64) + wwarp * 16 + (lane >> 2) + (odd ? 8 : 0);
-        const int i = ii0 + row;
-        const int col0 = dq_d_panel * 64 + (lane & 2) * 2;
-        float* dq_row = a.ws_dq + (int64_t(hh) * a.total_rows + ws_row0 + i) * a.dacc;
-#pragma unroll
-        for (int t = 0; t < 8; ++t) {
-          const float send0 = odd ? dq_acc[4 * t + 0] : dq_acc[4 * t + 2];
-          const float send1 = odd ? dq_acc[4 * t + 1] : dq_acc[4 * t + 3];
-          const float r0 = shfl_xor(send0, 1), r1 = shfl_xor(send1, 1);
-          const float4 v = odd ? make_float4(r0, r1, dq_acc[4 * t + 2], dq_acc[4 * t + 3])
-                               : make_float4(dq_acc[4 * t + 0], dq_acc[4 * t + 1], r0, r1);
-          if (i < lq) atomicAdd(reinterpret_cast<float4*>(dq_row + col0 + 8 * t), v);
-        }
-      };
-      int dq_h = 0, dq_i0 = 0;  // deferred / bulk schedule: the step whose dQ is in flight
-      // Bulk mode: this thread's fragment of the step's dQ into staging buffer `sbuf` (row-major,
+      int dq_h = 0, dq_i0 = 0;  // the step whose dQ is in flight
+      // This thread's fragment of the step's dQ into staging buffer `sbuf` (row-major,
       // the workspace's column order), then fence for the copy engine.
       auto stage_dq = [&](int sbuf) {
         float* tile = sDq + sbuf * (BM * kDqStride);
@@ -240,7 +214,7 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
             *reinterpret_cast<float2*>(tile + (row0 + 8 * hf) * kDqStride + col0 + 8 * t) =
                 make_float2(dq_acc[4 * t + 2 * hf], dq_acc[4 * t + 2 * hf + 1]);
       };
-      // Bulk mode, after a block barrier: lane l < BM / 8 of warp w adds row w * BM / 8 + l of
+      // After a block barrier: lane l < BM / 8 of warp w adds row w * BM / 8 + l of
       // staging buffer `sbuf` (the dQ of step (hh, ii0)) into the workspace, rows past Lq
       // skipped. Spread over all 8 warps: the copy engine takes the operands from uniform
       // registers, so each warp issues its rows one at a time.
@@ -248,7 +222,6 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
       const bool dq_issuer = lane < kDqRowsPerWarp;
       const int dq_issue_row = (tid >> 5) * kDqRowsPerWarp + lane;
       auto issue_dq = [&](int sbuf, int hh, int ii0) {
-        if (FLASHPORT_HOPPER_BWD_DIAG != 0) return;
         if (dq_issuer) {
           const int i = ii0 + dq_issue_row;
           if (i < lq)
@@ -304,18 +277,9 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
           }
           wg_commit();
         }
-        if constexpr (kBulk) {
-          // Step s-1's dQ (staged and fenced before this step's first barrier), while S^T and
-          // dP^T run.
-          if (s > 0) issue_dq(buf ^ 1, dq_h, dq_i0);
-        }
-        if constexpr (kDefer) {
-          // The previous step's dQ product is done (S^T, dP^T may still run): its atomics
-          // overlap this step's products.
-          wg_wait<2>();
-          fence_regs(dq_acc);
-          if (s > 0) add_dq(dq_h, dq_i0);
-        }
+        // Step s-1's dQ (staged and fenced before this step's first barrier), while S^T and
+        // dP^T run.
+        if (s > 0) issue_dq(buf ^ 1, dq_h, dq_i0);
 
         // ---- P^T (element (key j, query i): s_acc[4t + 2hf + e2], j = n0 + key_loc0 + 8hf,
         //      i = i0 + 8t + col_base + e2) ---------------------------------------------------
@@ -412,10 +376,8 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
             da[ks][r] = Elem::pack(dp_acc[8 * ks + 2 * r], dp_acc[8 * ks + 2 * r + 1]);
           }
         // dS^T to shared memory for dQ: (key, queries 8t + col_base, +1) -> one 32-bit store;
-        // pair (t, hf) is da[t / 2][(t & 1) * 2 + hf]. Deferred schedule: two buffers (the other
-        // warpgroup may still read the previous step's).
-        const int ds_buf = kDefer ? buf : 0;
-        uint16_t* tdS = sdS + ds_buf * (BN * BM);
+        // pair (t, hf) is da[t / 2][(t & 1) * 2 + hf].
+        uint16_t* tdS = sdS;
 #pragma unroll
         for (int t = 0; t < kQTiles; ++t)
 #pragma unroll
@@ -444,62 +406,39 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
               wgmma_rs_m64n64k16<kBf16, 1>(dk_acc[p], da[ks], q_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
           wg_commit();
         }
-        // Bulk mode: the reduce that read this step's staging buffer (step s-2's dQ) is done
-        // before the barrier below lets anyone write it again.
-        if constexpr (kBulk) {
-          if (dq_issuer) bulk_wait_read<1>();
-        }
+        // The reduce that read this step's staging buffer (step s-2's dQ) is done before the
+        // barrier below lets anyone write it again.
+        if (dq_issuer) bulk_wait_read<1>();
         fence_proxy_async();  // dS^T stores (generic proxy) -> wgmma reads (async proxy)
         __syncthreads();      // dS^T of both warpgroups in shared memory
 
         // ---- dQ = dS K (64 x 64 per warpgroup; dS^T and K MN-major) ---------------------------
         {
           const int q_panel = kDqByCols ? 0 : wg;
-          uint64_t s_desc = make_desc(sdS_u32 + (ds_buf * BM + q_panel * 64) * (BN * 2), BN * 128, 1024);
+          uint64_t s_desc = make_desc(sdS_u32 + q_panel * 64 * (BN * 2), BN * 128, 1024);
           asm volatile("" : "+l"(s_desc));
           uint64_t kt_desc = make_desc(sK_u32 + dq_d_panel * (BN * 128), BN * 128, 1024);
           asm volatile("" : "+l"(kt_desc));
           wg_fence();
-          if (FLASHPORT_HOPPER_BWD_DIAG != 2) {
 #pragma unroll
-            for (int ks = 0; ks < BN / 16; ++ks)
-              wgmma_ss_m64n64k16<kBf16, 1, 1>(dq_acc, s_desc + ((ks * 2048) >> 4), kt_desc + ((ks * 2048) >> 4),
-                                              ks > 0 ? 1 : 0);
-          }
+          for (int ks = 0; ks < BN / 16; ++ks)
+            wgmma_ss_m64n64k16<kBf16, 1, 1>(dq_acc, s_desc + ((ks * 2048) >> 4), kt_desc + ((ks * 2048) >> 4),
+                                            ks > 0 ? 1 : 0);
           wg_commit();
-          if constexpr (kDefer) {
-            wg_wait<1>();  // dV, dK done (this step's Q/dO buffer is free); dQ may still run
-            dq_h = h, dq_i0 = i0;
-          } else if constexpr (kBulk) {
-            wg_wait<0>();
-            fence_regs(dq_acc);
-            dq_h = h, dq_i0 = i0;
-          } else {
-            wg_wait<0>();
-            fence_regs(dq_acc);
-          }
+          wg_wait<0>();
+          fence_regs(dq_acc);
+          dq_h = h, dq_i0 = i0;
           fence_regs_u32(pa);
           fence_regs_u32(da);
 #pragma unroll
           for (int p = 0; p < kPanels; ++p) fence_regs(dv_acc[p]), fence_regs(dk_acc[p]);
-          if constexpr (kBulk) {
-            stage_dq(buf);  // fenced for the copy engine at the next step's barrier
-          } else if constexpr (!kDefer) {
-            add_dq(h, i0);
-          }
+          stage_dq(buf);  // fenced for the copy engine at the next step's barrier
         }
       }
-      if constexpr (kDefer) {
-        wg_wait<0>();
-        fence_regs(dq_acc);
-        add_dq(dq_h, dq_i0);
-      }
-      if constexpr (kBulk) {
-        fence_proxy_async();
-        __syncthreads();
-        issue_dq((steps - 1) & 1, dq_h, dq_i0);
-        if (dq_issuer) bulk_wait_all();  // the staging tile must outlive the copy engine's reads
-      }
+      fence_proxy_async();
+      __syncthreads();
+      issue_dq((steps - 1) & 1, dq_h, dq_i0);
+      if (dq_issuer) bulk_wait_all();  // the staging tile must outlive the copy engine's reads
     }
   }
 
@@ -562,11 +501,10 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
   const uint32_t base_u32 = (raw_u32 + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
   uint16_t* sK = reinterpret_cast<uint16_t*>(smem_raw + (base_u32 - raw_u32));
   uint16_t* sV = sK + BN * D;
-  // Q(buf) = sQ + buf * kBufStride, dO(buf) = sdO + buf * kBufStride; bulk mode: Q(buf), dO(buf)
-  // adjacent (the pair is the step's dQ staging tile), else Q[2] then dO[2].
-  constexpr bool kBulk = HopperBwdTileD256::kDqBulk;
-  constexpr int kBufStride = kBulk ? 2 * BM * D : BM * D;
-  constexpr int kDoOff = kBulk ? BM * D : 2 * BM * D;
+  // Q(buf) = sQ + buf * kBufStride, dO(buf) = sdO + buf * kBufStride: Q(buf), dO(buf) adjacent
+  // (the pair is the step's dQ staging tile).
+  constexpr int kBufStride = 2 * BM * D;
+  constexpr int kDoOff = BM * D;
   uint16_t* sQ = sV + BN * D;
   uint16_t* sdO = sQ + kDoOff;
   uint16_t* sP = sQ + 4 * BM * D;   // P^T: [BN keys][BM queries], one 64-query panel
@@ -713,7 +651,6 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
       const bool dq_issuer = lane < kDqRowsPerWarp;
       const int dq_issue_row = (tid >> 5) * kDqRowsPerWarp + lane;
       auto issue_dq = [&](int sbuf, int hh, int ii0) {
-        if (FLASHPORT_HOPPER_BWD_DIAG != 0) return;
         if (dq_issuer) {
           const int i = ii0 + dq_issue_row;
           if (i < lq)
@@ -728,9 +665,9 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
         cp_async_wait<0>();
         fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
         __syncthreads();      // step s landed everywhere; step s-1's products are all done
-        // Bulk mode: buffer buf ^ 1 holds step s-1's dQ until its reduce has read it, so the load
-        // waits for the middle barrier (except at s = 0).
-        if (s + 1 < steps && (!kBulk || s == 0)) {
+        // Buffer buf ^ 1 holds step s-1's dQ until its reduce has read it, so the load waits for
+        // the middle barrier (except at s = 0).
+        if (s + 1 < steps && s == 0) {
           load_step(s + 1, buf ^ 1);
           cp_async_commit();
         }
@@ -765,9 +702,7 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
           }
           wg_commit();
         }
-        if constexpr (kBulk) {
-          if (s > 0) issue_dq(buf ^ 1, dq_h, dq_i0);  // step s-1's dQ, while S^T and dP^T run
-        }
+        if (s > 0) issue_dq(buf ^ 1, dq_h, dq_i0);  // step s-1's dQ, while S^T and dP^T run
 
         // ---- P^T (element (key j, query i): s_acc[4t + 2hf + e2], j = n0 + key_loc0 + 8hf,
         //      i = i0 + q_half0 + 8t + col_base + e2) -------------------------------------------
@@ -861,16 +796,12 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
             *reinterpret_cast<uint32_t*>(sP + off) = Elem::pack(s_acc[4 * t + 2 * hf], s_acc[4 * t + 2 * hf + 1]);
             *reinterpret_cast<uint32_t*>(sdS + off) = Elem::pack(dp_acc[4 * t + 2 * hf], dp_acc[4 * t + 2 * hf + 1]);
           }
-        if constexpr (kBulk) {
-          if (dq_issuer) bulk_wait_read<0>();  // step s-1's staging read: buffer buf ^ 1 is free
-        }
+        if (dq_issuer) bulk_wait_read<0>();  // step s-1's staging read: buffer buf ^ 1 is free
         fence_proxy_async();  // P^T / dS^T stores (generic proxy) -> wgmma reads (async proxy)
         __syncthreads();      // P^T / dS^T of both warpgroups in shared memory
-        if constexpr (kBulk) {
-          if (s > 0 && s + 1 < steps) {
-            load_step(s + 1, buf ^ 1);
-            cp_async_commit();
-          }
+        if (s > 0 && s + 1 < steps) {
+          load_step(s + 1, buf ^ 1);
+          cp_async_commit();
         }
 
         // ---- dQ = dS K first (its atomics overlap dV, dK), then dV += P^T dO, dK += dS^T Q ------
@@ -908,49 +839,18 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
               wgmma_ss_m64n64k16<kBf16, 0, 1>(dk_acc[p], ds_desc + ((ks * 32) >> 4),
                                               q_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
           wg_commit();
-          if constexpr (kBulk) {
-            wg_wait<0>();
+          wg_wait<0>();
 #pragma unroll
-            for (int p = 0; p < kOwnPanels; ++p) fence_regs(dq_acc[p]), fence_regs(dv_acc[p]), fence_regs(dk_acc[p]);
-            __syncthreads();  // both warpgroups' dV/dK are done with Q(buf), dO(buf): staging tile
-            stage_dq(buf);    // fenced for the copy engine at the next step's barrier
-            dq_h = h, dq_i0 = i0;
-          } else {
-            wg_wait<1>();
-#pragma unroll
-            for (int p = 0; p < kOwnPanels; ++p) fence_regs(dq_acc[p]);
-            // dQ into the fp32 workspace by 16-byte vector atomics: lanes 2k and 2k+1 swap halves so
-            // each holds 4 consecutive columns of one row (even lane: row r, odd lane: row r + 8).
-            if (FLASHPORT_HOPPER_BWD_DIAG == 0) {
-              const bool odd = lane & 1;
-              const int i = i0 + wwarp * 16 + (lane >> 2) + (odd ? 8 : 0);
-              float* dq_row = a.ws_dq + (int64_t(h) * a.total_rows + ws_row0 + i) * a.dacc;
-#pragma unroll
-              for (int p = 0; p < kOwnPanels; ++p) {
-                const int col0 = (wg * kOwnPanels + p) * 64 + (lane & 2) * 2;
-#pragma unroll
-                for (int t = 0; t < 8; ++t) {
-                  const float send0 = odd ? dq_acc[p][4 * t + 0] : dq_acc[p][4 * t + 2];
-                  const float send1 = odd ? dq_acc[p][4 * t + 1] : dq_acc[p][4 * t + 3];
-                  const float r0 = shfl_xor(send0, 1), r1 = shfl_xor(send1, 1);
-                  const float4 v = odd ? make_float4(r0, r1, dq_acc[p][4 * t + 2], dq_acc[p][4 * t + 3])
-                                       : make_float4(dq_acc[p][4 * t + 0], dq_acc[p][4 * t + 1], r0, r1);
-                  if (i < lq) atomicAdd(reinterpret_cast<float4*>(dq_row + col0 + 8 * t), v);
-                }
-              }
-            }
-            wg_wait<0>();  // P^T / dS^T / Q / dO reads done before the next step's barrier
-#pragma unroll
-            for (int p = 0; p < kOwnPanels; ++p) fence_regs(dv_acc[p]), fence_regs(dk_acc[p]);
-          }
+          for (int p = 0; p < kOwnPanels; ++p) fence_regs(dq_acc[p]), fence_regs(dv_acc[p]), fence_regs(dk_acc[p]);
+          __syncthreads();  // both warpgroups' dV/dK are done with Q(buf), dO(buf): staging tile
+          stage_dq(buf);    // fenced for the copy engine at the next step's barrier
+          dq_h = h, dq_i0 = i0;
         }
       }
-      if constexpr (kBulk) {
-        fence_proxy_async();
-        __syncthreads();
-        issue_dq((steps - 1) & 1, dq_h, dq_i0);
-        if (dq_issuer) bulk_wait_all();  // the staging tile must outlive the copy engine's reads
-      }
+      fence_proxy_async();
+      __syncthreads();
+      issue_dq((steps - 1) & 1, dq_h, dq_i0);
+      if (dq_issuer) bulk_wait_all();  // the staging tile must outlive the copy engine's reads
     }
   }
 
@@ -1036,19 +936,20 @@ const char* hopper_bwd_name(int d) {
 
 bool hopper_bwd_plan(const BwdProblem& bp, Plan* plan) {
   const Problem& p = bp.fwd;
-  // The Hopper kernel uses the mma.sync plan's workspace without semaphores (atomic dQ).
-  if (bwd_workspace(p, 0).total != plan->workspace_bytes) return false;
+  // The workspace layout of the mma.sync backward (bwd_aux.cu), without semaphores (atomic dQ).
+  *plan = Plan{};
+  plan->workspace_bytes = bwd_workspace(p, 0).total;
   std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:%s:atomic-dq", hopper_bwd_name(int(p.d)),
                 p.dtype == FP_BF16 ? "bf16" : "fp16");
   plan->num_splits = 1;
-  plan->kernel_id = kHopperBwdKernelId;
+  plan->kernel_id = kKernelHopperBwd;
   return true;
 }
 
 Status run_bwd_hopper(const BwdProblem& bp, const Plan& plan, void* workspace, gpuStream_t stream) {
   const Problem& p = bp.fwd;
   const BwdWorkspace w = bwd_workspace(p, 0);
-  if (w.total != plan.workspace_bytes || plan.kernel_id != kHopperBwdKernelId || bp.deterministic)
+  if (w.total != plan.workspace_bytes || plan.kernel_id != kKernelHopperBwd || bp.deterministic)
     return {FP_ERR_RUNTIME, "cuda backend: plan does not match the call (re-select after changing it)"};
   if (p.seq.batch == 0) return Status::ok();
   BwdArgs a = bwd_common_args(bp, w, workspace);  // atomic dQ: no semaphores

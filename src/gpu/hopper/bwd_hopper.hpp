@@ -1,17 +1,16 @@
 // Hopper (sm_90a) backward fast path: host-side interface and capability check. The kernel
 // (bwd_hopper.cu) is compiled only when 90 is among CMAKE_CUDA_ARCHITECTURES
-// (FLASHPORT_WITH_HOPPER_BWD). cuda_backend.cu's plan_bwd plans the mma.sync backward first (its
-// checks, grid limits and workspace), then asks hopper_bwd_check; when that passes, the plan is
-// rewritten to the Hopper kernel with the same workspace (the preprocess and dq conversion kernels
-// of bwd_aux.cu and their workspace layout are shared). Otherwise the mma.sync plan stands and the
-// check's string says why.
+// (FLASHPORT_WITH_HOPPER_BWD). A peer of the mma.sync backward in cuda_backend.cu's plan_bwd: asked
+// first; when hopper_bwd_check passes, hopper_bwd_plan plans it (the preprocess and dq conversion
+// kernels of bwd_aux.cu and their workspace layout are shared); otherwise the mma.sync backward
+// plans the call.
 //
 // Scope (everything else declined here, never ignored): fp16/bf16, D == Dv in {64, 128, 256}, batched
 // or varlen q/k/v/dout with 16-byte aligned rows and strides, seqused_k, causal (both
 // alignments), sliding windows, softcap (with its derivative), ALiBi, sinks (d_sinks by the shared
 // conversion step), GQA/MQA (dK/dV summed over the group in registers), atomic dQ.
-// D256 has its own kernel (HopperBwdTileD256, switch FLASHPORT_HOPPER_BWD_D256).
-// Declined: other head dims, dropout (the philox replay
+// D256 has its own kernel (HopperBwdTileD256).
+// Declined: FLASHPORT_HOPPER_BWD=0 (the user's kill switch), other head dims, dropout (the philox replay
 // lives in the mma.sync loop), deterministic mode (the mma.sync path orders the dQ adds with
 // semaphores), unaligned tensors, devices other than sm_90.
 #pragma once
@@ -19,8 +18,10 @@
 #include <cstdlib>
 #include <string>
 
-#include "gpu/mma/bwd_launch.hpp"
 #include "core/backend.hpp"
+#include "core/config.hpp"
+#include "gpu/common/fwd_plan.hpp"
+#include "gpu/mma/bwd_launch.hpp"
 #include "core/problem.hpp"
 #include "core/status.hpp"
 #include "gpu/common/vendor.hpp"
@@ -30,35 +31,23 @@ namespace flashport::gpu {
 // Tile of the Hopper backward: one block owns 128 keys of one kv head; 2 consumer warpgroups of
 // 64 keys each keep dK, dV in registers; per step a block of BM query rows (128 at D64, 64 at
 // D128: the S^T/dP^T accumulators of the step plus dK/dV stay under 255 registers).
-// Schedule experiment (FLASHPORT_HOPPER_BWD_DEFER_DQ=1 at build time, off): the dQ product of step
-// s is waited for (and its atomics issued) only after step s+1's S^T/dP^T are issued, dS^T
-// double-buffered. ptxas 13.0 serializes every wgmma of that version (C7514: accumulators in
-// flight across the loop back-edge), so it stays off (bench/results/gpu_bwd_notes.md).
-#ifndef FLASHPORT_HOPPER_BWD_DEFER_DQ
-#define FLASHPORT_HOPPER_BWD_DEFER_DQ 0
-#endif
 // dQ of a step goes through shared memory (fp32, double-buffered, rows padded by 16 bytes against
 // bank conflicts) and is added into the workspace with one bulk reduce per query row
 // (cp.reduce.async.bulk .add.f32, issued after the next step's first barrier) instead of 8
-// red.global.add.v4.f32 per thread. 0: the per-thread vector atomics of v1.
-#ifndef FLASHPORT_HOPPER_BWD_DQ_BULK
-#define FLASHPORT_HOPPER_BWD_DQ_BULK 1
-#endif
+// red.global.add.v4.f32 per thread (bench/results/HISTORY.md: the atomics, and deferring the dQ
+// wait past the next step's products, both lost).
 struct HopperBwdTile {
   static constexpr int kBlockN = 128;
   static constexpr int kThreads = 256;
-  static constexpr bool kDeferDq = FLASHPORT_HOPPER_BWD_DEFER_DQ != 0;
-  static constexpr bool kDqBulk = FLASHPORT_HOPPER_BWD_DQ_BULK != 0 && !kDeferDq;
-  static constexpr int kDsBuffers = kDeferDq ? 2 : 1;
   static constexpr int block_m(int d) { return d == 64 ? 128 : 64; }
   // Row stride (floats) of the dQ staging tile: + 4 floats so a warp's 8 rows of float2 stores
   // spread over all 32 banks.
   static constexpr int dq_stride(int d) { return d + 4; }
-  static constexpr int dq_stage_bytes(int d) { return kDqBulk ? 2 * block_m(d) * dq_stride(d) * 4 : 0; }
-  // K, V; Q and dO double-buffered; dS^T (x kDsBuffers); LSE and D double-buffered; dQ staging;
+  static constexpr int dq_stage_bytes(int d) { return 2 * block_m(d) * dq_stride(d) * 4; }
+  // K, V; Q and dO double-buffered; dS^T; LSE and D double-buffered; dQ staging;
   // + 1024 atom alignment slack.
   static constexpr int smem_bytes(int d) {
-    return (2 * kBlockN * d + 4 * block_m(d) * d + kDsBuffers * kBlockN * block_m(d)) * 2 + 4 * block_m(d) * 4 +
+    return (2 * kBlockN * d + 4 * block_m(d) * d + kBlockN * block_m(d)) * 2 + 4 * block_m(d) * 4 +
            dq_stage_bytes(d) + 1024;
   }
 };
@@ -69,30 +58,17 @@ struct HopperBwdTile {
 // (64 + 64 registers). Per step of BM = 64 queries, warpgroup w computes S^T and dP^T for queries
 // [32w, 32w + 32) (all 64 keys), P^T and dS^T go through shared memory (bf16/fp16, 8 KB each), and
 // dV, dK (A = P^T / dS^T from shared memory) and dQ (columns [128w, 128w + 128)) run on wgmma SS.
-// dQ goes to the workspace by red.v4 atomics: the fp32 staging tile of the D64/D128 kernels
-// (64 KB) does not fit next to double-buffered Q and dO (K, V 32 KB each; Q, dO 2 x 32 KB each).
-// 0: D256 declines to the mma.sync backward ("D256 Hopper backward disabled").
-#ifndef FLASHPORT_HOPPER_BWD_D256
-#define FLASHPORT_HOPPER_BWD_D256 1
-#endif
-inline constexpr bool kHopperBwdD256 = FLASHPORT_HOPPER_BWD_D256 != 0;
-// D256 dQ through shared memory (v2, default 1) instead of red.v4 atomics (0; v1): Q and dO of a
-// buffer sit next to each other (64 KB); once both warpgroups' dV/dK are done with them they hold
-// the step's fp32 dQ (64 x 256, row-major, unpadded: each quad rotates its 8-column chunks so a
-// warp's stores hit every bank twice), added into the workspace by one cp.reduce.async.bulk per
-// query row (1 KB) issued while the next step's S^T/dP^T run. The price: the next-but-one Q/dO
-// load starts after the middle barrier (the reduce must have read the buffer), one more block
-// barrier per step, and the staging stores are not overlapped with dV/dK. Measured on the H100
-// (bench/results/gpu_bwd_d256_v2.md): 1.08-1.32x FA2 against 0.93-1.17x for the atomics version.
-#ifndef FLASHPORT_HOPPER_BWD_D256_DQ_BULK
-#define FLASHPORT_HOPPER_BWD_D256_DQ_BULK 1
-#endif
+// dQ through shared memory: Q and dO of a buffer sit next to each other (64 KB); once both
+// warpgroups' dV/dK are done with them they hold the step's fp32 dQ (64 x 256, row-major,
+// unpadded: each quad rotates its 8-column chunks so a warp's stores hit every bank twice), added
+// into the workspace by one cp.reduce.async.bulk per query row (1 KB) issued while the next step's
+// S^T/dP^T run. Measured on the H100: 1.08-1.32x FA2, against 0.93-1.17x with red.v4 atomics
+// (bench/results/HISTORY.md).
 struct HopperBwdTileD256 {
   static constexpr int kD = 256;
   static constexpr int kBlockN = 64;
   static constexpr int kBlockM = 64;
   static constexpr int kThreads = 256;
-  static constexpr bool kDqBulk = FLASHPORT_HOPPER_BWD_D256_DQ_BULK != 0;
   // K, V; Q and dO double-buffered; P^T and dS^T; LSE2 and D double-buffered; + 1024 atom
   // alignment slack: 210,944 bytes.
   static constexpr int smem_bytes() {
@@ -103,9 +79,6 @@ inline constexpr int hopper_bwd_block_n(int d) { return d == 256 ? HopperBwdTile
 inline constexpr int hopper_bwd_smem_bytes(int d) {
   return d == 256 ? HopperBwdTileD256::smem_bytes() : HopperBwdTile::smem_bytes(d);
 }
-
-// plan.kernel_id of the Hopper backward (the mma.sync ids are tile * 2 + dtype).
-inline constexpr int32_t kHopperBwdKernelId = 1 << 21;
 
 #if defined(FLASHPORT_WITH_HOPPER_BWD)
 template <int D, bool kBf16>
@@ -127,13 +100,11 @@ inline std::string hopper_bwd_check(const BwdProblem& bp, int arch, int smem_opt
   return "hopper backward: not built (90 not in CMAKE_CUDA_ARCHITECTURES)";
 #else
   const Problem& p = bp.fwd;
-  if (const char* env = std::getenv("FLASHPORT_HOPPER_BWD"); env != nullptr && env[0] == '0')
-    return "hopper backward: disabled by FLASHPORT_HOPPER_BWD=0";
+  if (!runtime_config().hopper_bwd) return "hopper backward: disabled by FLASHPORT_HOPPER_BWD=0";
   if (arch != 900) return "hopper backward: device is not sm_90";
   if (p.dtype != FP_F16 && p.dtype != FP_BF16) return "hopper backward: dtype";
   if (p.d != p.dv || (p.d != 64 && p.d != 128 && p.d != 256))
     return "hopper backward: head dim must be 64, 128 or 256 (D == Dv)";
-  if (p.d == 256 && !kHopperBwdD256) return "hopper backward: D256 Hopper backward disabled (FLASHPORT_HOPPER_BWD_D256=0)";
   if (p.rules.has_dropout()) return "hopper backward: dropout (replayed by the mma.sync backward)";
   if (bp.deterministic) return "hopper backward: deterministic mode (the mma.sync backward orders the dQ adds)";
   if (p.seq.kv_layout == KvLayout::Paged || p.seq.cache_batch_idx != nullptr || p.seq.snew > 0 ||
@@ -147,6 +118,8 @@ inline std::string hopper_bwd_check(const BwdProblem& bp, int arch, int smem_opt
                        m8(bp.dout.row_stride) && m8(bp.dout.head_stride) && m8(bp.dout.batch_stride) &&
                        m8(p.k.s0) && m8(p.k.s1) && m8(p.k.s2) && m8(p.v.s0) && m8(p.v.s1) && m8(p.v.s2);
   if (!aligned) return "hopper backward: q/k/v/dout rows or strides not 16-byte aligned";
+  if (p.seq.batch > 65535 || p.hkv > 65535) return "hopper backward: grid too large (batch, kv heads <= 65535)";
+  if (p.seq.sq > 0x3fffffff || p.seq.sk > 0x3fffffff) return "hopper backward: sequence lengths must fit int32";
   if (hopper_bwd_smem_bytes(int(p.d)) > smem_optin) return "hopper backward: shared memory";
   const BwdKernelInfo ki = hopper_bwd_info_for(int(p.d), p.dtype == FP_BF16, p.device_index);
   if (ki.status != gpuSuccess) return std::string("hopper backward: no kernel image: ") + gpuGetErrorString(ki.status);
@@ -155,14 +128,13 @@ inline std::string hopper_bwd_check(const BwdProblem& bp, int arch, int smem_opt
 #endif
 }
 
-// Rewrites the mma.sync plan of the same call (plan_bwd_cuda) into the Hopper plan: same
-// workspace, the Hopper kernel's name and id. False (plan unchanged) if the workspace layouts
-// differ (a change in bwd_aux.cu that this file has not followed).
+// The Hopper plan of a call hopper_bwd_check accepted: the mma.sync backward's workspace layout
+// (bwd_aux.cu, without semaphores), the Hopper kernel's name and id.
 bool hopper_bwd_plan(const BwdProblem& bp, Plan* plan);
 // Preprocess (bwd_aux.cu), the Hopper main loop, dq conversion (bwd_aux.cu), on `stream`.
 Status run_bwd_hopper(const BwdProblem& bp, const Plan& plan, void* workspace, gpuStream_t stream);
 
-// Kernel template instances: D64/D128/D256 x fp16/bf16 (D256 compiled even when switched off).
+// Kernel template instances: D64/D128/D256 x fp16/bf16.
 inline constexpr int kHopperBwdInstances = 6;
 
 }  // namespace flashport::gpu

@@ -1,5 +1,5 @@
-// The row side of the Hopper forward, shared by both schedules (fwd_hopper.cu: v1, fwd_hopper_v3.cuh:
-// v3): the block's visible key range, the score hooks (softcap, ALiBi, masks), the online softmax
+// The row side of the Hopper forward (fwd_hopper_v3.cuh): the block's visible key range, the
+// score hooks (softcap, ALiBi, masks), the online softmax
 // over one tile of S in the wgmma accumulator layout, and the epilogue (sinks, LSE, store).
 //
 // wgmma accumulator layout (m64nN, per warpgroup): warp w owns rows 16w..16w+15; a thread holds

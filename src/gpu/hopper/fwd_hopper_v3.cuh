@@ -1,4 +1,4 @@
-// Schedule v3 of the Hopper forward: warp-specialised, FA3's structure in our own code.
+// The Hopper forward kernel: warp-specialised, FA3's structure in our own code.
 // Included by fwd_hopper.cu only (sm_90a object).
 //
 // Block = 3 warpgroups, BM = 128 query rows:
@@ -14,13 +14,14 @@
 //     while the other warpgroup's GEMMs run (ping-pong through two named barriers).
 //   K and V have separate rings: K(t) frees as soon as S(t) is done, V(t) after P V(t), so the
 //   producer refills each a whole step ahead of its use with 2 slots.
-// Split-KV (a.splits > 1, FLASHPORT_HOPPER_SPLIT): a work tile is (query block, split, head,
+// Split-KV (a.splits > 1): a work tile is (query block, split, head,
 //   sequence); each covers a contiguous range of the sequence's key tiles (HopperRows::
 //   clip_to_split) and stores its normalised fp32 partial and LSE in the workspace, every row,
 //   empty ranges too (LSE = -inf); the combine kernel merges them. Tiles stay independent.
-// Grid: one block per work tile (query block x [split x] head x sequence) by default; with
-//   FLASHPORT_HOPPER_PERSISTENT=1 one block per SM walks the tiles round-robin (Q gets its own
-//   empty barrier; faster on short non-causal calls, much slower on causal ones: off).
+// Grid: one block per work tile (query block x [split x] head x sequence). (A persistent grid, one
+//   block per SM walking the tiles, was faster on short non-causal calls and much slower on causal
+//   ones: bench/results/HISTORY.md.) The loops below walk w = blockIdx.x, + gridDim.x, ..., so the
+//   ring and Q-round bookkeeping stays right for any grid.
 #pragma once
 #include <cuda.h>
 
@@ -39,7 +40,6 @@ namespace flashport::gpu {
 struct HopperV3Params {
   FwdArgs a;
   CUtensorMap tq, tk, tv;  // 4-d (col, row, head, batch) views of q, k, v
-  int32_t pingpong = 1;
   int32_t m_blocks = 0;    // query blocks per (head, sequence): ceil(Sq / BM)
   int32_t work_tiles = 0;  // m_blocks x splits x Hq x B; block i takes tiles i, i + gridDim.x, ...
 };
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
   const int wg = tid >> 7;           // 0: producer; 1, 2: consumers
   const int wwarp = (tid >> 5) & 3;
   const int row_loc = (wg > 0 ? (wg - 1) * 64 : 0) + wwarp * 16 + (lane >> 2);
-  // Work tile w: query block fastest, then head, then sequence (the v1 grid's order), so the
+  // Work tile w: query block fastest, then head, then sequence, so the
   // blocks in flight share a few heads' K/V in L2; inside a head the heaviest (causal: last)
   // query blocks first. (Query-block-major order -- each block in flight on its own head --
   // measured 0.61-0.96x of this order on the H100, worst at S = 1k: gpu_hopper_v3.md, run 2.)
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
   __syncthreads();
 
   // Both roles walk the same work tiles (blockIdx.x, + gridDim.x, ...: one per block unless the
-  // grid is persistent) and the same key tiles, so the ring position `it` and the Q round `qr`
+  // grid were persistent) and the same key tiles, so the ring position `it` and the Q round `qr`
   // (work tiles with keys) advance identically on both sides.
   if (wg == 0) {
     // ---- producer ----
@@ -159,10 +159,9 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
     // ---- consumers ----
     regs_inc<T::kConsumerRegs>();
     const int cwg = wg - 1;
-    const bool pp = P.pingpong != 0;
     const int my_bar = 1 + cwg, other_bar = 2 - cwg;
-    auto my_turn = [&] { if (pp) named_sync<256>(my_bar); };
-    auto your_turn = [&] { if (pp) named_arrive<256>(other_bar); };
+    auto my_turn = [&] { named_sync<256>(my_bar); };
+    auto your_turn = [&] { named_arrive<256>(other_bar); };
     // Every thread of the warp has passed its wgmma wait: the warp's reads of the buffer are done.
     auto release = [&](uint32_t bar) {
       __syncwarp();
@@ -187,7 +186,7 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
         // tensor cores) and, once its GEMMs are issued, arrives on the other's. Consumer 0 goes
         // first. Both issue count + 1 GEMM batches; consumer 1 skips its last arrive, so every
         // barrier generation of the tile completes inside it.
-        if (pp && cwg == 1) named_arrive<256>(1);
+        if (cwg == 1) named_arrive<256>(1);
 
         auto issue_s = [&](float (&s)[BN / 2], int slot) {
           issue_qk<D, BM, BN, kBf16>(s, sQ + cwg * (64 * 128), sK + slot * kTileBytes);
@@ -241,7 +240,7 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
         my_turn();
         wg_fence();
         issue_pv(pa, slot);
-        if (pp && cwg == 0) named_arrive<256>(other_bar);
+        if (cwg == 0) named_arrive<256>(other_bar);
         wg_wait<0>();
 #pragma unroll
         for (int p = 0; p < kPanels; ++p) fence_regs(o_acc[p]);

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <string>
 
+#include "gpu/common/fwd_plan.hpp"
 #include "gpu/mma/bwd_launch.hpp"
 #include "gpu/common/tile_mma.hpp"
 
@@ -254,14 +255,15 @@ Status plan_bwd_cuda(const BwdProblem& bp, int smem_optin, Plan* plan) {
                 p.dtype == FP_BF16 ? "bf16" : "fp16", bp.deterministic ? ":deterministic" : ":atomic-dq");
   plan->workspace_bytes = l.ws.total;
   plan->num_splits = 1;
-  plan->kernel_id = l.tile * 2 + (p.dtype == FP_BF16 ? 1 : 0);
+  plan->kernel_id = kKernelMmaBwd;
+  PlanArgs::set(plan, l.tile, 1);
   return Status::ok();
 }
 
 Status run_bwd_cuda(const BwdProblem& bp, const Plan& plan, void* workspace, gpuStream_t stream) {
   const Problem& p = bp.fwd;
   const BwdLayout l = layout_of(bp);
-  if (l.ws.total != plan.workspace_bytes || plan.kernel_id != l.tile * 2 + (p.dtype == FP_BF16 ? 1 : 0))
+  if (l.ws.total != plan.workspace_bytes || plan.kernel_id != kKernelMmaBwd || PlanArgs::tile(plan) != l.tile)
     return {FP_ERR_RUNTIME, "cuda backend: plan does not match the call (re-select after changing it)"};
   if (p.seq.batch == 0) return Status::ok();
   BwdArgs a = bwd_common_args(bp, l.ws, workspace);

@@ -43,28 +43,13 @@ struct BwdTile {
 
 enum BwdTileId : int { kBwd64 = 0, kBwd128, kBwd256, kNumBwdTiles };
 
-// The default tiles are the measured best on an H100 (bench/results/gpu_bwd_notes.md).
-// FLASHPORT_BWD_TILES (experiments only): 2 = v2 (16-key warp tiles, 64-row query blocks at every
-// head dim); 3 = FA2's warp tiling (8 warps of 32 keys x 32 queries, 255 registers): fewer
-// shared-memory reads per mma but slower here (fewer warps to hide latency).
-#ifndef FLASHPORT_BWD_TILES
-#define FLASHPORT_BWD_TILES 1
-#endif
+// The measured best on an H100 (16-key warp tiles at 64-row query blocks everywhere, and FA2's
+// 8-warp tiling, lost: bench/results/HISTORY.md): 16 warps of 16 keys; D64 takes 128-row query
+// blocks (its accumulators fit 128 registers).
 inline constexpr BwdTile kBwdTiles[kNumBwdTiles] = {
-#if FLASHPORT_BWD_TILES == 2
-    {64, 64, 128, 16, 1, 1, 1, "bwd_d64_m64n128w16"},
-    {128, 64, 128, 16, 1, 1, 1, "bwd_d128_m64n128w16"},
-    {256, 64, 64, 16, 1, 1, 1, "bwd_d256_m64n64w16"},
-#elif FLASHPORT_BWD_TILES == 3
-    {64, 64, 128, 8, 1, 2, 2, "bwd_d64_m64n128w8k2"},
-    {128, 64, 128, 8, 1, 2, 2, "bwd_d128_m64n128w8k2"},
-    {256, 64, 64, 8, 1, 2, 2, "bwd_d256_m64n64w8k2"},
-#else
-    // 16 warps of 16 keys; D64 takes 128-row query blocks (its accumulators fit 128 registers).
     {64, 128, 128, 16, 1, 1, 1, "bwd_d64_m128n128w16"},
     {128, 64, 128, 16, 1, 1, 1, "bwd_d128_m64n128w16"},
     {256, 64, 64, 16, 1, 1, 1, "bwd_d256_m64n64w16"},
-#endif
 };
 
 constexpr BwdTileId bwd_tile_for(int64_t head_dim) {

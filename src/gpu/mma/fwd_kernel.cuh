@@ -155,73 +155,6 @@ __device__ __forceinline__ void gemm_pv(FragC (&acc_o)[MT][D / AccLayout::kCols]
   }
 }
 
-// Split-KV combine of `rows` rows (the rule of fp_merge_fwd: lse = log sum_s exp(lse_s),
-// out = sum_s exp(lse_s - lse) out_s; empty partials count nothing; no key at all: 0 and -inf).
-// One item per (row, 4 columns) over the block's threads; each walks the splits once with an
-// online max, kSplitsInFlight partial loads issued before any is used (L2 latency-bound). Partials
-// were written by other blocks of this launch: read through L2 (load_l2), never L1.
-template <typename Elem, int NT, typename RowOf>
-__device__ __forceinline__ void combine_split_rows(const FwdArgs& a, int b, int64_t q_start, int rows,
-                                                   int tid, RowOf row_of) {
-  constexpr int kSplitsInFlight = 8;
-  const int col_groups = (a.dv + 3) / 4;
-  const bool vec4 = (a.dv & 3) == 0;
-  for (int item = tid; item < rows * col_groups; item += NT) {
-    const int r = item / col_groups, col = (item - r * col_groups) * 4;
-    int i, h;
-    row_of(r, i, h);
-    const int64_t row = (int64_t(b) * a.hq + h) * a.seq.sq + i;
-    float mx = -INFINITY, l = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int s0 = 0; s0 < a.splits; s0 += kSplitsInFlight) {
-      float ls[kSplitsInFlight], os[kSplitsInFlight][4];
-#pragma unroll
-      for (int u = 0; u < kSplitsInFlight; ++u) {
-        const int sp = s0 + u;
-        const bool ok = sp < a.splits;
-        const int64_t prow = int64_t(sp) * a.ws_rows + row;
-        ls[u] = ok ? load_l2(a.ws_lse + prow) : -INFINITY;
-        const float* src = a.ws_o + prow * a.dv + col;
-        if (ok && vec4) {
-          const float4 v = load_l2(reinterpret_cast<const float4*>(src));
-          os[u][0] = v.x, os[u][1] = v.y, os[u][2] = v.z, os[u][3] = v.w;
-        } else {
-#pragma unroll
-          for (int c = 0; c < 4; ++c) os[u][c] = ok && col + c < a.dv ? load_l2(src + c) : 0.0f;
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kSplitsInFlight; ++u) {
-        if (ls[u] == -INFINITY) continue;  // an empty split's partial may be anything
-        const float m_new = fmaxf(mx, ls[u]);
-        const float keep = __expf(mx - m_new), w = __expf(ls[u] - m_new);  // exp(-inf) = 0
-        l = l * keep + w;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[c] = acc[c] * keep + w * os[u][c];
-        mx = m_new;
-      }
-    }
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    typename Elem::T* dst = static_cast<typename Elem::T*>(a.out) + a.out_addr.at(b, q_start, i, h);
-    if (a.out_vec_ok && vec4) {
-      uint2 packed;
-      packed.x = Elem::pack(acc[0] * inv, acc[1] * inv);
-      packed.y = Elem::pack(acc[2] * inv, acc[3] * inv);
-      if ((reinterpret_cast<uintptr_t>(dst + col) & 7) == 0) {
-        *reinterpret_cast<uint2*>(dst + col) = packed;
-      } else {
-        *reinterpret_cast<uint32_t*>(dst + col) = packed.x;
-        *reinterpret_cast<uint32_t*>(dst + col + 2) = packed.y;
-      }
-    } else {
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        if (col + c < a.dv) dst[col + c] = Elem::from_float(acc[c] * inv);
-    }
-    if (a.lse != nullptr && col == 0)
-      a.lse[a.lse_addr.at(b, q_start, h, i)] = l > 0.0f ? mx + __logf(l) : -INFINITY;
-  }
-}
-
 template <int kTile, typename Elem>
 __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileConfigs[kTile].min_blocks)
     fwd_kernel(const FP_GRID_CONSTANT FwdArgs a) {
@@ -237,7 +170,6 @@ __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileCo
   constexpr int kSlots = AccLayout::kRowSlots;    // rows of an m-tile a lane holds
   constexpr int kSlotElems = AccLayout::kSlotElems;  // elements of each such row per tile
   constexpr int kStages = C.stages;
-  constexpr bool kDecodeTile = kTile >= kDecode64;  // few rows, long keys: the split-KV shapes
   using Tile = SmemTile<D>;
   static_assert(Tile::kRowElems == D + C.smem_row_pad, "tile rows and the layer's shared tile agree");
 
@@ -581,29 +513,6 @@ __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileCo
         if (a.lse != nullptr && query_leader(lane)) a.lse[a.lse_addr.at(b, q_start, h, i)] = lse;
       }
     }
-
-  // Fused split-KV combine (epilogue hook, decode tiles; FLASHPORT_SPLIT_COMBINE=fused): the last
-  // split block of this (b, head, m-block) tile to finish merges the tile's partials into out /
-  // lse and resets the tile's counter. Prefill tiles (255 registers) never take it.
-  if (kDecodeTile && a.splits > 1 && a.ws_counters != nullptr) {
-    __shared__ bool last_split;
-    __threadfence();  // this block's partials are visible before its arrival is counted
-    __syncthreads();
-    if (tid == 0) {
-      uint32_t* counter = a.ws_counters + (int64_t(b) * gridDim.y + head_idx) * gridDim.x + blockIdx.x;
-      last_split = atomicAdd(counter, 1u) == uint32_t(a.splits - 1);
-      if (last_split) *counter = 0;  // every split has arrived: ready for the next call
-    }
-    __syncthreads();
-    if (last_split) {
-      __threadfence();
-      const int rows = (m0 + BM < m_rows ? m0 + BM : m_rows) - m0;
-      combine_split_rows<Elem, NT>(a, b, q_start, rows, tid, [&](int r, int& i, int& h) {
-        i = row_i(m0 + r);
-        h = row_h(m0 + r);
-      });
-    }
-  }
 #endif
 }
 

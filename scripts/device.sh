@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The one GPU driver (run on a machine with an NVIDIA GPU; nothing here needs the network):
+#   scripts/device.sh tests    build the CUDA backend for the device's arch (sm_90a kernels included
+#                              on an H100/H200) and run every GPU GoogleTest suite (tests/gpu),
+#                              one process per suite in parallel; exit status 1 on any failure
+#   scripts/device.sh bench    build + the C kernel benchmarks (bench/gpu): forward grid (prefill,
+#                              decode, long-KV) and backward grid, flashport vs torch SDPA flash
+#                              and cuDNN (needs torch with CUDA)
+#   scripts/device.sh codegen  build with ptxas -v and print per-kernel registers, spills and SASS
+#                              instruction counts (scripts/cuda_codegen_stats.py)
+# Environment: OUT (logs and tables; default /tmp/flashport-device), BUILD (default
+# /tmp/build-device), CUDA_ARCH (default: the device's, e.g. 90), GTEST_DIR (a GTest CMake
+# package dir when the system has none; .gtest/ in the tree is used when present).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-tests}
+OUT=${OUT:-/tmp/flashport-device}
+B=${BUILD:-/tmp/build-device}
+mkdir -p "$OUT"
+t0=$(date +%s)
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  nvcc --version | tail -1; } | tee "$OUT/device.txt"
+arch=${CUDA_ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d '.')}
+
+gtest_args=()
+if [ -n "${GTEST_DIR:-}" ]; then gtest_args=(-DGTest_DIR="$GTEST_DIR");
+elif [ -d .gtest ]; then gtest_args=(-DGTest_DIR="$PWD/.gtest/lib/x86_64-linux-gnu/cmake/GTest"); fi
+
+build() {
+  local tb=$(date +%s)
+  cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHPORT_CUDA=ON -DFLASHPORT_CPU=OFF \
+    -DFLASHPORT_CLI=OFF -DFLASHPORT_CUDA_BENCH=ON "-DCMAKE_CUDA_ARCHITECTURES=$arch" \
+    "-DFLASHPORT_CUDA_VERBOSE_PTXAS=$1" "${gtest_args[@]}" > "$OUT/configure.log" 2>&1 ||
+    { tail -30 "$OUT/configure.log"; exit 1; }
+  grep "flashport CUDA" "$OUT/configure.log"
+  shift
+  ninja -C "$B" -j"$(nproc)" "$@" > "$OUT/build.log" 2>&1 ||
+    { grep -B2 -A12 "error" "$OUT/build.log" | head -60; exit 1; }
+  grep "library build took" "$OUT/build.log"
+  echo "build: $(( $(date +%s) - tb )) s"
+}
+
+case "$mode" in
+  tests)
+    build OFF gpu_tests
+    # One process per suite: most of their time is the fp64 reference on the host.
+    suites=$("$B/tests/gpu/gpu_tests" --gtest_list_tests | grep -E '^[A-Za-z0-9_]+\.$' | tr -d '.')
+    for s in $suites; do
+      timeout 540 "$B/tests/gpu/gpu_tests" --gtest_filter="$s.*" > "$OUT/t_$s.log" 2>&1 &
+    done
+    wait
+    fail=0
+    for s in $suites; do
+      if grep -q '^\[  PASSED ' "$OUT/t_$s.log" && ! grep -q '^\[  FAILED ' "$OUT/t_$s.log"; then
+        printf '%-24s %s\n' "$s" "$(grep -E '^\[  PASSED ' "$OUT/t_$s.log")"
+      else
+        fail=1
+        printf '%-24s FAILED\n' "$s"
+        grep -E "^\[  FAILED|Failure|Expected|Which is|rel_err|differs|Value of" "$OUT/t_$s.log" | head -10
+      fi
+    done | tee "$OUT/gpu_tests_summary.txt"
+    cat "$OUT"/t_*.log > "$OUT/gpu_tests.log" && rm -f "$OUT"/t_*.log
+    grep -q FAILED "$OUT/gpu_tests_summary.txt" && fail=1
+    echo "== gpu tests $([ $fail = 0 ] && echo passed || echo FAILED) in $(( $(date +%s) - t0 )) s"
+    exit $fail
+    ;;
+  bench)
+    build OFF fpbench flashport
+    PYTHONUNBUFFERED=1 timeout 300 python3 bench/gpu/bench_fwd.py --lib "$B/bench/gpu/libfpbench.so" \
+      --out "$OUT/fwd" > "$OUT/fwd_bench.log" 2>&1; echo "forward bench rc=$?"
+    PYTHONUNBUFFERED=1 timeout 240 python3 bench/gpu/bench_bwd.py --build-dir "$B" --out-dir "$OUT/bwd" \
+      --iters 10 > "$OUT/bwd_bench.log" 2>&1; echo "backward bench rc=$?"
+    grep "^|" "$OUT/fwd/gpu_bench.md" 2>/dev/null | head -60
+    grep "^|" "$OUT/bwd/gpu_bwd_bench.md" 2>/dev/null | head -30
+    ;;
+  codegen)
+    targets=(flashport_gpu)
+    [ "$arch" = 90 ] && targets+=(flashport_gpu_hopper)
+    build ON "${targets[@]}"
+    python3 scripts/cuda_codegen_stats.py "$B" "$OUT/build.log" | tee "$OUT/codegen.txt"
+    ;;
+  *)
+    echo "usage: scripts/device.sh tests|bench|codegen" >&2
+    exit 2
+    ;;
+esac
+echo "== done in $(( $(date +%s) - t0 )) s"

@@ -1,0 +1,134 @@
+// Host planning pieces both GPU backends share (CUDA: cuda_backend.cu, HIP: amd/amd_plan.hpp):
+// the kernel ids a Plan carries, the GQA packing rule, the forward workspace layout, and the
+// arguments of the public merge op. One definition each, so the two backends cannot drift.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "core/backend.hpp"
+#include "core/problem.hpp"
+#include "gpu/common/kernel_args.hpp"
+
+namespace flashport::gpu {
+
+// Plan::kernel_id of the GPU backends: which kernel family runs the call. The family's own
+// choice (tile row, GQA pack) travels in Plan::backend_args (PlanArgs below).
+enum GpuKernelId : int32_t {
+  kKernelNone = 0,
+  kKernelMmaFwd = 1,     // mma.sync forward (mma/fwd_kernel.cuh; on HIP the same loop on the AMD tile layer)
+  kKernelHopperFwd = 2,  // sm_90a wgmma/TMA forward (hopper/fwd_hopper.cu)
+  kKernelMmaBwd = 3,     // mma.sync backward (mma/bwd_kernel.cuh)
+  kKernelHopperBwd = 4,  // sm_90a wgmma backward (hopper/bwd_hopper.cu)
+  kKernelMerge = 5,      // merge op / split combine (common/aux_kernels.cu)
+};
+
+// The slots of Plan::backend_args the GPU backends use.
+struct PlanArgs {
+  static int32_t tile(const Plan& p) { return p.backend_args[0]; }
+  static int32_t pack(const Plan& p) { return p.backend_args[1] < 1 ? 1 : p.backend_args[1]; }
+  static void set(Plan* p, int32_t tile, int32_t pack) {
+    p->backend_args[0] = tile;
+    p->backend_args[1] = pack;
+  }
+};
+
+// Query heads of a GQA group packed into the rows of one block: when the call is decode-shaped
+// (Sq * group <= 128), so K/V are read once per group.
+inline int gqa_pack(const Problem& p) {
+  return (p.group > 1 && p.seq.sq * p.group <= 128) ? static_cast<int>(p.group) : 1;
+}
+
+// Key rows a sequence may address: batched/cache capacity, max_seqlen_k for varlen, pages x size.
+inline int64_t max_kv_rows(const Problem& p) {
+  if (p.seq.kv_layout == KvLayout::Paged) return p.seq.max_blocks * p.seq.page_size;
+  return p.seq.sk;
+}
+
+// The forward workspace (256-byte aligned parts): rotated q [rows, Hq, round8(D)] 16-bit when
+// rotary is on; split partials o [splits][B*Hq*Sq][dv] fp32 and lse [splits][B*Hq*Sq] fp32 when
+// splits > 1. Every forward kernel (mma.sync, Hopper, AMD) reads this layout.
+struct FwdWorkspace {
+  int64_t q_rot_row_stride = 0;  // 0: q is not rotated
+  int64_t rows = 0;              // partial rows: B * Hq * Sq (0 without splits)
+  size_t o_offset = 0, lse_offset = 0, total = 0;
+};
+
+inline size_t align256(size_t x) { return (x + 255) / 256 * 256; }
+
+inline FwdWorkspace fwd_workspace(const Problem& p, int splits) {
+  FwdWorkspace w;
+  size_t off = 0;
+  if (p.rotary_dim > 0) {
+    w.q_rot_row_stride = p.hq * ((p.d + 7) / 8 * 8);
+    off += align256(size_t(p.total_q_rows) * size_t(w.q_rot_row_stride) * 2);
+  }
+  if (splits > 1) {
+    w.rows = p.seq.batch * p.hq * p.seq.sq;
+    w.o_offset = off;
+    off += align256(size_t(splits) * size_t(w.rows) * size_t(p.dv) * 4);
+    w.lse_offset = off;
+    off += align256(size_t(splits) * size_t(w.rows) * 4);
+  }
+  w.total = off;
+  return w;
+}
+
+// The main loop's arguments over a workspace laid out by fwd_workspace (q from its rotated copy
+// when rotary is on; the split partials when splits > 1).
+inline FwdArgs fwd_args_in(const Problem& p, const FwdWorkspace& w, int pack, int splits, void* workspace) {
+  char* ws = static_cast<char*>(workspace);
+  FwdArgs a = w.q_rot_row_stride > 0
+                  ? fwd_args(p, reinterpret_cast<const uint16_t*>(ws), q_rot_addr(p, w.q_rot_row_stride), pack, splits)
+                  : fwd_args(p, static_cast<const uint16_t*>(p.q_ptr), p.q, pack, splits);
+  if (splits > 1) {
+    a.ws_o = reinterpret_cast<float*>(ws + w.o_offset);
+    a.ws_lse = reinterpret_cast<float*>(ws + w.lse_offset);
+    a.ws_rows = w.rows;
+  }
+  return a;
+}
+
+// The append / rotary pre-pass over the same workspace.
+inline AppendArgs append_args_in(const Problem& p, const FwdWorkspace& w, void* workspace) {
+  return append_args(p, w.q_rot_row_stride > 0 ? static_cast<uint16_t*>(workspace) : nullptr, w.q_rot_row_stride);
+}
+
+// The split-KV combine of the partials of `a` (splits > 1) into out / lse.
+inline MergeArgs split_combine_args_in(const Problem& p, const FwdArgs& a) {
+  return split_combine_args(p, a.ws_o, a.ws_lse, a.ws_rows, a.splits);
+}
+
+// The public merge op (fp_merge_fwd) and its backward (fp_merge_bwd).
+inline MergeArgs merge_args(const MergeProblem& p) {
+  const fp_merge_params& raw = *p.raw;
+  MergeArgs m;
+  m.part = raw.out_partials.data;
+  m.part_dtype = p.part_dtype;
+  m.lse_part = static_cast<const float*>(raw.lse_partials.data);
+  m.out = raw.out.data;
+  m.out_dtype = p.out_dtype;
+  m.lse = p.has_lse ? static_cast<float*>(raw.lse.data) : nullptr;
+  m.splits = p.splits, m.batch = p.batch, m.seqlen = p.seqlen, m.heads = p.heads, m.dv = p.dv;
+  std::memcpy(m.part_stride, p.part_stride, sizeof(m.part_stride));
+  std::memcpy(m.lse_part_stride, p.lse_part_stride, sizeof(m.lse_part_stride));
+  std::memcpy(m.out_stride, p.out_stride, sizeof(m.out_stride));
+  std::memcpy(m.lse_stride, p.lse_stride, sizeof(m.lse_stride));
+  return m;
+}
+
+inline MergeBwdArgs merge_bwd_args(const MergeBwdProblem& mb) {
+  MergeBwdArgs g;
+  g.fwd = merge_args(mb.fwd);
+  g.dout = mb.raw->dout.data;
+  g.dlse = mb.has_dlse ? static_cast<const float*>(mb.raw->dlse.data) : nullptr;
+  g.d_part = mb.raw->d_out_partials.data;
+  g.d_lse_part = static_cast<float*>(mb.raw->d_lse_partials.data);
+  std::memcpy(g.dout_stride, mb.dout_stride, sizeof(g.dout_stride));
+  std::memcpy(g.dlse_stride, mb.dlse_stride, sizeof(g.dlse_stride));
+  std::memcpy(g.d_part_stride, mb.d_part_stride, sizeof(g.d_part_stride));
+  std::memcpy(g.d_lse_part_stride, mb.d_lse_part_stride, sizeof(g.d_lse_part_stride));
+  return g;
+}
+
+}  // namespace flashport::gpu
