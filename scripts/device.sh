@@ -8,7 +8,8 @@
 #                              and cuDNN (needs torch with CUDA)
 #   scripts/device.sh codegen  build with ptxas -v and print per-kernel registers, spills and SASS
 #                              instruction counts (scripts/cuda_codegen_stats.py)
-# Environment: OUT (logs and tables; default /tmp/flashport-device), BUILD (default
+# Environment: OUT (logs and tables; default /tmp/flashport-device), SUITE_TIMEOUT (s per test
+# suite, default 420), BUILD (default
 # /tmp/build-device), CUDA_ARCH (default: the device's, e.g. 90), GTEST_DIR (a GTest CMake
 # package dir when the system has none; .gtest/ in the tree is used when present).
 set -uo pipefail
@@ -46,7 +47,7 @@ case "$mode" in
     # One process per suite: most of their time is the fp64 reference on the host.
     suites=$("$B/tests/gpu/gpu_tests" --gtest_list_tests | grep -E '^[A-Za-z0-9_]+\.$' | tr -d '.')
     for s in $suites; do
-      timeout 540 "$B/tests/gpu/gpu_tests" --gtest_filter="$s.*" > "$OUT/t_$s.log" 2>&1 &
+      timeout "${SUITE_TIMEOUT:-420}" "$B/tests/gpu/gpu_tests" --gtest_filter="$s.*" > "$OUT/t_$s.log" 2>&1 &
     done
     wait
     fail=0
