@@ -48,9 +48,12 @@ struct KvTileLoader {
   static_assert(NT % kChunks == 0 && BN % kRowsPerPass == 0, "tile / thread mapping");
 
   const uint16_t* base;                // tensor + sequence/head offset (key 0 of the sequence)
-  int64_t stride = 0;                  // elements between rows
+  // Batched/packed: elements between rows. Paged: the cache row of key 0 (cache_leftpad); the
+  // row stride inside a page is then read from the kernel parameters (ad.s1). One field for both
+  // keeps the loader at its register count before left padding (the D128 prefill kernel sits at
+  // the register limit; a separate pad field cost it 200 bytes of spills).
+  int64_t stride_or_pad = 0;
   const int32_t* table_row = nullptr;  // paged: this sequence's page table row
-  int pad = 0;                         // paged: cache row of key 0 (cache_leftpad)
 
   __device__ __forceinline__ KvTileLoader(const uint16_t* tensor, const SeqInfo& s, const KvAddr& ad,
                                           int64_t b, int64_t kvh) {
@@ -58,16 +61,15 @@ struct KvTileLoader {
     if (ad.layout == KvLayout::Paged) {
       table_row = s.block_table + b * s.block_table_stride;
       base = tensor + head_off;
-      stride = ad.s1;
-      pad = static_cast<int>(s.k_pad(b));
+      stride_or_pad = s.k_pad(b);
     } else if (ad.layout == KvLayout::Packed) {
       base = tensor + s.k_start(b) * ad.s0 + head_off;
-      stride = ad.s0;
+      stride_or_pad = ad.s0;
     } else {
       // Key j is cache row k_pad + j (SeqInfo::key_row): the pad folds into the base.
       const int64_t row = s.cache_batch_idx ? int64_t(s.cache_batch_idx[b]) : b;
       base = tensor + row * ad.s0 + s.k_pad(b) * ad.s1 + head_off;
-      stride = ad.s1;
+      stride_or_pad = ad.s1;
     }
   }
 
@@ -77,8 +79,8 @@ struct KvTileLoader {
     const int r0 = tid / kChunks, c = tid % kChunks;
     const int j0 = nb * BN + r0;
     if (a.vec_ok && table_row == nullptr && c * 8 + 8 <= limit) {
-      const uint16_t* p = base + int64_t(j0) * stride + c * 8;
-      const int64_t step = int64_t(kRowsPerPass) * stride;
+      const uint16_t* p = base + int64_t(j0) * stride_or_pad + c * 8;
+      const int64_t step = int64_t(kRowsPerPass) * stride_or_pad;
 #pragma unroll
       for (int k = 0; k < kPasses; ++k) {
         const bool in = j0 + k * kRowsPerPass < lk;
@@ -93,12 +95,12 @@ struct KvTileLoader {
         if (j < lk) {
           if (table_row != nullptr) {
             const int ps = static_cast<int>(a.seq.page_size);
-            const int row = pad + j;
+            const int row = static_cast<int>(stride_or_pad) + j;
             int64_t page = table_row[row / ps];
             page = page < 0 ? 0 : (a.num_pages > 0 && page >= a.num_pages ? a.num_pages - 1 : page);
-            src = base + page * ad.s0 + int64_t(row % ps) * stride;
+            src = base + page * ad.s0 + int64_t(row % ps) * ad.s1;
           } else {
-            src = base + int64_t(j) * stride;
+            src = base + int64_t(j) * stride_or_pad;
           }
         }
         load_chunk(tile + SmemTile<D>::offset(r0 + k * kRowsPerPass, c), src, c, limit, a.vec_ok);
