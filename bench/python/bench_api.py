@@ -2,7 +2,8 @@
 process with torch SDPA's flash (FA2) and cuDNN backends, and flashport.jax next to
 jax.nn.dot_product_attention.
 
-    python bench/python/bench_api.py --out bench/results/python_api_h100            # CUDA: everything
+    PYTHONPATH=build-py/site-cuda python bench/python/bench_api.py --out bench/results   # CUDA
+    (after `bash python/device_test.sh build`; writes bench/results/python_api.{md,json,png})
     python bench/python/bench_api.py --out /tmp/api --quick                          # smoke run
     python bench/python/bench_api.py --out /tmp/cpu --device cpu                     # CPU: host + tiny + jax
 
@@ -24,7 +25,6 @@ matplotlib is installed, <name>.png (--name, default python_api).
 """
 import argparse
 import json
-import math
 import os
 import platform
 import statistics
@@ -143,9 +143,9 @@ def measure(fn, device, args, graph_ok=True):
         reps = max(3, min(args.reps, int(2e5 / max(res["eager"], 1.0))))
         res["eager"] = time_eager(fn, reps, device)
         calls = max(5, min(args.host_calls, int(2e5 / max(res["eager"], 1.0))))
-        res["host"] = time_host(fn, calls, 5, device)
+        res["host"] = time_host(fn, calls, 3, device)
         if device == "cuda":
-            res["kernel"] = time_kernels(fn, max(2, reps // 4))
+            res["kernel"] = time_kernels(fn, max(2, reps // 5))
             res["graph"] = time_graph(fn, reps) if graph_ok else None
     except Exception as e:  # noqa: BLE001 - a backend that cannot run a point is reported, not fatal
         res["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
@@ -585,7 +585,7 @@ def main():
     ap.add_argument("--threads", type=int, default=None,
                     help="CPU threads for torch and flashport (default: torch's default)")
     args = ap.parse_args()
-    args.reps = args.reps or (5 if args.quick else 20)
+    args.reps = args.reps or (5 if args.quick else 12)
     args.host_calls = args.host_calls or (20 if args.quick else 200)
     if args.threads:
         torch.set_num_threads(args.threads)

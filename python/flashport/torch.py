@@ -46,7 +46,7 @@ Differences from flash_attn, all loud:
     an extra O(Sq * Sk) pass and is meant for testing, as in flash_attn.
 """
 import sys
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
