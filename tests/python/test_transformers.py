@@ -10,6 +10,8 @@ FLASHPORT_TRANSFORMERS_DTYPE (float32, bfloat16, float16) overrides the dtype.
 import copy
 import os
 
+import inspect
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -253,9 +255,14 @@ def test_mask_patterns_the_kernels_cannot_apply_raise():
     model = _models("llama")[NAME]
     ids = _ids(1, 5).to(_device())
     mask = transformers.masking_utils.create_causal_mask
+    # The cache argument's name changed within 5.x (past_key_values + cache_position before 5.2x).
+    params = inspect.signature(mask).parameters
+    kwargs = {("cache" if "cache" in params else "past_key_values"): None}
+    if "cache_position" in params:
+        kwargs["cache_position"] = torch.arange(ids.shape[1], device=ids.device)
     with pytest.raises(NotImplementedError, match="overlay"):
         mask(config=model.config, inputs_embeds=model.model.embed_tokens(ids),
-             attention_mask=None, cache=None, position_ids=None, and_mask_function=image_blocks)
+             attention_mask=None, position_ids=None, and_mask_function=image_blocks, **kwargs)
 
 
 def _decode_reference(q, k, v, mask, scale):
