@@ -8,9 +8,8 @@ FLASHPORT_TRANSFORMERS_DEVICE=cuda runs the same checks on a GPU, in bf16 agains
 FLASHPORT_TRANSFORMERS_DTYPE (float32, bfloat16, float16) overrides the dtype.
 """
 import copy
-import os
-
 import inspect
+import os
 
 import pytest
 
