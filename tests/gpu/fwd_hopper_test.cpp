@@ -242,15 +242,17 @@ TEST(CudaHopperFwd, DeclinedCallsFallBack) {
     c.splits = 2;  // split-KV: the Hopper kernel takes it
     check_hopper(c, true);
   }
-  {
+  for (int64_t page : {1, 12, 48, 200}) {  // pages the TMA boxes cannot tile (key tile 128)
     Case c = base;
-    c.cache = true, c.paged = true, c.page_size = 16;
+    c.cache = true, c.paged = true, c.page_size = page;
     check_hopper(c, false);
   }
   {
     Case c = base;
-    c.cache = true;
-    check_hopper(c, false);
+    c.cache = true, c.paged = true, c.page_size = 16;
+    c.leftpad = {5};
+    c.seqused = {200};
+    check_hopper(c, false);  // paged with cache_leftpad
   }
   {
     Case c = base;
@@ -335,6 +337,70 @@ TEST(CudaHopperFwd, ShapesInOneProcess) {
     fp_selection sel{};
     check_case(big, &sel);
     expect_tag(sel);
+  }
+}
+
+// ---- KV caches -----------------------------------------------------------------------------
+
+// Contiguous caches: seqused_k (0, short, full), cache_batch_idx, cache_leftpad, every head dim,
+// causal and windows, GQA with enough query rows not to be decode-shaped; unused cache rows NaN.
+TEST(CudaHopperFwd, KvCacheContiguous) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t d : {64, 128, 256}) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.cache = true, c.nan_unused_cache = true;
+    c.batch = 3, c.hq = 4, c.hkv = 2, c.d = d, c.dv = d, c.sq = 150, c.sk = 700;
+    c.seqused = {700, 0, 333};
+    check_hopper(c, true);
+    c.batch_idx = true, c.causal = true;
+    c.seqused = {129, 700, 1};
+    check_hopper(c, true);
+    c.batch_idx = false, c.causal = false, c.wl = 100, c.wr = 20;
+    c.leftpad = {0, 37, 600};
+    c.seqused = {500, 400, 700};
+    check_hopper(c, true);
+  }
+}
+
+// Paged caches with TMA-tileable pages (8 .. 512 rows: one box per page below the key tile, one
+// box per tile at or above it), a shuffled block table, unused rows NaN, causal, sinks, LSE.
+TEST(CudaHopperFwd, KvCachePaged) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t d : {64, 128, 256}) {
+    for (int64_t page : {8, 16, 64, 128, 256, 512}) {
+      Case c;
+      c.dtype = rand_dtype();
+      c.cache = true, c.paged = true, c.page_size = page, c.nan_unused_cache = true;
+      c.batch = 2, c.hq = 2, c.hkv = 1, c.d = d, c.dv = d, c.sq = 140, c.sk = 600;
+      c.seqused = {std::min<int64_t>(599, 17 + page), 600};
+      c.causal = page % 16 == 0;
+      c.sinks = page == 64;
+      check_hopper(c, true);
+    }
+  }
+}
+
+// Append + rotary (interleaved and half) then attend, chunked prefill over a cache (varlen q is
+// not a cache layout here: batched q of several rows per sequence), split-KV over a cache.
+TEST(CudaHopperFwd, KvCacheAppendRotaryAndSplits) {
+  SKIP_WITHOUT_GPU();
+  for (bool paged : {false, true}) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.cache = true, c.paged = paged, c.page_size = 64;
+    c.batch = 2, c.hq = 4, c.hkv = 4, c.d = 128, c.dv = 128, c.sq = 130, c.sk = 1024;
+    c.snew = 130;
+    c.seqused = {300, 894};
+    c.causal = true;
+    check_hopper(c, true);
+    c.rot_dim = 64, c.rot_interleaved = paged;
+    check_hopper(c, true);
+    Case s = c;
+    s.rot_dim = 0, s.snew = 0, s.sq = 129, s.splits = 3;
+    s.seqused = {1000, 1024};
+    s.nan_unused_cache = true;
+    check_hopper_split(s, 3);
   }
 }
 

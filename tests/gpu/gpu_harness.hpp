@@ -138,6 +138,7 @@ struct Case {
   int64_t rot_dim = 0;
   bool rot_interleaved = false;
   bool rng_on_device = false;  // dropout (seed, offset) as the device tensor dropout_rng
+  bool nan_unused_cache = false;  // cache rows no key of the call reads hold NaN
   double input_std = 1.0;
 
   std::string describe() const {
@@ -158,6 +159,7 @@ struct Case {
     if (batch_idx) s += " batch_idx";
     if (snew) s += " snew=" + std::to_string(snew);
     if (!leftpad.empty()) s += " leftpad";
+    if (nan_unused_cache) s += " nan-unused-rows";
     if (rot_dim) s += " rotary=" + std::to_string(rot_dim) + (rot_interleaved ? "i" : "h");
     return s;
   }
@@ -257,6 +259,7 @@ struct Call {
     v.fill_normal();
     out.fill_poison();
     lse.fill_poison();
+    if (c.cache && c.nan_unused_cache) poison_unused_cache_rows();
     if (c.alibi) {
       alibi = c.alibi_per_batch ? HostTensor(FP_F32, {c.batch, c.hq}) : HostTensor(FP_F32, {c.hq});
       alibi.fill_uniform(0.01, 0.3);
@@ -266,6 +269,30 @@ struct Call {
       sinks.fill_uniform(-2.0, 3.0);
     }
     if (c.rng_on_device) rng = HostTensor::i32({4}, rng_words(kSeed, kOffset));
+  }
+
+  // NaN in every cache row no key of the call reads: before the left pad, past seqused + snew,
+  // cache entries or pages the call does not reference. A kernel must never let them into P V
+  // (0 x NaN = NaN), as serving engines leave such rows uninitialised.
+  void poison_unused_cache_rows() {
+    const int64_t rows_per_entry = c.paged ? c.page_size : c.sk, entries = k.dim(0);
+    std::vector<char> used(size_t(entries * rows_per_entry), 0);
+    for (int64_t b = 0; b < c.batch; ++b) {
+      const int64_t lo = c.leftpad.empty() ? 0 : c.leftpad[b], hi = c.seqused[b] + c.snew;
+      for (int64_t r = lo; r < hi; ++r) {
+        const int64_t e = c.paged ? int64_t(block_table.at_linear(b * max_blocks + r / c.page_size))
+                          : c.batch_idx ? int64_t(batch_idx.at_linear(b)) : b;
+        used[size_t(e * rows_per_entry + (c.paged ? r % c.page_size : r))] = 1;
+      }
+    }
+    for (int64_t e = 0; e < entries; ++e)
+      for (int64_t r = 0; r < rows_per_entry; ++r) {
+        if (used[size_t(e * rows_per_entry + r)]) continue;
+        for (int64_t h = 0; h < c.hkv; ++h) {
+          for (int64_t x = 0; x < c.d; ++x) k.set({e, r, h, x}, NAN);
+          for (int64_t x = 0; x < c.dv; ++x) v.set({e, r, h, x}, NAN);
+        }
+      }
   }
 
   // Parameters over the given views (host fp64 copies for the reference, device copies for CUDA).

@@ -70,25 +70,45 @@ std::string encode_rows_map(CUtensorMap* map, const void* base, int64_t cols, in
   return std::string();
 }
 
-// q, k, v maps of a call (q is the caller's: the check declines rotary). Packed (varlen) tensors
-// are one batch of all their rows; batched ones index the batch as the 4th coordinate.
-std::string make_v3_maps(const Problem& p, HopperV3Params* prm) {
-  const fp_attn_params& raw = *p.raw;
+// Rows of one K/V box: the key tile, or one page when pages are smaller (the candidate allows
+// pages that are a multiple of the key tile, or a multiple of 8 rows dividing it).
+int kv_box_rows(const Problem& p) {
   const int bn = HopperTileV3::block_n(int(p.d));
-  const bool q_packed = p.q.packed;
-  std::string why = encode_rows_map(&prm->tq, p.q_ptr, p.d, q_packed ? raw.q.shape[0] : p.seq.sq, p.hq,
-                                    q_packed ? 1 : p.seq.batch, p.q.row_stride, p.q.head_stride,
-                                    p.q.batch_stride, HopperTileV3::kBlockM);
+  return p.seq.kv_layout == KvLayout::Paged ? int(std::min<int64_t>(bn, p.seq.page_size)) : bn;
+}
+
+// The (rows, heads, batch) extents and (row, head, batch) element strides of the q, k and v views
+// the maps encode: q as the kernel reads it (the caller's or its rotated workspace copy: a.q,
+// a.q_addr), packed tensors as one batch of all their rows, batched ones (and contiguous caches)
+// with the batch (cache entry) as the 4th coordinate, paged caches as (row in page, head, page).
+struct V3View {
+  int64_t rows, heads, batch, row_stride, head_stride, batch_stride;
+};
+V3View q_view(const Problem& p, const RowAddr& q) {
+  const fp_attn_params& raw = *p.raw;
+  return q.packed ? V3View{raw.q.shape[0], p.hq, 1, q.row_stride, q.head_stride, 0}
+                  : V3View{p.seq.sq, p.hq, p.seq.batch, q.row_stride, q.head_stride, q.batch_stride};
+}
+V3View kv_view(const Problem& p, const KvAddr& kv) {
+  const fp_attn_params& raw = *p.raw;
+  switch (p.seq.kv_layout) {
+    case KvLayout::Packed: return {raw.k.shape[0], p.hkv, 1, kv.s0, kv.s2, 0};
+    case KvLayout::Paged: return {p.seq.page_size, p.hkv, raw.k.shape[0], kv.s1, kv.s2, kv.s0};
+    default: return {p.seq.sk, p.hkv, raw.k.shape[0], kv.s1, kv.s2, kv.s0};
+  }
+}
+
+std::string make_v3_maps(const Problem& p, const FwdArgs& a, HopperV3Params* prm) {
+  const int box = kv_box_rows(p);
+  const V3View q = q_view(p, a.q_addr), k = kv_view(p, p.k), v = kv_view(p, p.v);
+  std::string why = encode_rows_map(&prm->tq, a.q, p.d, q.rows, q.heads, q.batch, q.row_stride, q.head_stride,
+                                    q.batch_stride, HopperTileV3::kBlockM);
   if (!why.empty()) return why;
-  const bool kv_packed = p.seq.kv_layout == KvLayout::Packed;
-  const int64_t kv_rows = kv_packed ? raw.k.shape[0] : p.seq.sk;
-  const int64_t kv_batch = kv_packed ? 1 : raw.k.shape[0];
-  // Packed: (row s0, head s2); batched: (batch s0, row s1, head s2).
-  why = encode_rows_map(&prm->tk, p.k_ptr, p.d, kv_rows, p.hkv, kv_batch, kv_packed ? p.k.s0 : p.k.s1, p.k.s2,
-                        kv_packed ? 0 : p.k.s0, bn);
+  why = encode_rows_map(&prm->tk, p.k_ptr, p.d, k.rows, k.heads, k.batch, k.row_stride, k.head_stride,
+                        k.batch_stride, box);
   if (!why.empty()) return why;
-  return encode_rows_map(&prm->tv, p.v_ptr, p.dv, kv_rows, p.hkv, kv_batch, kv_packed ? p.v.s0 : p.v.s1, p.v.s2,
-                         kv_packed ? 0 : p.v.s0, bn);
+  return encode_rows_map(&prm->tv, p.v_ptr, p.dv, v.rows, v.heads, v.batch, v.row_stride, v.head_stride,
+                         v.batch_stride, box);
 }
 
 }  // namespace
@@ -102,26 +122,23 @@ std::string hopper_tma_reason(const Problem& p, int splits) {
       (p.seq.sq + HopperTileV3::kBlockM - 1) / HopperTileV3::kBlockM * p.hq * p.seq.batch * std::max(splits, 1);
   if (tiles > int64_t(INT32_MAX)) return "hopper path: more than 2^31 work tiles";
   if (tensor_map_encoder() == nullptr) return "hopper path: the driver has no cuTensorMapEncodeTiled";
-  const fp_attn_params& raw = *p.raw;
-  const bool q_packed = p.q.packed, kv_packed = p.seq.kv_layout == KvLayout::Packed;
-  const int64_t q_rows = q_packed ? raw.q.shape[0] : p.seq.sq, q_batch = q_packed ? 1 : p.seq.batch;
-  const int64_t kv_rows = kv_packed ? raw.k.shape[0] : p.seq.sk, kv_batch = kv_packed ? 1 : raw.k.shape[0];
+  // q as the kernel reads it: with rotary, the rotated copy in the workspace (its layout only).
+  RowAddr q_addr = p.q;
+  if (p.rotary_dim > 0) q_addr = q_rot_addr(p, fwd_workspace(p, splits).q_rot_row_stride);
+  const V3View views[3] = {q_view(p, q_addr), kv_view(p, p.k), kv_view(p, p.v)};
   constexpr int64_t kMaxDim = int64_t(1) << 32, kMaxStrideBytes = int64_t(1) << 40;
-  auto dims_ok = [&](int64_t rows, int64_t heads, int64_t batch) {
-    return rows >= 1 && rows <= kMaxDim && heads >= 1 && heads <= kMaxDim && batch >= 1 && batch <= kMaxDim;
+  auto dims_ok = [&](const V3View& w) {
+    return w.rows >= 1 && w.rows <= kMaxDim && w.heads >= 1 && w.heads <= kMaxDim && w.batch >= 1 &&
+           w.batch <= kMaxDim;
   };
   auto stride_ok = [&](int64_t stride, int64_t extent) {
     return extent <= 1 || (stride > 0 && (stride * 2) % 16 == 0 && stride * 2 < kMaxStrideBytes);
   };
-  if (!dims_ok(q_rows, p.hq, q_batch) || !dims_ok(kv_rows, p.hkv, kv_batch))
-    return "hopper path: a q/k/v dimension is outside the tensor map range [1, 2^32]";
-  const bool strides = stride_ok(p.q.row_stride, q_rows) && stride_ok(p.q.head_stride, p.hq) &&
-                       stride_ok(p.q.batch_stride, q_batch) &&
-                       stride_ok(kv_packed ? p.k.s0 : p.k.s1, kv_rows) && stride_ok(p.k.s2, p.hkv) &&
-                       stride_ok(kv_packed ? 0 : p.k.s0, kv_batch) &&
-                       stride_ok(kv_packed ? p.v.s0 : p.v.s1, kv_rows) && stride_ok(p.v.s2, p.hkv) &&
-                       stride_ok(kv_packed ? 0 : p.v.s0, kv_batch);
-  if (!strides) return "hopper path: q/k/v strides outside the tensor map rules (16-byte multiples below 2^40)";
+  for (const V3View& w : views) {
+    if (!dims_ok(w)) return "hopper path: a q/k/v dimension is outside the tensor map range [1, 2^32]";
+    if (!stride_ok(w.row_stride, w.rows) || !stride_ok(w.head_stride, w.heads) || !stride_ok(w.batch_stride, w.batch))
+      return "hopper path: q/k/v strides outside the tensor map rules (16-byte multiples below 2^40)";
+  }
   return std::string();
 }
 
@@ -139,7 +156,9 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, gpuStream_t str
   if (m_blocks == 0 || p.seq.batch == 0) return gpuSuccess;
   HopperV3Params prm;
   prm.a = a;
-  if (!make_v3_maps(p, &prm).empty()) return cudaErrorInvalidValue;  // the candidate checked the same rules
+  if (!make_v3_maps(p, a, &prm).empty()) return cudaErrorInvalidValue;  // the candidate checked the same rules
+  prm.kv_box_rows = kv_box_rows(p);
+  prm.zero_v_tail = is_kv_cache_call(p);
   prm.m_blocks = int32_t(m_blocks);
   // One block per work tile: query block x split x head x sequence (the candidate bounds it).
   prm.work_tiles = int32_t(m_blocks * p.hq * p.seq.batch * std::max(a.splits, 1));

@@ -6,10 +6,14 @@
 // Scope (everything else is declined here, never ignored): fp16/bf16, D == Dv in {64, 128, 256},
 // batched or varlen (packed) q/k/v with 16-byte aligned rows and strides, causal (both
 // alignments), sliding windows, GQA/MQA, LSE, softcap, ALiBi, sinks; split-KV (partials in the
-// workspace, then the combine kernel; hopper_fwd_candidate picks the count).
-// Declined: dropout, KV cache (seqused_k, cache_batch_idx, paged, append/rotary), decode-shaped
-// calls (the mma.sync decode tile packs GQA heads), other head dims, unaligned tensors, devices
-// other than sm_90, FLASHPORT_HOPPER_FWD=0 (the user's kill switch, core/config.hpp).
+// workspace, then the combine kernel; hopper_fwd_candidate picks the count); KV caches:
+// contiguous (seqused_k, cache_batch_idx, cache_leftpad) and paged (pages a multiple of the key
+// tile, or a multiple of 8 rows dividing it: one TMA box per page), append and rotary (the
+// pre-pass writes the cache rows and the rotated q, which the kernel reads from the workspace),
+// varlen queries over a cache (chunked prefill).
+// Declined: dropout, decode-shaped calls (the mma.sync decode tile packs GQA heads), other page
+// sizes, paged caches with cache_leftpad, other head dims, unaligned tensors, devices other than
+// sm_90, FLASHPORT_HOPPER_FWD=0 (the user's kill switch, core/config.hpp).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -33,9 +37,11 @@ struct HopperTileV3 {
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kStages = 2;
-  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  static constexpr int kProducerRegs = 32, kConsumerRegs = 240;
   static constexpr int block_n(int d) { return d == 256 ? 64 : 128; }
-  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages);  // full/empty Q, full/empty x K/V x stages
+  // full/empty Q, full/empty x K/V x stages, and `v_tail_zeroed` (KV-cache calls: the first V
+  // tile's rows past the keys are zeroed before P V reads them).
+  static constexpr int kBarrierBytes = 8 * (3 + 4 * kStages);
   static constexpr int smem_bytes(int d) {
     return (kBlockM + 2 * kStages * block_n(d)) * d * 2 + 1024 + kBarrierBytes;
   }
@@ -77,6 +83,12 @@ inline void hopper_kernel_name(char* buf, size_t size, const Problem& p, int spl
                 splits > 1 ? ":splitkv+combine" : "");
 }
 
+// A call over a KV cache: rows past a sequence's keys are the cache's, whatever they hold.
+inline bool is_kv_cache_call(const Problem& p) {
+  return p.seq.seqused_k != nullptr || p.seq.kv_layout == KvLayout::Paged || p.seq.cache_batch_idx != nullptr ||
+         p.seq.cache_leftpad != nullptr;
+}
+
 inline bool hopper_mult8(int64_t x) { return (x & 7) == 0; }
 inline bool hopper_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
@@ -103,14 +115,20 @@ inline std::string hopper_fwd_candidate(const Problem& p, int arch, int sm_count
   if (p.d != p.dv || (p.d != 64 && p.d != 128 && p.d != 256))
     return "hopper path: head dim must be 64, 128 or 256 (D == Dv)";
   if (p.rules.has_dropout()) return "hopper path: dropout";
-  if (p.seq.kv_layout == KvLayout::Paged) return "hopper path: paged KV cache";
-  if (p.seq.seqused_k != nullptr || p.seq.cache_batch_idx != nullptr || p.seq.snew > 0 || p.rotary_dim > 0)
-    return "hopper path: KV cache / append / rotary";
+  if (p.seq.kv_layout == KvLayout::Paged) {
+    const int64_t page = p.seq.page_size, bn = HopperTileV3::block_n(int(p.d));
+    if (page % bn != 0 && !(bn % page == 0 && page % 8 == 0))
+      return "hopper path: page size " + std::to_string(page) + " (a multiple of " + std::to_string(bn) +
+             ", or a multiple of 8 dividing " + std::to_string(bn) + ")";
+    if (p.seq.cache_leftpad != nullptr) return "hopper path: paged KV cache with cache_leftpad";
+  }
   if (decode_shaped(p) || gqa_pack(p) != 1) return "hopper path: decode-shaped call";
   if (p.has_lse && p.lse_dtype != FP_F32) return "hopper path: lse dtype";
-  const bool aligned = hopper_aligned16(p.q_ptr) && hopper_aligned16(p.k_ptr) && hopper_aligned16(p.v_ptr) &&
-                       hopper_mult8(p.q.row_stride) && hopper_mult8(p.q.head_stride) &&
-                       hopper_mult8(p.q.batch_stride) && hopper_mult8(p.k.s0) && hopper_mult8(p.k.s1) &&
+  // With rotary the kernel reads the rotated q of the workspace (aligned by its layout).
+  const bool q_aligned = p.rotary_dim > 0 || (hopper_aligned16(p.q_ptr) && hopper_mult8(p.q.row_stride) &&
+                                              hopper_mult8(p.q.head_stride) && hopper_mult8(p.q.batch_stride));
+  const bool aligned = q_aligned && hopper_aligned16(p.k_ptr) && hopper_aligned16(p.v_ptr) &&
+                       hopper_mult8(p.k.s0) && hopper_mult8(p.k.s1) &&
                        hopper_mult8(p.k.s2) && hopper_mult8(p.v.s0) && hopper_mult8(p.v.s1) &&
                        hopper_mult8(p.v.s2);
   if (!aligned) return "hopper path: q/k/v rows or strides not 16-byte aligned";

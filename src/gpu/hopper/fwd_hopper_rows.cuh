@@ -37,7 +37,8 @@ struct HopperRows {
     lq = static_cast<int>(a.seq.q_len(b));
     if (lq > a.seq.sq) lq = static_cast<int>(a.seq.sq);
     int64_t lk64 = a.seq.k_len(b);
-    if (a.k_rows_cap > 0 && lk64 > a.k_rows_cap) lk64 = a.k_rows_cap;
+    // Keys are cache rows [k_pad, k_pad + lk): clamp them into the cache rows.
+    if (a.k_rows_cap > 0 && lk64 > a.k_rows_cap - a.seq.k_pad(b)) lk64 = a.k_rows_cap - a.seq.k_pad(b);
     lk = lk64 < 0 ? 0 : static_cast<int>(lk64);
     q_start = a.seq.q_start(b);
     shift = R.top_left ? 0 : lk - lq;

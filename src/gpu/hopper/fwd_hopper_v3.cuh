@@ -39,9 +39,15 @@ namespace flashport::gpu {
 // parameter/const space for TMA).
 struct HopperV3Params {
   FwdArgs a;
-  CUtensorMap tq, tk, tv;  // 4-d (col, row, head, batch) views of q, k, v
+  CUtensorMap tq, tk, tv;  // 4-d (col, row, head, batch) views of q, k, v; paged k/v: (col, row in page, head, page)
   int32_t m_blocks = 0;    // query blocks per (head, sequence): ceil(Sq / BM)
   int32_t work_tiles = 0;  // m_blocks x splits x Hq x B; block i takes tiles i, i + gridDim.x, ...
+  int32_t kv_box_rows = 0; // rows of one K/V box: the key tile, or a page when pages are smaller
+  // KV-cache calls: cache rows past a sequence's keys hold whatever the caller left there (NaN
+  // too), and P V would turn 0 x NaN into NaN, so warp 1 zeroes the V rows past the keys of each
+  // work tile's first (tail) tile before the consumers read it. Rows past the tensor are zero-filled
+  // by TMA, and a batched or varlen call's other rows are the caller's finite keys.
+  bool zero_v_tail = false;
 };
 
 namespace sm90 {
@@ -72,6 +78,7 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
   auto empty_k = [&](int s) { return bars + 8u * uint32_t(1 + 2 * S + s); };
   auto empty_v = [&](int s) { return bars + 8u * uint32_t(1 + 3 * S + s); };
   const uint32_t empty_q = bars + 8u * uint32_t(1 + 4 * S);
+  const uint32_t v_tail_zeroed = bars + 8u * uint32_t(2 + 4 * S);
 
   const int tid = threadIdx.x, lane = tid & 31;
   const int wg = tid >> 7;           // 0: producer; 1, 2: consumers
@@ -94,6 +101,7 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
   if (tid == 0) {
     mbar_init(full_q, 1);
     mbar_init(empty_q, 4 * T::kConsumers);
+    mbar_init(v_tail_zeroed, 1);
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       mbar_init(full_k(s), 1);
@@ -124,18 +132,43 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
         rows.clip_to_split(split, a.splits);
         const int n_hi = rows.n_hi, count = n_hi - rows.n_lo;
         if (count <= 0) continue;
-        const bool kv_packed = a.k_addr.layout == KvLayout::Packed;
-        const int kv_row0 = kv_packed ? int(a.seq.k_start(b)) : 0, kv_batch = kv_packed ? 0 : b;
+        // Key j of the sequence: packed, row k_start + j; batched or a contiguous cache, row
+        // k_pad + j of cache entry cache_batch_idx[b] (or b); paged, row j % page of page
+        // block_table[b][j / page], one box per page when pages are smaller than the key tile.
+        const KvLayout layout = a.k_addr.layout;
+        const bool paged = layout == KvLayout::Paged;
+        const int kv_row0 = layout == KvLayout::Packed ? int(a.seq.k_start(b)) : int(a.seq.k_pad(b));
+        const int kv_batch = layout != KvLayout::Batched ? 0
+                             : a.seq.cache_batch_idx != nullptr ? int(a.seq.cache_batch_idx[b]) : b;
         const int kvh = head / a.group;
+        const int box = paged ? P.kv_box_rows : BN;
+        const int page_size = int(a.seq.page_size);
+        const int32_t* pages = paged ? a.seq.block_table + int64_t(b) * a.seq.block_table_stride : nullptr;
+        // One K or V tile (keys key0 .. key0 + BN) into a ring slot, completing on `bar`. Paged:
+        // only the boxes holding keys of the sequence (the block table ends there).
+        auto load_kv = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar, int key0) {
+          if (!paged) {
+            mbar_arrive_expect_tx(bar, kTileBytes);
+#pragma unroll
+            for (int p = 0; p < kPanels; ++p) tma_load_4d(dst + p * (BN * 128), map, bar, p * 64, kv_row0 + key0, kvh, kv_batch);
+            return;
+          }
+          const int boxes = min(BN / box, (rows.lk - key0 + box - 1) / box);
+          mbar_arrive_expect_tx(bar, uint32_t(boxes) * uint32_t(box) * 128u * kPanels);
+          for (int q = 0; q < boxes; ++q) {
+            const int key = key0 + q * box;
+            const int page = pages[key / page_size], in_page = key % page_size;
+#pragma unroll
+            for (int p = 0; p < kPanels; ++p)
+              tma_load_4d(dst + p * (BN * 128) + q * box * 128, map, bar, p * 64, in_page, kvh, page);
+          }
+        };
         for (int t = 0; t < count; ++t, ++it) {
           const int s = int(it & (S - 1));
           const uint32_t free_parity = ((it / S) & 1) ^ 1;  // the round before this one (fresh: done)
-          const int row = kv_row0 + (n_hi - 1 - t) * BN;
+          const int key0 = (n_hi - 1 - t) * BN;
           mbar_wait(empty_k(s), free_parity);
-          mbar_arrive_expect_tx(full_k(s), kTileBytes);
-#pragma unroll
-          for (int p = 0; p < kPanels; ++p)
-            tma_load_4d(sK + s * kTileBytes + p * (BN * 128), &P.tk, full_k(s), p * 64, row, kvh, kv_batch);
+          load_kv(sK + s * kTileBytes, &P.tk, full_k(s), key0);
           if (t == 0) {
             // Q after the first K: the Q buffer frees when the previous work tile's last S is done.
             const bool q_packed = a.q_addr.packed;
@@ -148,11 +181,37 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
             ++qr;
           }
           mbar_wait(empty_v(s), free_parity);
-          mbar_arrive_expect_tx(full_v(s), kTileBytes);
-#pragma unroll
-          for (int p = 0; p < kPanels; ++p)
-            tma_load_4d(sV + s * kTileBytes + p * (BN * 128), &P.tv, full_v(s), p * 64, row, kvh, kv_batch);
+          load_kv(sV + s * kTileBytes, &P.tv, full_v(s), key0);
         }
+      }
+    } else if (tid >= 32 && tid < 64 && P.zero_v_tail) {
+      // Warp 1: zero the V rows past the keys in each work tile's first tile (the highest: the
+      // only one that reaches past them), once it has landed, then release it to the consumers
+      // through v_tail_zeroed. Whole 128-byte rows: the swizzle permutes chunks within a row.
+      uint32_t it = 0;
+      for (int w = blockIdx.x; w < P.work_tiles; w += gridDim.x) {
+        int m0, head, b, split;
+        decode(w, m0, head, b, split);
+        Rows rows(a, b, head, m0, BM, 0);
+        if (rows.empty()) continue;
+        rows.clip_to_split(split, a.splits);
+        const int count = rows.n_hi - rows.n_lo;
+        if (count <= 0) continue;
+        const int first_tail_row = rows.lk - (rows.n_hi - 1) * BN;
+        if (first_tail_row < BN) {
+          const int s = int(it & (S - 1));
+          mbar_wait(full_v(s), (it / S) & 1);
+          const uint32_t bytes = uint32_t(BN - first_tail_row) * 128u;
+#pragma unroll
+          for (int p = 0; p < kPanels; ++p) {
+            const uint32_t base = sV + s * kTileBytes + p * (BN * 128) + uint32_t(first_tail_row) * 128u;
+            for (uint32_t off = uint32_t(lane) * 16u; off < bytes; off += 32u * 16u) st_shared_zero16(base + off);
+          }
+          fence_proxy_async();  // generic-proxy stores -> the consumers' wgmma reads (async proxy)
+          __syncwarp();
+          if (lane == 0) mbar_arrive(v_tail_zeroed);
+        }
+        it += uint32_t(count);
       }
     }
   } else {
@@ -167,7 +226,7 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
       __syncwarp();
       if (lane == 0) mbar_arrive(bar);
     };
-    uint32_t it = 0, qr = 0;
+    uint32_t it = 0, qr = 0, zeroed = 0;
     for (int w = blockIdx.x; w < P.work_tiles; w += gridDim.x) {
       int m0, head, b, split;
       decode(w, m0, head, b, split);
@@ -175,6 +234,12 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
       if (rows.empty()) continue;
       rows.clip_to_split(split, a.splits);
       const int n_hi = rows.n_hi, count = n_hi - rows.n_lo;
+      // The first tile's V rows past the keys are zeroed by warp 1 (zero_v_tail): wait for it.
+      const bool wait_tail = P.zero_v_tail && rows.lk - (n_hi - 1) * BN < BN;
+      auto wait_v = [&](int slot, uint32_t round, bool first) {
+        mbar_wait(full_v(slot), round & 1);
+        if (first && wait_tail) mbar_wait(v_tail_zeroed, zeroed & 1);
+      };
       float o_acc[kPanels][32];
 #pragma unroll
       for (int p = 0; p < kPanels; ++p)
@@ -217,7 +282,7 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
         for (int t = 0; t + 1 < count; ++t, ++it) {
           const int slot = int(it & (S - 1)), next = int((it + 1) & (S - 1));
           mbar_wait(full_k(next), ((it + 1) / S) & 1);
-          mbar_wait(full_v(slot), (it / S) & 1);
+          wait_v(slot, it / S, t == 0);
           my_turn();
           wg_fence();
           issue_s(s, next);
@@ -236,7 +301,7 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
         }
         release(empty_q);  // every S of this work tile is done: the producer may load the next Q
         const int slot = int(it & (S - 1));
-        mbar_wait(full_v(slot), (it / S) & 1);
+        wait_v(slot, it / S, count == 1);
         my_turn();
         wg_fence();
         issue_pv(pa, slot);
@@ -247,6 +312,7 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
         release(empty_v(slot));
         ++it;
         ++qr;
+        if (wait_tail) ++zeroed;
       }
       rows.template epilogue<Elem, kPanels>(o_acc, split);
     }

@@ -1,0 +1,171 @@
+"""Fast-path coverage (issue 18): for a grid of feature combinations, which kernel runs the call
+(the plan FLASHPORT_LOG prints) and its device time against the featureless call of the same
+shape (flash_attn_func over the same keys, which the Hopper kernel runs on an H100).
+
+    FLASHPORT_LOG=1 PYTHONPATH=build-py/site-cuda python bench/python/bench_coverage.py --out bench/results
+
+Time: CUDA events around a batch of back-to-back calls (the kernels are milliseconds long, so
+host time is hidden), median of rounds. "vs featureless" = featureless time / feature time
+(1.0 = as fast; the issue's target is >= 0.9 on the Hopper path). Writes <out>/gpu_coverage.md.
+"""
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+
+os.environ.setdefault("FLASHPORT_LOG", "1")  # read once at the library's first call
+
+import torch
+
+try:
+    import flashport.torch as fa
+except ImportError:  # pragma: no cover
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+    import flashport.torch as fa
+
+
+def plan_of(fn):
+    """The kernel of the call's plan: the last 'flashport: fwd' line the library logs on stderr."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as f:
+        os.dup2(f.fileno(), 2)
+        try:
+            fn()
+            torch.cuda.synchronize()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        f.seek(0)
+        lines = [l for l in f.read().decode(errors="replace").splitlines() if "kernel=" in l]
+    if not lines:
+        return "?"
+    return lines[-1].split("kernel=")[1].split()[0]
+
+
+def device_ms(fn, calls=10, rounds=7):
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(calls):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / calls)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="/tmp/coverage")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--chunk", type=int, default=1024, help="query rows per sequence (chunked prefill)")
+    ap.add_argument("--keys", type=int, default=4096, help="keys per sequence")
+    args = ap.parse_args()
+    dev = "cuda"
+    dt = torch.bfloat16
+    B, Sq, Sk, Hq, Hkv, D = args.batch, args.chunk, args.keys, 32, 8, 128
+    g = torch.Generator(device=dev).manual_seed(0)
+
+    q = torch.randn(B, Sq, Hq, D, device=dev, dtype=dt, generator=g)
+    k = torch.randn(B, Sk, Hkv, D, device=dev, dtype=dt, generator=g)
+    v = torch.randn(B, Sk, Hkv, D, device=dev, dtype=dt, generator=g)
+    cap = Sk + 512
+    k_cache = torch.zeros(B + 2, cap, Hkv, D, device=dev, dtype=dt)
+    v_cache = torch.zeros_like(k_cache)
+    k_cache[:B, :Sk] = k
+    v_cache[:B, :Sk] = v
+    seqlens = torch.full((B,), Sk, dtype=torch.int32, device=dev)
+
+    def paged(page):
+        blocks = (cap + page - 1) // page
+        perm = torch.randperm(B * blocks, device=dev).to(torch.int32)
+        kp = torch.zeros(B * blocks, page, Hkv, D, device=dev, dtype=dt)
+        vp = torch.zeros_like(kp)
+        table = perm.view(B, blocks)
+        for b in range(B):
+            rows_k = torch.zeros(blocks * page, Hkv, D, device=dev, dtype=dt)
+            rows_v = torch.zeros_like(rows_k)
+            rows_k[:Sk], rows_v[:Sk] = k[b], v[b]
+            kp[table[b].long()] = rows_k.view(blocks, page, Hkv, D)
+            vp[table[b].long()] = rows_v.view(blocks, page, Hkv, D)
+        return kp, vp, table
+
+    rows = []
+    base = lambda: fa.flash_attn_func(q, k, v, causal=True)
+    t_base = device_ms(base)
+    rows.append(("featureless: flash_attn_func, causal", plan_of(base), t_base))
+
+    def add(name, fn):
+        try:
+            rows.append((name, plan_of(fn), device_ms(fn)))
+        except Exception as e:  # a call the library rejects is a row too
+            rows.append((name, "error: " + str(e).splitlines()[0][:80], None))
+
+    add("kvcache contiguous (cache_seqlens)",
+        lambda: fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True))
+    idx = torch.arange(B, dtype=torch.int32, device=dev)
+    add("kvcache + cache_batch_idx",
+        lambda: fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, cache_batch_idx=idx,
+                                           causal=True))
+    # Left pad 256: the keys sit at cache rows [256, 256 + Sk) of a shifted copy.
+    k_lp = torch.zeros_like(k_cache)
+    v_lp = torch.zeros_like(v_cache)
+    k_lp[:B, 256:256 + Sk], v_lp[:B, 256:256 + Sk] = k, v
+    pad = torch.full((B,), 256, dtype=torch.int32, device=dev)
+    add("kvcache + cache_leftpad",
+        lambda: fa.flash_attn_with_kvcache(q, k_lp, v_lp, cache_seqlens=seqlens + 256, cache_leftpad=pad,
+                                           causal=True))
+    for page in (16, 64, 256, 1, 48):
+        kp, vp, table = paged(page)
+        add(f"paged KV, page {page}",
+            lambda kp=kp, vp=vp, table=table: fa.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=seqlens,
+                                                                      block_table=table, causal=True))
+    # Append Sq new rows then attend (the cache holds Sk - Sq rows before the call).
+    kn, vn = k[:, Sk - Sq:].clone(), v[:, Sk - Sq:].clone()
+    before = seqlens - Sq
+    add("kvcache append (k, v new)",
+        lambda: fa.flash_attn_with_kvcache(q, k_cache, v_cache, k=kn, v=vn, cache_seqlens=before, causal=True))
+    ro = torch.rand(cap + Sq, D // 4, device=dev, dtype=torch.float32)
+    add("kvcache append + rotary (dim 64)",
+        lambda: fa.flash_attn_with_kvcache(q, k_cache, v_cache, k=kn, v=vn, rotary_cos=ro.cos(),
+                                           rotary_sin=ro.sin(), cache_seqlens=before, causal=True))
+    add("dropout 0.1", lambda: fa.flash_attn_func(q, k, v, dropout_p=0.1, causal=True))
+    for d, dv in ((96, 96), (192, 192), (192, 128)):
+        qd = torch.randn(B, Sq, Hq, d, device=dev, dtype=dt, generator=g)
+        kd = torch.randn(B, Sk, Hkv, d, device=dev, dtype=dt, generator=g)
+        vd = torch.randn(B, Sk, Hkv, dv, device=dev, dtype=dt, generator=g)
+        fn = lambda qd=qd, kd=kd, vd=vd: fa.flash_attn_func(qd, kd, vd, causal=True)
+        try:
+            t = device_ms(fn)
+            rows.append((f"head dim {d}/{dv} (FLOPs x{(d + dv) / (2 * D):.2f} of the featureless call)",
+                         plan_of(fn), t))
+        except Exception as e:
+            rows.append((f"head dim {d}/{dv}", "error: " + str(e).splitlines()[0][:80], None))
+    q32, k32, v32 = q.float(), k.float(), v.float()
+    add("float32", lambda: fa.flash_attn_func(q32, k32, v32, causal=True))
+
+    name = torch.cuda.get_device_name()
+    cmd = "FLASHPORT_LOG=1 python " + " ".join(sys.argv)
+    lines = ["# Fast-path coverage: which kernel runs each feature, and its speed", "",
+             f"- Command: `{cmd}`", f"- Device: {name}, torch {torch.__version__}",
+             f"- Shape: B={B}, Sq={Sq} (a prefill chunk), keys={Sk}, Hq/Hkv={Hq}/{Hkv}, D=128, bf16, causal "
+             f"(bottom-right); caches hold {cap} rows",
+             "- vs featureless = featureless time / this call's time (>= 0.9 is the issue's target on the "
+             "Hopper path); device time by CUDA events over back-to-back calls", "",
+             "| call | kernel (plan) | ms | vs featureless |", "|---|---|---|---|"]
+    for n, kern, t in rows:
+        ratio = f"{t_base / t:.2f}" if t else "-"
+        lines.append(f"| {n} | `{kern}` | {t:.3f} | {ratio} |" if t else f"| {n} | {kern} | - | - |")
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "gpu_coverage.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
