@@ -37,7 +37,7 @@ struct HopperTileV3 {
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kStages = 2;
-  static constexpr int kProducerRegs = 32, kConsumerRegs = 240;
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 24: what 2 x (240 - 168) needs back from the launch's 168
   static constexpr int block_n(int d) { return d == 256 ? 64 : 128; }
   // full/empty Q, full/empty x K/V x stages, and `v_tail_zeroed` (KV-cache calls: the first V
   // tile's rows past the keys are zeroed before P V reads them).

@@ -26,6 +26,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "gpu/hopper/fwd_hopper.hpp"
 #include "gpu/hopper/fwd_hopper_rows.cuh"
@@ -132,57 +133,70 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
         rows.clip_to_split(split, a.splits);
         const int n_hi = rows.n_hi, count = n_hi - rows.n_lo;
         if (count <= 0) continue;
+        const int kvh = head / a.group;
+        // Q after the first K: the Q buffer frees when the previous work tile's last S is done.
+        auto load_q = [&] {
+          const bool q_packed = a.q_addr.packed;
+          const int q_row = q_packed ? int(rows.q_start) + m0 : m0, q_batch = q_packed ? 0 : b;
+          mbar_wait(empty_q, (qr & 1) ^ 1);
+          mbar_arrive_expect_tx(full_q, kQBytes);
+#pragma unroll
+          for (int p = 0; p < kPanels; ++p) tma_load_4d(sQ + p * (BM * 128), &P.tq, full_q, p * 64, q_row, head, q_batch);
+          ++qr;
+        };
         // Key j of the sequence: packed, row k_start + j; batched or a contiguous cache, row
         // k_pad + j of cache entry cache_batch_idx[b] (or b); paged, row j % page of page
         // block_table[b][j / page], one box per page when pages are smaller than the key tile.
-        const KvLayout layout = a.k_addr.layout;
-        const bool paged = layout == KvLayout::Paged;
-        const int kv_row0 = layout == KvLayout::Packed ? int(a.seq.k_start(b)) : int(a.seq.k_pad(b));
-        const int kv_batch = layout != KvLayout::Batched ? 0
-                             : a.seq.cache_batch_idx != nullptr ? int(a.seq.cache_batch_idx[b]) : b;
-        const int kvh = head / a.group;
-        const int box = paged ? P.kv_box_rows : BN;
-        const int page_size = int(a.seq.page_size);
-        const int32_t* pages = paged ? a.seq.block_table + int64_t(b) * a.seq.block_table_stride : nullptr;
-        // One K or V tile (keys key0 .. key0 + BN) into a ring slot, completing on `bar`. Paged:
-        // only the boxes holding keys of the sequence (the block table ends there).
-        auto load_kv = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar, int key0) {
-          if (!paged) {
-            mbar_arrive_expect_tx(bar, kTileBytes);
-#pragma unroll
-            for (int p = 0; p < kPanels; ++p) tma_load_4d(dst + p * (BN * 128), map, bar, p * 64, kv_row0 + key0, kvh, kv_batch);
-            return;
+        // Two copies of the loop (paged or not) keep the producer's 24 registers enough.
+        auto produce = [&](auto paged_tag) {
+          constexpr bool kPaged = decltype(paged_tag)::value;
+          int kv_row0 = 0, kv_batch = 0;
+          const int32_t* pages = nullptr;
+          if constexpr (kPaged) {
+            pages = a.seq.block_table + int64_t(b) * a.seq.block_table_stride;
+          } else {
+            const bool packed = a.k_addr.layout == KvLayout::Packed;
+            kv_row0 = packed ? int(a.seq.k_start(b)) : int(a.seq.k_pad(b));
+            kv_batch = packed ? 0 : a.seq.cache_batch_idx != nullptr ? int(a.seq.cache_batch_idx[b]) : b;
           }
-          const int boxes = min(BN / box, (rows.lk - key0 + box - 1) / box);
-          mbar_arrive_expect_tx(bar, uint32_t(boxes) * uint32_t(box) * 128u * kPanels);
-          for (int q = 0; q < boxes; ++q) {
-            const int key = key0 + q * box;
-            const int page = pages[key / page_size], in_page = key % page_size;
+          // One K or V tile (keys key0 .. key0 + BN) into a ring slot, completing on `bar`. Paged:
+          // only the boxes holding keys of the sequence (the block table ends there).
+          auto load_kv = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar, int key0) {
+            if constexpr (!kPaged) {
+              mbar_arrive_expect_tx(bar, kTileBytes);
 #pragma unroll
-            for (int p = 0; p < kPanels; ++p)
-              tma_load_4d(dst + p * (BN * 128) + q * box * 128, map, bar, p * 64, in_page, kvh, page);
-          }
+              for (int p = 0; p < kPanels; ++p)
+                tma_load_4d(dst + p * (BN * 128), map, bar, p * 64, kv_row0 + key0, kvh, kv_batch);
+            } else {
+              const int box = P.kv_box_rows, page_size = int(a.seq.page_size);
+              const int boxes = min(BN / box, (rows.lk - key0 + box - 1) / box);
+              mbar_arrive_expect_tx(bar, uint32_t(boxes * box) * 128u * kPanels);
+              for (int q = 0; q < boxes; ++q) {
+                const int key = key0 + q * box;
+                const int page = pages[key / page_size], in_page = key % page_size;
+#pragma unroll
+                for (int p = 0; p < kPanels; ++p)
+                  tma_load_4d(dst + p * (BN * 128) + q * box * 128, map, bar, p * 64, in_page, kvh, page);
+              }
+            }
+          };
+          // Tile t: K(t) [then Q, for t = 0], V(t), each once its slot is free.
+          auto load_tile = [&](int t, bool with_q) {
+            const int s = int(it & (S - 1));
+            const uint32_t free_parity = ((it / S) & 1) ^ 1;  // the round before this one (fresh: done)
+            const int key0 = (n_hi - 1 - t) * BN;
+            mbar_wait(empty_k(s), free_parity);
+            load_kv(sK + s * kTileBytes, &P.tk, full_k(s), key0);
+            if (with_q) load_q();
+            mbar_wait(empty_v(s), free_parity);
+            load_kv(sV + s * kTileBytes, &P.tv, full_v(s), key0);
+            ++it;
+          };
+          load_tile(0, true);
+          for (int t = 1; t < count; ++t) load_tile(t, false);
         };
-        for (int t = 0; t < count; ++t, ++it) {
-          const int s = int(it & (S - 1));
-          const uint32_t free_parity = ((it / S) & 1) ^ 1;  // the round before this one (fresh: done)
-          const int key0 = (n_hi - 1 - t) * BN;
-          mbar_wait(empty_k(s), free_parity);
-          load_kv(sK + s * kTileBytes, &P.tk, full_k(s), key0);
-          if (t == 0) {
-            // Q after the first K: the Q buffer frees when the previous work tile's last S is done.
-            const bool q_packed = a.q_addr.packed;
-            const int q_row = q_packed ? int(rows.q_start) + m0 : m0, q_batch = q_packed ? 0 : b;
-            mbar_wait(empty_q, (qr & 1) ^ 1);
-            mbar_arrive_expect_tx(full_q, kQBytes);
-#pragma unroll
-            for (int p = 0; p < kPanels; ++p)
-              tma_load_4d(sQ + p * (BM * 128), &P.tq, full_q, p * 64, q_row, head, q_batch);
-            ++qr;
-          }
-          mbar_wait(empty_v(s), free_parity);
-          load_kv(sV + s * kTileBytes, &P.tv, full_v(s), key0);
-        }
+        if (a.k_addr.layout == KvLayout::Paged) produce(std::true_type{});
+        else produce(std::false_type{});
       }
     } else if (tid >= 32 && tid < 64 && P.zero_v_tail) {
       // Warp 1: zero the V rows past the keys in each work tile's first tile (the highest: the
