@@ -75,10 +75,10 @@ def main():
     k = torch.randn(B, Sk, Hkv, D, device=dev, dtype=dt, generator=g)
     v = torch.randn(B, Sk, Hkv, D, device=dev, dtype=dt, generator=g)
     cap = Sk + 512
-    k_cache = torch.zeros(B + 2, cap, Hkv, D, device=dev, dtype=dt)
+    k_cache = torch.zeros(B, cap, Hkv, D, device=dev, dtype=dt)
     v_cache = torch.zeros_like(k_cache)
-    k_cache[:B, :Sk] = k
-    v_cache[:B, :Sk] = v
+    k_cache[:, :Sk] = k
+    v_cache[:, :Sk] = v
     seqlens = torch.full((B,), Sk, dtype=torch.int32, device=dev)
 
     def paged(page):
@@ -108,9 +108,13 @@ def main():
 
     add("kvcache contiguous (cache_seqlens)",
         lambda: fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True))
-    idx = torch.arange(B, dtype=torch.int32, device=dev)
+    # cache_batch_idx: the sequences sit in entries B+1, B-1, ..., of a cache of B + 2 entries.
+    idx = torch.arange(B + 1, 0, -1, dtype=torch.int32, device=dev)[:B]
+    k_big = torch.zeros(B + 2, cap, Hkv, D, device=dev, dtype=dt)
+    v_big = torch.zeros_like(k_big)
+    k_big[idx.long(), :Sk], v_big[idx.long(), :Sk] = k, v
     add("kvcache + cache_batch_idx",
-        lambda: fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, cache_batch_idx=idx,
+        lambda: fa.flash_attn_with_kvcache(q, k_big, v_big, cache_seqlens=seqlens, cache_batch_idx=idx,
                                            causal=True))
     # Left pad 256: the keys sit at cache rows [256, 256 + Sk) of a shifted copy.
     k_lp = torch.zeros_like(k_cache)

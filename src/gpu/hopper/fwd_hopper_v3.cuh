@@ -120,10 +120,13 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
   if (wg == 0) {
     // ---- producer ----
     regs_dec<T::kProducerRegs>();
-    if (tid == 0) {
-      tma_prefetch_desc(&P.tq);
-      tma_prefetch_desc(&P.tk);
-      tma_prefetch_desc(&P.tv);
+    if (tid < 32) {
+      // Warp 0: lane 0 issues every copy; the warp reads a tile's page ids at once (paged).
+      if (lane == 0) {
+        tma_prefetch_desc(&P.tq);
+        tma_prefetch_desc(&P.tk);
+        tma_prefetch_desc(&P.tv);
+      }
       uint32_t it = 0, qr = 0;
       for (int w = blockIdx.x; w < P.work_tiles; w += gridDim.x) {
         int m0, head, b, split;
@@ -139,9 +142,11 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
           const bool q_packed = a.q_addr.packed;
           const int q_row = q_packed ? int(rows.q_start) + m0 : m0, q_batch = q_packed ? 0 : b;
           mbar_wait(empty_q, (qr & 1) ^ 1);
-          mbar_arrive_expect_tx(full_q, kQBytes);
+          if (lane == 0) {
+            mbar_arrive_expect_tx(full_q, kQBytes);
 #pragma unroll
-          for (int p = 0; p < kPanels; ++p) tma_load_4d(sQ + p * (BM * 128), &P.tq, full_q, p * 64, q_row, head, q_batch);
+            for (int p = 0; p < kPanels; ++p) tma_load_4d(sQ + p * (BM * 128), &P.tq, full_q, p * 64, q_row, head, q_batch);
+          }
           ++qr;
         };
         // Key j of the sequence: packed, row k_start + j; batched or a contiguous cache, row
@@ -160,36 +165,47 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
             kv_batch = packed ? 0 : a.seq.cache_batch_idx != nullptr ? int(a.seq.cache_batch_idx[b]) : b;
           }
           // One K or V tile (keys key0 .. key0 + BN) into a ring slot, completing on `bar`. Paged:
-          // only the boxes holding keys of the sequence (the block table ends there).
-          auto load_kv = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar, int key0) {
+          // only the boxes holding keys of the sequence (the block table ends there); lane q
+          // holds the page of box q.
+          auto load_kv = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar, int key0, int boxes, int my_page) {
             if constexpr (!kPaged) {
-              mbar_arrive_expect_tx(bar, kTileBytes);
-#pragma unroll
-              for (int p = 0; p < kPanels; ++p)
-                tma_load_4d(dst + p * (BN * 128), map, bar, p * 64, kv_row0 + key0, kvh, kv_batch);
-            } else {
-              const int box = P.kv_box_rows, page_size = int(a.seq.page_size);
-              const int boxes = min(BN / box, (rows.lk - key0 + box - 1) / box);
-              mbar_arrive_expect_tx(bar, uint32_t(boxes * box) * 128u * kPanels);
-              for (int q = 0; q < boxes; ++q) {
-                const int key = key0 + q * box;
-                const int page = pages[key / page_size], in_page = key % page_size;
+              if (lane == 0) {
+                mbar_arrive_expect_tx(bar, kTileBytes);
 #pragma unroll
                 for (int p = 0; p < kPanels; ++p)
-                  tma_load_4d(dst + p * (BN * 128) + q * box * 128, map, bar, p * 64, in_page, kvh, page);
+                  tma_load_4d(dst + p * (BN * 128), map, bar, p * 64, kv_row0 + key0, kvh, kv_batch);
+              }
+            } else {
+              const int box = P.kv_box_rows;
+              if (lane == 0) mbar_arrive_expect_tx(bar, uint32_t(boxes * box) * 128u * kPanels);
+              for (int q = 0; q < boxes; ++q) {
+                const int page = __shfl_sync(0xffffffffu, my_page, q);
+                if (lane == 0) {
+                  const int in_page = (key0 + q * box) % int(a.seq.page_size);
+#pragma unroll
+                  for (int p = 0; p < kPanels; ++p)
+                    tma_load_4d(dst + p * (BN * 128) + q * box * 128, map, bar, p * 64, in_page, kvh, page);
+                }
               }
             }
           };
-          // Tile t: K(t) [then Q, for t = 0], V(t), each once its slot is free.
+          // Tile t: K(t) [then Q, for t = 0], V(t), each once its slot is free. Paged: the
+          // tile's page ids are read (one per lane, in parallel) before the waits.
           auto load_tile = [&](int t, bool with_q) {
             const int s = int(it & (S - 1));
             const uint32_t free_parity = ((it / S) & 1) ^ 1;  // the round before this one (fresh: done)
             const int key0 = (n_hi - 1 - t) * BN;
+            int boxes = 0, my_page = 0;
+            if constexpr (kPaged) {
+              const int box = P.kv_box_rows;
+              boxes = min(BN / box, (rows.lk - key0 + box - 1) / box);
+              if (lane < boxes) my_page = pages[(key0 + lane * box) / int(a.seq.page_size)];
+            }
             mbar_wait(empty_k(s), free_parity);
-            load_kv(sK + s * kTileBytes, &P.tk, full_k(s), key0);
+            load_kv(sK + s * kTileBytes, &P.tk, full_k(s), key0, boxes, my_page);
             if (with_q) load_q();
             mbar_wait(empty_v(s), free_parity);
-            load_kv(sV + s * kTileBytes, &P.tv, full_v(s), key0);
+            load_kv(sV + s * kTileBytes, &P.tv, full_v(s), key0, boxes, my_page);
             ++it;
           };
           load_tile(0, true);
