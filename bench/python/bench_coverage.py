@@ -41,7 +41,11 @@ def plan_of(fn):
         lines = [l for l in f.read().decode(errors="replace").splitlines() if "kernel=" in l]
     if not lines:
         return "?"
-    return lines[-1].split("kernel=")[1].split()[0]
+    line = lines[-1]
+    kernel = "`" + line.split("kernel=")[1].split()[0] + "`"
+    if "passed_over=[" in line:  # why the faster kernel declined the call
+        kernel += " (" + line.split("passed_over=[", 1)[1].rsplit("]", 1)[0] + ")"
+    return kernel
 
 
 def device_ms(fn, calls=10, rounds=7):
@@ -164,7 +168,7 @@ def main():
              "| call | kernel (plan) | ms | vs featureless |", "|---|---|---|---|"]
     for n, kern, t in rows:
         ratio = f"{t_base / t:.2f}" if t else "-"
-        lines.append(f"| {n} | `{kern}` | {t:.3f} | {ratio} |" if t else f"| {n} | {kern} | - | - |")
+        lines.append(f"| {n} | {kern} | {t:.3f} | {ratio} |" if t else f"| {n} | {kern} | - | - |")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "gpu_coverage.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -19,6 +19,7 @@ struct Plan {
   int32_t kernel_id = 0;     // backend-private
   int32_t num_threads = 0;   // CPU backends: resolved thread count
   int32_t backend_args[4] = {0, 0, 0, 0};  // backend-private decision (GPU: tile, GQA pack), read by run_*
+  char passed_over[160] = {0};  // a faster kernel of the backend that declined the call, and why (FLASHPORT_LOG)
 };
 
 class Backend {

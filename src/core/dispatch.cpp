@@ -52,10 +52,11 @@ bool log_enabled() { return runtime_config().log; }
 
 void log_call(const char* op, const Selected& s) {
   if (!log_enabled()) return;
-  std::fprintf(stderr, "flashport: %s backend=%s kernel=%s splits=%d workspace=%zu%s%s\n", op,
+  std::fprintf(stderr, "flashport: %s backend=%s kernel=%s splits=%d workspace=%zu%s%s%s%s%s\n", op,
                name_of(s.backend->id()), s.plan.kernel, s.plan.num_splits,
                s.plan.workspace_bytes, s.skipped.empty() ? "" : " skipped=[",
-               s.skipped.empty() ? "" : (s.skipped + "]").c_str());
+               s.skipped.empty() ? "" : (s.skipped + "]").c_str(),
+               s.plan.passed_over[0] ? " passed_over=[" : "", s.plan.passed_over, s.plan.passed_over[0] ? "]" : "");
 }
 
 void log_error(const char* op, const Status& st) {
