@@ -73,7 +73,7 @@ std::string encode_rows_map(CUtensorMap* map, const void* base, int64_t cols, in
 // Rows of one K/V box: the key tile, or one page when pages are smaller (the candidate allows
 // pages that are a multiple of the key tile, or a multiple of 8 rows dividing it).
 int kv_box_rows(const Problem& p) {
-  const int bn = HopperTileV3::block_n(int(p.d));
+  const int bn = HopperTileV3::block_n(hopper_head_bucket(p));
   return p.seq.kv_layout == KvLayout::Paged ? int(std::min<int64_t>(bn, p.seq.page_size)) : bn;
 }
 

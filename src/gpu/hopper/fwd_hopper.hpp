@@ -3,7 +3,8 @@
 // fwd_hopper_v3.cuh) is compiled only when 90 is among CMAKE_CUDA_ARCHITECTURES
 // (FLASHPORT_WITH_HOPPER_FWD).
 //
-// Scope (everything else is declined here, never ignored): fp16/bf16, D == Dv in {64, 128, 256},
+// Scope (everything else is declined here, never ignored): fp16/bf16, head dims D, Dv <= 256 (any
+// pair: instances for 64, 128, 256, smaller dims padded inside the kernel; 16-byte strides),
 // batched or varlen (packed) q/k/v with 16-byte aligned rows and strides, causal (both
 // alignments), sliding windows, GQA/MQA, LSE, softcap, ALiBi, sinks; split-KV (partials in the
 // workspace, then the combine kernel; hopper_fwd_candidate picks the count); KV caches:
@@ -59,6 +60,14 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, gpuStream_t str
 // checked without encoding); otherwise why not.
 std::string hopper_tma_reason(const Problem& p, int splits);
 
+// The kernel instance (head-dim bucket) of a call: the smallest of 64, 128, 256 holding both head
+// dims. Smaller dims run padded inside the kernel: TMA zero-fills the columns past D (and Dv), so
+// the padded products are exact, and the epilogue stores the Dv columns only.
+inline int hopper_head_bucket(const Problem& p) {
+  const int64_t m = std::max(p.d, p.dv);
+  return m <= 64 ? 64 : m <= 128 ? 128 : 256;
+}
+
 inline KernelInfo hopper_info_for(int d, bool bf16, int dev) {
   switch (d) {
     case 64: return bf16 ? hopper_fwd_kernel_info<64, true>(dev) : hopper_fwd_kernel_info<64, false>(dev);
@@ -68,7 +77,7 @@ inline KernelInfo hopper_info_for(int d, bool bf16, int dev) {
 }
 inline gpuError_t hopper_launch(const Problem& p, const FwdArgs& a, gpuStream_t s) {
   const bool bf16 = p.dtype == FP_BF16;
-  switch (p.d) {
+  switch (hopper_head_bucket(p)) {
     case 64: return bf16 ? launch_hopper_fwd<64, true>(p, a, s) : launch_hopper_fwd<64, false>(p, a, s);
     case 128: return bf16 ? launch_hopper_fwd<128, true>(p, a, s) : launch_hopper_fwd<128, false>(p, a, s);
     default: return bf16 ? launch_hopper_fwd<256, true>(p, a, s) : launch_hopper_fwd<256, false>(p, a, s);
@@ -78,9 +87,11 @@ inline gpuError_t hopper_launch(const Problem& p, const FwdArgs& a, gpuStream_t 
 
 // The plan's kernel name; split-KV adds ":splitkv+combine" (as the mma.sync plans do).
 inline void hopper_kernel_name(char* buf, size_t size, const Problem& p, int splits) {
-  std::snprintf(buf, size, "cuda:sm90_wgmma_prefill_d%d_m128n%d_tma_ws:%s%s", int(p.d),
-                HopperTileV3::block_n(int(p.d)), p.dtype == FP_BF16 ? "bf16" : "fp16",
-                splits > 1 ? ":splitkv+combine" : "");
+  const int bucket = hopper_head_bucket(p);
+  char dims[32] = "";
+  if (p.d != bucket || p.dv != bucket) std::snprintf(dims, sizeof(dims), ":d%d_dv%d", int(p.d), int(p.dv));
+  std::snprintf(buf, size, "cuda:sm90_wgmma_prefill_d%d_m128n%d_tma_ws:%s%s%s", bucket, HopperTileV3::block_n(bucket),
+                p.dtype == FP_BF16 ? "bf16" : "fp16", dims, splits > 1 ? ":splitkv+combine" : "");
 }
 
 // A call over a KV cache: rows past a sequence's keys are the cache's, whatever they hold.
@@ -112,11 +123,11 @@ inline std::string hopper_fwd_candidate(const Problem& p, int arch, int sm_count
   if (!runtime_config().hopper_fwd) return "hopper path: disabled by FLASHPORT_HOPPER_FWD=0";
   if (arch != 900) return "hopper path: device is not sm_90";
   if (p.dtype != FP_F16 && p.dtype != FP_BF16) return "hopper path: dtype";
-  if (p.d != p.dv || (p.d != 64 && p.d != 128 && p.d != 256))
-    return "hopper path: head dim must be 64, 128 or 256 (D == Dv)";
+  if (p.d > 256 || p.dv > 256) return "hopper path: head dim above 256";
+  const int d = hopper_head_bucket(p);
   if (p.rules.has_dropout()) return "hopper path: dropout";
   if (p.seq.kv_layout == KvLayout::Paged) {
-    const int64_t page = p.seq.page_size, bn = HopperTileV3::block_n(int(p.d));
+    const int64_t page = p.seq.page_size, bn = HopperTileV3::block_n(d);
     if (page % bn != 0 && !(bn % page == 0 && page % 8 == 0))
       return "hopper path: page size " + std::to_string(page) + " (a multiple of " + std::to_string(bn) +
              ", or a multiple of 8 dividing " + std::to_string(bn) + ")";
@@ -132,7 +143,6 @@ inline std::string hopper_fwd_candidate(const Problem& p, int arch, int sm_count
                        hopper_mult8(p.k.s2) && hopper_mult8(p.v.s0) && hopper_mult8(p.v.s1) &&
                        hopper_mult8(p.v.s2);
   if (!aligned) return "hopper path: q/k/v rows or strides not 16-byte aligned";
-  const int d = int(p.d);
   if (HopperTileV3::smem_bytes(d) > smem_optin) return "hopper path: shared memory";
   const KernelInfo ki = hopper_info_for(d, p.dtype == FP_BF16, p.device_index);
   if (ki.status != gpuSuccess) return std::string("hopper path: no kernel image: ") + gpuGetErrorString(ki.status);

@@ -197,6 +197,7 @@ struct HopperRows {
 #pragma unroll
           for (int t = 0; t < 8; ++t) {
             const int col = p * 64 + t * 8 + col_base;  // 4-byte stores: the caller's workspace need not be 8-aligned
+            if (col >= a.dv) continue;  // padded columns (Dv below the instance's head dim)
             part[col] = o[p][4 * t + 2 * hf] * inv;
             part[col + 1] = o[p][4 * t + 2 * hf + 1] * inv;
           }
@@ -209,6 +210,7 @@ struct HopperRows {
 #pragma unroll
         for (int t = 0; t < 8; ++t) {
           const int col = p * 64 + t * 8 + col_base;
+          if (col >= a.dv) continue;  // padded columns (Dv is even on this path: 16-byte strides)
           const float v0 = o[p][4 * t + 2 * hf] * inv, v1 = o[p][4 * t + 2 * hf + 1] * inv;
           if (a.out_vec_ok) {
             *reinterpret_cast<uint32_t*>(dst + col) = Elem::pack(v0, v1);
