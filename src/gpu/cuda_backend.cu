@@ -16,6 +16,7 @@
 #include "gpu/hopper/fwd_hopper.hpp"
 #include "gpu/mma/fwd_launch.hpp"
 #include "gpu/common/probs_kernel.hpp"
+#include "gpu/f32/f32_launch.hpp"
 
 namespace flashport {
 namespace gpu {
@@ -159,18 +160,32 @@ class CudaBackend final : public Backend {
 
   Status plan_fwd(const Problem& p, Plan* plan) const override {
     if (p.device != FP_DEVICE_CUDA) return unsupported("cuda backend: tensors are not on a CUDA device");
-    if (p.dtype != FP_F16 && p.dtype != FP_BF16)
-      return unsupported(std::string("cuda backend: dtype ") +
-                         (p.dtype == FP_F32 ? "float32" : "float64") + " not supported (float16, bfloat16)");
+    if (p.dtype != FP_F16 && p.dtype != FP_BF16 && p.dtype != FP_F32)
+      return unsupported("cuda backend: dtype float64 not supported (float16, bfloat16, float32)");
     if (p.has_lse && p.lse_dtype != FP_F32) return unsupported("cuda backend: lse must be float32");
     if (p.d > 256 || p.dv > 256) return unsupported("cuda backend: head dim > 256");
     if (p.rotary_dim > 0 && p.rotary_dtype != FP_F32 && p.rotary_dtype != p.dtype)
       return unsupported("cuda backend: rotary_cos/sin must be float32 or q's dtype");
     DeviceInfo dev;
     FP_RETURN_IF_ERROR(check_device(p.device_index, &dev));
+    if (p.dtype == FP_F32) {
+      // float32: the fp32 SIMT kernel (f32/), the one candidate of this dtype.
+      F32FwdChoice c;
+      if (std::string why = f32_fwd_candidate(p, dev.sm_count, dev.smem_optin, &c); !why.empty())
+        return unsupported(why);
+      std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:fp32%s%s", kF32FwdTiles[c.tile].name,
+                    c.splits > 1 ? ":splitkv+combine" : "",
+                    p.seq.snew > 0 ? (p.rotary_dim > 0 ? ":append+rotary" : ":append") : "");
+      plan->workspace_bytes = fwd_workspace(p, c.splits).total;
+      plan->num_splits = c.splits;
+      plan->kernel_id = kKernelF32Fwd;
+      PlanArgs::set(plan, c.tile, 1);
+      return Status::ok();
+    }
     // Peer candidates, fastest first: the sm_90a kernel, then the mma.sync kernel.
     int hopper_splits = 1;
-    if (hopper_fwd_candidate(p, dev.arch, dev.sm_count, dev.smem_optin, &hopper_splits).empty()) {
+    const std::string hopper_why = hopper_fwd_candidate(p, dev.arch, dev.sm_count, dev.smem_optin, &hopper_splits);
+    if (hopper_why.empty()) {
       hopper_kernel_name(plan->kernel, sizeof(plan->kernel), p, hopper_splits);
       plan->workspace_bytes = fwd_workspace(p, hopper_splits).total;  // 0: no split
       plan->num_splits = hopper_splits;
@@ -178,6 +193,7 @@ class CudaBackend final : public Backend {
       PlanArgs::set(plan, 0, 1);
       return Status::ok();
     }
+    if (dev.arch == 900) std::snprintf(plan->passed_over, sizeof(plan->passed_over), "%s", hopper_why.c_str());
     MmaFwdChoice c;
     if (std::string why = mma_fwd_candidate(p, dev, &c); !why.empty()) return unsupported(why);
     std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:%s%s%s%s", kTileConfigs[c.tile].name,
@@ -194,9 +210,9 @@ class CudaBackend final : public Backend {
   // Launches the plan's decision (kernel, tile, pack, splits): nothing is decided again here.
   Status run_fwd(const Problem& p, const Plan& plan, void* workspace) const override {
     const int splits = plan.num_splits, tile = PlanArgs::tile(plan), pack = PlanArgs::pack(plan);
-    const bool hopper = plan.kernel_id == kKernelHopperFwd;
-    if ((!hopper && plan.kernel_id != kKernelMmaFwd) || splits < 1 || splits > kMaxSplits || tile < 0 ||
-        tile >= kNumTileIds)
+    const bool hopper = plan.kernel_id == kKernelHopperFwd, f32 = plan.kernel_id == kKernelF32Fwd;
+    if ((!hopper && !f32 && plan.kernel_id != kKernelMmaFwd) || (f32 && tile >= kNumF32Tiles) || splits < 1 ||
+        splits > kMaxSplits || tile < 0 || tile >= kNumTileIds)
       return {FP_ERR_RUNTIME, "cuda backend: the plan is not a CUDA forward plan"};
     const FwdWorkspace w = fwd_workspace(p, splits);
     if (w.total != plan.workspace_bytes)
@@ -205,11 +221,19 @@ class CudaBackend final : public Backend {
     auto stream = static_cast<gpuStream_t>(p.raw->stream);
     const bool bf16 = p.dtype == FP_BF16;
     if (p.seq.snew > 0 || p.rotary_dim > 0) {
-      if (gpuError_t e = launch_append(append_args_in(p, w, workspace), bf16, stream); e != gpuSuccess)
+      const AppendArgs ap = append_args_in(p, w, workspace);
+      if (gpuError_t e = f32 ? launch_append_f32(ap, stream) : launch_append(ap, bf16, stream); e != gpuSuccess)
         return {FP_ERR_RUNTIME, std::string("cuda backend: append/rotary launch: ") + gpuGetErrorString(e)};
     }
     const FwdArgs a = fwd_args_in(p, w, pack, splits, workspace);
-    if (hopper) {
+    if (f32) {
+      const dim3 grid = f32_fwd_grid(p, tile, splits);
+      if (grid.x > 0 && p.seq.batch > 0) {
+        if (gpuError_t e = launch_f32_fwd(tile, a, grid, stream); e != gpuSuccess)
+          return {FP_ERR_RUNTIME, std::string("cuda backend: ") + kF32FwdTiles[tile].name +
+                                      " launch: " + gpuGetErrorString(e)};
+      }
+    } else if (hopper) {
 #if defined(FLASHPORT_WITH_HOPPER_FWD)
       if (const gpuError_t e = hopper_launch(p, a, stream); e != gpuSuccess)
         return {FP_ERR_RUNTIME, std::string("cuda backend: sm90 wgmma prefill launch: ") + gpuGetErrorString(e)};
@@ -235,17 +259,29 @@ class CudaBackend final : public Backend {
     if (p.fwd.device != FP_DEVICE_CUDA) return unsupported("cuda backend: tensors are not on a CUDA device");
     DeviceInfo dev;
     FP_RETURN_IF_ERROR(check_device(p.fwd.device_index, &dev));
+    // float32: the fp32 SIMT backward (f32/bwd_f32.cu), the one candidate of this dtype.
+    if (p.fwd.dtype == FP_F32) return plan_bwd_f32(p, dev.smem_optin, plan);
+    if (p.fwd.dtype == FP_F64)
+      return unsupported("cuda backend: backward dtype float64 not supported (float16, bfloat16, float32)");
     // Peer candidates, fastest first: the sm_90a backward (bwd_hopper.cu), then the mma.sync
     // backward (bwd_aux.cu), whose checks give the reason when neither runs the call.
 #if defined(FLASHPORT_WITH_HOPPER_BWD)
-    if (hopper_bwd_check(p, dev.arch, dev.smem_optin).empty() && hopper_bwd_plan(p, plan)) return Status::ok();
-#endif
+    const std::string hopper_why = hopper_bwd_check(p, dev.arch, dev.smem_optin);
+    if (hopper_why.empty() && hopper_bwd_plan(p, plan)) return Status::ok();
+    const Status st = plan_bwd_cuda(p, dev.smem_optin, plan);
+    if (st.is_ok() && dev.arch == 900)
+      std::snprintf(plan->passed_over, sizeof(plan->passed_over), "%s", hopper_why.c_str());
+    return st;
+#else
     return plan_bwd_cuda(p, dev.smem_optin, plan);
+#endif
   }
   Status run_bwd(const BwdProblem& p, const Plan& plan, void* workspace) const override {
     DeviceInfo dev;
     FP_RETURN_IF_ERROR(check_device(p.fwd.device_index, &dev));
     DeviceGuard guard(p.fwd.device_index);
+    if (plan.kernel_id == kKernelF32Bwd)
+      return run_bwd_f32(p, plan, workspace, static_cast<gpuStream_t>(p.fwd.raw->stream));
 #if defined(FLASHPORT_WITH_HOPPER_BWD)
     if (plan.kernel_id == kKernelHopperBwd) {
       return run_bwd_hopper(p, plan, workspace, static_cast<gpuStream_t>(p.fwd.raw->stream));
@@ -258,13 +294,14 @@ class CudaBackend final : public Backend {
   Status plan_probs(const ProbsProblem& pp, Plan* plan) const override {
     const Problem& p = pp.fwd;
     if (p.device != FP_DEVICE_CUDA) return unsupported("cuda backend: tensors are not on a CUDA device");
-    if (p.dtype != FP_F16 && p.dtype != FP_BF16)
-      return unsupported("cuda backend: probs of float16/bfloat16 calls only");
+    if (p.dtype != FP_F16 && p.dtype != FP_BF16 && p.dtype != FP_F32)
+      return unsupported("cuda backend: probs of float16/bfloat16/float32 calls only");
     if (p.lse_dtype != FP_F32) return unsupported("cuda backend: lse must be float32");
     DeviceInfo dev;
     FP_RETURN_IF_ERROR(check_device(p.device_index, &dev));
     *plan = Plan{};
-    std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:probs:%s", p.dtype == FP_BF16 ? "bf16" : "fp16");
+    std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:probs:%s",
+                  p.dtype == FP_BF16 ? "bf16" : (p.dtype == FP_F32 ? "fp32" : "fp16"));
     return Status::ok();
   }
   Status run_probs(const ProbsProblem& pp, const Plan&) const override {

@@ -1,10 +1,11 @@
 """Shared test helpers: random inputs, running the oracle (fp64) and the naive same-precision
 computation, and the dtypes each device runs.
 
-The CUDA backend runs float16/bfloat16 only (float32/float64 are declined by its capability check,
-tested once in test_torch_errors.py::test_cuda_declines_float32). So a test that works in float32
-on the CPU runs the same checks on CUDA in float16 and bfloat16, against the fp64 oracle with
-tolerances set by the naive same-precision computation (reference.assert_close_to_ref)."""
+The CUDA backend runs float32, float16 and bfloat16 (float64 is declined by its capability check,
+tested once in test_torch_errors.py::test_cuda_declines_float64). So a test that works in float32
+on the CPU runs the same checks on CUDA in float32 (same fp32 tolerances), float16 and bfloat16,
+against the fp64 oracle with tolerances set by the naive same-precision computation
+(reference.assert_close_to_ref)."""
 import os
 
 import pytest
@@ -14,7 +15,8 @@ import reference as ref
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
-CUDA_DTYPES = (torch.float16, torch.bfloat16)
+LOWP_DTYPES = (torch.float16, torch.bfloat16)
+CUDA_DTYPES = (torch.float32,) + LOWP_DTYPES
 
 # FLASHPORT_TEST_CPU_LOWP=1 also runs the CUDA dtypes on the CPU: the low-precision variants of
 # the float32 tests (and their tolerances) can then be checked on a machine without a GPU.
@@ -22,10 +24,11 @@ _CPU_LOWP = os.environ.get("FLASHPORT_TEST_CPU_LOWP", "") not in ("", "0")
 
 
 def work_dtypes(device):
-    """The dtypes a float32 test runs in on `device`: float32 on the CPU, fp16 and bf16 on CUDA."""
+    """The dtypes a float32 test runs in on `device`: float32 on the CPU, float32, fp16 and bf16
+    on CUDA."""
     if device == "cuda":
         return list(CUDA_DTYPES)
-    return [torch.float32] + (list(CUDA_DTYPES) if _CPU_LOWP else [])
+    return [torch.float32] + (list(LOWP_DTYPES) if _CPU_LOWP else [])
 
 
 def work_dtype(device):

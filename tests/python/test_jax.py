@@ -39,9 +39,9 @@ TORCH_DTYPE = {jnp.float32: torch.float32, jnp.float16: torch.float16,
 
 
 def jdev_dtypes(dtypes=None):
-    """Parameters for @pytest.mark.parametrize("jdev,dtype", ..., indirect=["jdev"]): the CUDA
-    backend runs float16/bfloat16 only (its float32 decline is tested in test_torch_errors.py);
-    dtypes=None: float32 on the CPU, float16 and bfloat16 on CUDA (helpers.work_dtypes)."""
+    """Parameters for @pytest.mark.parametrize("jdev,dtype", ..., indirect=["jdev"]): every
+    device with each dtype (dtypes=None: float32 on the CPU; float32, float16 and bfloat16 on
+    CUDA, helpers.work_dtypes)."""
     out = []
     for name, _ in DEVICES:
         if dtypes is None:
@@ -50,8 +50,6 @@ def jdev_dtypes(dtypes=None):
         else:
             dts = dtypes
         for dt in dts:
-            if name == "cuda" and dt == jnp.float32:
-                continue
             out.append(pytest.param(name, dt, id=f"{name}-{np.dtype(dt).name}"))
     return out
 
@@ -220,6 +218,34 @@ def test_dropout_key_reproducible_and_follows_philox(jdev):
                                                       ).astype(jnp.float32) ** 2))(q)
     (out64 ** 2).sum().backward()
     close(g.astype(jnp.float32), t[0].grad, dtype, "dq", factor_ulps=64)
+
+
+def test_float32_on_gpu_under_jit_matches_jax_attention():
+    """JAX's default dtype on the GPU: jax.jit(flash_attn_func) on float32 arrays runs (the fp32
+    CUDA kernels) and agrees with jax.nn.dot_product_attention and the fp64 oracle, gradients
+    included."""
+    if "cuda" not in dict(DEVICES):
+        pytest.skip("needs a CUDA device")
+    dev = dict(DEVICES)["cuda"]
+    rng = np.random.default_rng(7)
+    b, sq, sk, hq, hkv, d = 2, 77, 130, 8, 2, 64
+    q, k, v = (rand(rng, s, jnp.float32, dev) for s in ((b, sq, hq, d), (b, sk, hkv, d),
+                                                        (b, sk, hkv, d)))
+    out = jax.jit(lambda q, k, v: fj.flash_attn_func(q, k, v, causal=True))(q, k, v)
+    assert out.dtype == jnp.float32
+    with jax.default_matmul_precision("highest"):  # XLA's fp32 products, not TF32
+        want = jax.nn.dot_product_attention(
+            q, k, v, mask=jnp.tril(jnp.ones((sq, sk), bool), sk - sq)[None, None])
+    assert float(jnp.max(jnp.abs(out - want))) < 1e-4
+    q64, k64, v64 = (t64(np.asarray(x, np.float32)) for x in (q, k, v))
+    out64, _ = ref.attention_batched(q64, k64, v64, causal=True)
+    close(out, out64, jnp.float32, "out")
+    dout = rand(rng, out.shape, jnp.float32, dev)
+    _, vjp = jax.vjp(jax.jit(lambda q, k, v: fj.flash_attn_func(q, k, v, causal=True)), q, k, v)
+    dq, dk, dv = vjp(dout)
+    out64.backward(torch.from_numpy(np.asarray(dout, np.float64)))
+    for name, got, want64 in (("dq", dq, q64.grad), ("dk", dk, k64.grad), ("dv", dv, v64.grad)):
+        close(got, want64, jnp.float32, name, factor_ulps=32)
 
 
 def test_errors_come_back_as_exceptions():

@@ -113,7 +113,7 @@ def test_value_head_dim_differs(device):
     run_batched((1, 19, 23, 4, 2, 64, 32), torch.float16, device, dict(causal=True))
 
 
-@pytest.mark.cuda_declines("float64: the CUDA backend has float16/bfloat16 kernels only")
+@pytest.mark.cuda_declines("float64: the CUDA backend has float32/float16/bfloat16 kernels only")
 def test_fp64_inputs(device):
     """fp64 in, fp64 LSE: the library must then agree with the oracle to ~1e-12."""
     b, s, h, d = 1, 21, 2, 16

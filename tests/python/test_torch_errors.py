@@ -140,12 +140,12 @@ def test_rotary_without_new_keys(device):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_declines_float32():
-    """The CUDA backend runs float16/bfloat16 only: float32 and float64 are declined through its
+def test_cuda_declines_float64():
+    """The CUDA backend runs float32, float16 and bfloat16: float64 is declined through its
     capability check with a named FP_ERR_UNSUPPORTED error naming the dtype (forward, the KV-cache
-    append, which then writes nothing, and the backward op given float32 tensors). The other
-    tests run CUDA in float16/bfloat16; this is the one that checks the decline."""
-    for dtype in (torch.float32, torch.float64):
+    append, which then writes nothing, and the backward op given float64 tensors). The other
+    tests run CUDA in float32/float16/bfloat16; this is the one that checks the decline."""
+    for dtype in (torch.float64,):
         name = str(dtype).replace("torch.", "")
         q, k, v = qkv("cuda", dtype=dtype)
         with pytest.raises(RuntimeError, match=rf"FP_ERR_UNSUPPORTED.*cuda backend: dtype {name}"):
@@ -157,12 +157,12 @@ def test_cuda_declines_float32():
             fa.flash_attn_with_kvcache(q[:, :2], kc, vc, k[:, :2], v[:, :2], cache_seqlens=3)
         torch.cuda.synchronize()
         assert torch.equal(kc, k0) and torch.equal(vc, v0)
-    # The backward's own check, reached directly: float32 tensors with a float32 lse.
-    q, k, v = qkv("cuda", dtype=torch.float32)
+    # The backward's own check, reached directly: float64 tensors with a float32 lse.
+    q, k, v = qkv("cuda", dtype=torch.float64)
     out, dout = torch.zeros_like(q), torch.randn_like(q)
     lse = torch.zeros(1, 4, 8, device="cuda")
     no_rng = torch.empty(0, dtype=torch.int64, device="cuda")
-    with pytest.raises(RuntimeError, match=r"FP_ERR_UNSUPPORTED.*backward dtype float32"):
+    with pytest.raises(RuntimeError, match=r"FP_ERR_UNSUPPORTED.*backward dtype float64"):
         torch.ops.flashport.attn_bwd(dout, q, k, v, out, lse, None, None, 0, 0, None, None, None,
                                      None, no_rng, 0.0, 0.25, True, -1, -1, 0.0, 0, False, 0)
 

@@ -26,6 +26,7 @@ namespace {
 struct Float32 {
   using T = float;
   __device__ __forceinline__ static float to_float(T v) { return v; }
+  __device__ __forceinline__ static T from_float(float v) { return v; }
 };
 
 __device__ __forceinline__ void store_f(void* p, fp_dtype t, int64_t i, float v) {
@@ -279,6 +280,9 @@ gpuError_t launch_merge_bwd(const MergeBwdArgs& a, gpuStream_t stream) {
 }
 gpuError_t launch_append(const AppendArgs& a, bool bf16, gpuStream_t stream) {
   return bf16 ? launch_append_t<BFloat16>(a, kWarpSize, stream) : launch_append_t<Half>(a, kWarpSize, stream);
+}
+gpuError_t launch_append_f32(const AppendArgs& a, gpuStream_t stream) {
+  return launch_append_t<Float32>(a, kWarpSize, stream);
 }
 #elif !defined(FP_AMD_EMULATION)
 // HIP: the device's wave size (the gate has checked it is the one these code objects were built for).

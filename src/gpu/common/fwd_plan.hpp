@@ -21,6 +21,8 @@ enum GpuKernelId : int32_t {
   kKernelMmaBwd = 3,     // mma.sync backward (mma/bwd_kernel.cuh)
   kKernelHopperBwd = 4,  // sm_90a wgmma backward (hopper/bwd_hopper.cu)
   kKernelMerge = 5,      // merge op / split combine (common/aux_kernels.cu)
+  kKernelF32Fwd = 6,     // fp32 SIMT forward (f32/fwd_f32.cu)
+  kKernelF32Bwd = 7,     // fp32 SIMT backward (f32/bwd_f32.cu)
 };
 
 // The slots of Plan::backend_args the GPU backends use.
@@ -45,8 +47,8 @@ inline int64_t max_kv_rows(const Problem& p) {
   return p.seq.sk;
 }
 
-// The forward workspace (256-byte aligned parts): rotated q [rows, Hq, round8(D)] 16-bit when
-// rotary is on; split partials o [splits][B*Hq*Sq][dv] fp32 and lse [splits][B*Hq*Sq] fp32 when
+// The forward workspace (256-byte aligned parts): rotated q [rows, Hq, round8(D)] in q's dtype
+// (16-bit or fp32) when rotary is on; split partials o [splits][B*Hq*Sq][dv] fp32 and lse [splits][B*Hq*Sq] fp32 when
 // splits > 1. Every forward kernel (mma.sync, Hopper, AMD) reads this layout.
 struct FwdWorkspace {
   int64_t q_rot_row_stride = 0;  // 0: q is not rotated
@@ -61,7 +63,7 @@ inline FwdWorkspace fwd_workspace(const Problem& p, int splits) {
   size_t off = 0;
   if (p.rotary_dim > 0) {
     w.q_rot_row_stride = p.hq * ((p.d + 7) / 8 * 8);
-    off += align256(size_t(p.total_q_rows) * size_t(w.q_rot_row_stride) * 2);
+    off += align256(size_t(p.total_q_rows) * size_t(w.q_rot_row_stride) * (p.dtype == FP_F32 ? 4 : 2));
   }
   if (splits > 1) {
     w.rows = p.seq.batch * p.hq * p.seq.sq;

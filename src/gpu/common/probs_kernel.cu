@@ -12,7 +12,8 @@ namespace {
 
 constexpr int kProbsThreads = 256;
 
-__device__ __forceinline__ float load_elem(const void* p, bool bf16, int64_t i) {
+__device__ __forceinline__ float load_elem(const void* p, bool bf16, bool f32, int64_t i) {
+  if (f32) return static_cast<const float*>(p)[i];
   return bf16 ? BFloat16::to_float(static_cast<const BFloat16::T*>(p)[i])
               : Half::to_float(static_cast<const Half::T*>(p)[i]);
 }
@@ -51,7 +52,7 @@ __global__ void __launch_bounds__(kProbsThreads) probs_kernel(const FP_GRID_CONS
         if (lse != -INFINITY) {
           const int64_t qo = a.q_addr.at(b, q0, i, h), ko = key_offset(a, b, j, h / a.group);
           float s = 0.0f;
-          for (int x = 0; x < a.d; ++x) s += load_elem(a.q, a.bf16, qo + x) * load_elem(a.k, a.bf16, ko + x);
+          for (int x = 0; x < a.d; ++x) s += load_elem(a.q, a.bf16, a.f32, qo + x) * load_elem(a.k, a.bf16, a.f32, ko + x);
           s *= R.scale;
           if (R.softcap > 0.0f) s = R.softcap * tanhf(s / R.softcap);
           if (R.alibi) s -= R.alibi_slope(b, h) * fabsf(float(i + shift - j));

@@ -11,7 +11,7 @@
 namespace flashport::gpu {
 
 struct ProbsArgs {
-  const void* q = nullptr;  // fp16/bf16 (q's dtype), as is k
+  const void* q = nullptr;  // fp16/bf16/fp32 (q's dtype), as is k
   const void* k = nullptr;
   const float* lse = nullptr;
   void* probs = nullptr;
@@ -21,7 +21,8 @@ struct ProbsArgs {
   LseAddr lse_addr;
   ScoreRules rules;
   int64_t probs_stride[4] = {0, 0, 0, 0};  // (b, h, i, j)
-  bool bf16 = false;         // q/k dtype: bf16, else fp16
+  bool bf16 = false;         // q/k dtype: bf16, else fp16 (unless f32)
+  bool f32 = false;          // q/k dtype: fp32
   bool probs_f32 = true;     // probs dtype: fp32, else q's dtype
   int64_t k_rows_cap = 0;    // batched / paged: cache rows per sequence (clamp), 0 = none
   int64_t num_pages = 0;     // paged: k.shape[0] (page ids are clamped to it)
@@ -42,6 +43,7 @@ inline ProbsArgs probs_args(const ProbsProblem& pp) {
   a.rules = p.rules;
   for (int i = 0; i < 4; ++i) a.probs_stride[i] = pp.probs_stride[i];
   a.bf16 = p.dtype == FP_BF16;
+  a.f32 = p.dtype == FP_F32;
   a.probs_f32 = pp.probs_dtype == FP_F32;
   a.k_rows_cap = p.seq.kv_layout == KvLayout::Batched ? p.seq.sk
                  : p.seq.kv_layout == KvLayout::Paged ? p.seq.max_blocks * p.seq.page_size : 0;

@@ -118,6 +118,12 @@ gpuError_t launch_bwd_convert(const BwdArgs& a, gpuStream_t stream) {
   return gpuSuccess;
 }
 
+gpuError_t launch_bwd_sink_grad(const BwdArgs& a, gpuStream_t stream) {
+  if (a.d_sinks == nullptr || a.rules.sinks == nullptr) return gpuSuccess;
+  bwd_sink_kernel<<<a.hq, kSinkThreads, 0, stream>>>(a);
+  return gpuGetLastError();
+}
+
 // ---- planning ------------------------------------------------------------------------------
 namespace {
 

@@ -100,6 +100,9 @@ gpuError_t launch_bwd(const BwdArgs& a, dim3 grid, gpuStream_t stream);
 
 gpuError_t launch_bwd_preprocess(const BwdArgs& a, gpuStream_t stream);
 gpuError_t launch_bwd_convert(const BwdArgs& a, gpuStream_t stream);
+// The sink gradient alone (reads only the workspace's lse2 and D: any dtype; the fp32 backward's
+// conversion step calls it).
+gpuError_t launch_bwd_sink_grad(const BwdArgs& a, gpuStream_t stream);
 
 // The backward's workspace, shared by the mma.sync and the Hopper paths: lse2 [Hq][rows],
 // dsum [Hq][rows], dq_acc [Hq][rows][dacc] (fp32), then `sema_count` int32 semaphores

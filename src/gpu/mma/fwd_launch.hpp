@@ -18,6 +18,8 @@ gpuError_t launch_fwd(const FwdArgs& a, dim3 grid, gpuStream_t stream);
 gpuError_t launch_merge(const MergeArgs& a, gpuStream_t stream);
 gpuError_t launch_merge_bwd(const MergeBwdArgs& a, gpuStream_t stream);
 gpuError_t launch_append(const AppendArgs& a, bool bf16, gpuStream_t stream);
+// The same append / rotary kernels for fp32 calls (q, k, v, k_new, v_new fp32; CUDA only).
+gpuError_t launch_append_f32(const AppendArgs& a, gpuStream_t stream);
 
 // Number of kernel template instances the build compiles (printed by CMake, checked by a test).
 inline constexpr int kFwdInstances = kNumTileIds * 2;

@@ -1,0 +1,183 @@
+"""float32 attention on CUDA: flashport (src/gpu/f32) against torch SDPA's memory-efficient backend
+(CUTLASS; fp32 through 3xTF32 tensor-core products) and its MATH backend, forward and
+forward+backward, in one process; and the error of each against an fp64 computation.
+
+    PYTHONPATH=build-py/site-cuda python3 bench/python/bench_f32.py --out bench/results   # CUDA
+    (after `bash python/device_test.sh build`; writes <out>/gpu_f32.{md,json})
+    python3 bench/python/bench_f32.py --out /tmp/f32 --quick                            # smoke run
+
+Metric: kernel time per call, torch.profiler's device time of every kernel (and memset/memcpy)
+the call launches, averaged over --reps profiled calls after a warm-up. Shapes: D in {64, 128, 256},
+S in {1k, 4k}, causal or not, B*S = 8k tokens, H*D = 1024 (flashport: also GQA 4:1 decode).
+Errors: max |x - x64| / max |x64| of out (forward) and of dq, dk, dv (backward), one call per point
+against the same inputs in float64 (MATH backend).
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+try:  # run from a checkout without installing: python/ holds the package sources
+    import flashport.torch as fa
+except ImportError:  # pragma: no cover
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+    import flashport.torch as fa
+
+LIBS = ("flashport", "sdpa_efficient", "sdpa_math")
+
+
+def kernel_us(fn, reps):
+    """µs of device time per call (torch.profiler, every CUDA activity of `reps` calls, averaged)
+    after two warm-up calls."""
+    from torch.autograd import DeviceType
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    total = 0.0
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            total += getattr(e, "self_device_time_total", None) or e.self_cuda_time_total
+    return total / reps
+
+
+def attention(lib, q, k, v, causal):
+    """(B, S, H, D) tensors -> out (B, S, H, D)."""
+    if lib == "flashport":
+        return fa.flash_attn_func(q, k, v, causal=causal)
+    backend = SDPBackend.EFFICIENT_ATTENTION if lib == "sdpa_efficient" else SDPBackend.MATH
+    rep = q.shape[2] // k.shape[2]
+    kt, vt = (x.transpose(1, 2) for x in (k, v))
+    if rep > 1:
+        kt, vt = kt.repeat_interleave(rep, 1), vt.repeat_interleave(rep, 1)
+    with sdpa_kernel(backend):
+        # SDPA's is_causal is top-left aligned: the same as bottom-right for Sq == Sk.
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), kt, vt, is_causal=causal)
+    return o.transpose(1, 2)
+
+
+def shape_name(pt):
+    return (f"B{pt['b']} S{pt['sq']}/{pt['sk']} H{pt['hq']}/{pt['hkv']} D{pt['d']}"
+            + (" causal" if pt["causal"] else ""))
+
+
+def rel_err(x, ref):
+    return ((x.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+def run_point(b, sq, sk, hq, hkv, d, causal, reps, bwd_ok=True):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(b, sq, hq, d, device="cuda", generator=gen)
+    k = torch.randn(b, sk, hkv, d, device="cuda", generator=gen)
+    v = torch.randn(b, sk, hkv, d, device="cuda", generator=gen)
+    dout = torch.randn(b, sq, hq, d, device="cuda", generator=gen)
+    # fp64 oracle (MATH backend in float64).
+    q64, k64, v64 = (x.double().requires_grad_(True) for x in (q, k, v))
+    o64 = attention("sdpa_math", q64, k64, v64, causal)
+    o64.backward(dout.double())
+    ref = {"out": o64.detach(), "dq": q64.grad, "dk": k64.grad, "dv": v64.grad}
+    row = {}
+    for lib in LIBS:
+        if lib != "flashport" and sq != sk and causal:
+            continue  # SDPA's causal is top-left aligned; flashport's bottom-right
+        res = {}
+        try:
+            with torch.no_grad():
+                out = attention(lib, q, k, v, causal)
+            res["err_out"] = rel_err(out, ref["out"])
+            res["fwd_us"] = kernel_us(lambda: attention(lib, q, k, v, causal), reps)
+            if bwd_ok:
+                qg, kg, vg = (x.clone().requires_grad_(True) for x in (q, k, v))
+
+                def fwd_bwd():
+                    o = attention(lib, qg, kg, vg, causal)
+                    torch.autograd.grad(o, (qg, kg, vg), dout)
+
+                o = attention(lib, qg, kg, vg, causal)
+                dq, dk, dv = torch.autograd.grad(o, (qg, kg, vg), dout)
+                res["err_grad"] = max(rel_err(g, ref[n]) for g, n in ((dq, "dq"), (dk, "dk"),
+                                                                      (dv, "dv")))
+                res["fwd_bwd_us"] = kernel_us(fwd_bwd, reps)
+        except Exception as e:  # noqa: BLE001 - a backend that cannot run a point is reported
+            res["error"] = str(e).splitlines()[0][:200]
+        row[lib] = res
+        torch.cuda.empty_cache()
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="/tmp/flashport-f32")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--quick", action="store_true", help="two small points")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_f32: needs a CUDA device")
+    torch.backends.cuda.matmul.allow_tf32 = False  # MATH backend and the oracle: fp32 products
+    points = []
+    dims = (64, 128) if args.quick else (64, 128, 256)
+    seqs = (1024,) if args.quick else (1024, 4096)
+    for d in dims:
+        for s in seqs:
+            for causal in (False, True):
+                points.append(dict(b=max(1, 8192 // s), sq=s, sk=s, hq=1024 // d, hkv=1024 // d,
+                                   d=d, causal=causal))
+    if not args.quick:  # decode: GQA 32/8, one query row, long KV (forward only)
+        points.append(dict(b=8, sq=1, sk=8192, hq=32, hkv=8, d=128, causal=False, bwd=False))
+    rows = []
+    for pt in points:
+        bwd_ok = pt.pop("bwd", True)
+        res = run_point(reps=args.reps, bwd_ok=bwd_ok, **pt)
+        rows.append({"point": pt, "results": res})
+        line = shape_name(pt)
+        for lib, r in res.items():
+            if "error" in r:
+                line += f" | {lib}: {r['error']}"
+            else:
+                line += f" | {lib}: fwd {r['fwd_us']:.0f} us"
+                if "fwd_bwd_us" in r:
+                    line += f", fwd+bwd {r['fwd_bwd_us']:.0f} us"
+                line += f", err {r['err_out']:.1e}"
+                if "err_grad" in r:
+                    line += f"/{r['err_grad']:.1e}"
+        print(line, flush=True)
+
+    os.makedirs(args.out, exist_ok=True)
+    dev = torch.cuda.get_device_name()
+    with open(os.path.join(args.out, "gpu_f32.json"), "w") as f:
+        json.dump({"device": dev, "torch": torch.__version__, "rows": rows}, f, indent=1)
+    md = [f"# float32 attention on {dev} (torch {torch.__version__})", "",
+          "Command: `PYTHONPATH=build-py/site-cuda python3 bench/python/bench_f32.py "
+          "--out bench/results`", "",
+          "Kernel time per call (torch.profiler, µs, mean of --reps calls); error: "
+          "max |x - x64| / max |x64| (out; worst of dq, dk, dv).", "",
+          "| shape | flashport fwd | efficient fwd | math fwd | flashport fwd+bwd | "
+          "efficient fwd+bwd | math fwd+bwd | flashport err | efficient err | math err |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def cell(r, key, fmt):
+        return "-" if r is None or key not in r else format(r[key], fmt)
+
+    for row in rows:
+        pt, res = row["point"], row["results"]
+        g = {lib: res.get(lib) for lib in LIBS}
+        errs = [f"{cell(g[x], 'err_out', '.1e')} / {cell(g[x], 'err_grad', '.1e')}" for x in LIBS]
+        cells = ([cell(g[x], "fwd_us", ".0f") for x in LIBS] +
+                 [cell(g[x], "fwd_bwd_us", ".0f") for x in LIBS] + errs)
+        md.append(f"| {shape_name(pt)} | " + " | ".join(cells) + " |")
+    with open(os.path.join(args.out, "gpu_f32.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+    print(f"wrote {args.out}/gpu_f32.md")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,467 @@
+// The fp32 backward (FlashAttention-2 style, SIMT FFMA), three launches on the caller's stream
+// like the mma.sync backward (mma/bwd_launch.hpp), over the same workspace layout (bwd_workspace):
+//   1. preprocess: D_i = dout_i . out_i, LSE in log2 units (+inf for rows that saw nothing),
+//      zeroed fp32 dq accumulator and deterministic-mode semaphores;
+//   2. main loop: one block of 256 threads per (key block, kv head, batch) keeps dK, dV of its keys
+//      in registers over every query block of every query head of its GQA group, and adds dQ into
+//      the accumulator (atomics; deterministic mode orders the key blocks of a query block with a
+//      per-(b, h, q-block) semaphore, so every dq element is summed in the same order every run);
+//   3. convert: dq = scale * accumulator; the sink gradient (mma/bwd_aux.cu's kernel).
+// Threads form a 16 x 16 grid (ty, tx): stage 1 S^T = K Q^T and dP^T = V dO^T for keys ty + 16r
+// x queries tx + 16c, then P and dS into shared memory; stage 2 dV += P^T dO, dK += dS^T Q for
+// keys ty + 16r x columns tx + 16c; stage 3 dQ = dS K for queries ty + 16r x columns tx + 16c.
+#include <algorithm>
+#include <cstdio>
+
+#include "gpu/common/fwd_plan.hpp"
+#include "gpu/common/kernel_info.cuh"
+#include "gpu/f32/f32_common.cuh"
+#include "gpu/f32/f32_launch.hpp"
+#include "gpu/mma/bwd_launch.hpp"
+
+namespace flashport::gpu {
+namespace f32 {
+
+constexpr int kAuxWarps = 8;
+
+// Workspace row r (of total_rows) of a head -> (b, i): batched rows are b * Sq + i; packed rows
+// are addressed directly (b = 0, sequence start 0, row r).
+struct RowRef {
+  int64_t b, i;
+};
+__device__ __forceinline__ RowRef row_ref(const BwdArgs& a, int64_t r) {
+  if (a.seq.cu_q != nullptr) return {0, r};
+  return {r / a.seq.sq, r % a.seq.sq};
+}
+
+__global__ void __launch_bounds__(kAuxWarps * 32) bwd_f32_preprocess(const __grid_constant__ BwdArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t gtid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t s = gtid; s < a.sema_count; s += int64_t(gridDim.x) * blockDim.x) a.ws_sema[s] = 0;
+  const int64_t w = gtid >> 5;
+  if (w >= a.total_rows * a.hq) return;
+  const int64_t h = w / a.total_rows, r = w % a.total_rows;
+  const RowRef rr = row_ref(a, r);
+  const float* o = reinterpret_cast<const float*>(a.out) + a.out_addr.at(rr.b, 0, rr.i, h);
+  const float* g = reinterpret_cast<const float*>(a.dout) + a.dout_addr.at(rr.b, 0, rr.i, h);
+  const bool used = a.seq.cu_q == nullptr || r < a.seq.cu_q[a.seq.batch];  // packed rows past Tq: unread
+  float dot = 0.0f;
+  if (used)
+    for (int c = lane; c < a.dv; c += 32) dot = fmaf(o[c], g[c], dot);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) dot += shfl_xor(dot, off);
+  float* acc = a.ws_dq + w * a.dacc;
+  for (int c = lane; c < a.dacc; c += 32) acc[c] = 0.0f;
+  if (lane == 0) {
+    const float lse = used ? a.lse[a.lse_addr.at(rr.b, 0, h, rr.i)] : -INFINITY;
+    a.ws_dsum[w] = dot;
+    a.ws_lse2[w] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+  }
+}
+
+__global__ void __launch_bounds__(kAuxWarps * 32) bwd_f32_convert(const __grid_constant__ BwdArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (w >= a.total_rows * a.hq) return;
+  const int64_t h = w / a.total_rows, r = w % a.total_rows;
+  if (a.seq.cu_q != nullptr && r >= a.seq.cu_q[a.seq.batch]) return;  // not a row of any sequence
+  const RowRef rr = row_ref(a, r);
+  float* dst = reinterpret_cast<float*>(a.dq_ptr) + a.dq_addr.at(rr.b, 0, rr.i, h);
+  const float* acc = a.ws_dq + w * a.dacc;
+  for (int c = lane; c < a.d; c += 32) dst[c] = acc[c] * a.scale;
+}
+
+// Last key block that visits query block m (deterministic mode adds the key blocks' dQ parts in
+// descending key order; the visitors of a query block are a contiguous range of key blocks).
+__device__ __forceinline__ int last_key_block(int m, int bm, int bn, int lq, int lk, int shift, int wr) {
+  const int last = (lk - 1) / bn;
+  if (wr < 0) return last;
+  const int top = (m + 1) * bm < lq ? (m + 1) * bm : lq;
+  const int x = top + shift + wr;
+  const int n = x <= 0 ? -1 : (x + bn - 1) / bn - 1;
+  return n < last ? n : last;
+}
+
+template <int kTile>
+__global__ void __launch_bounds__(256, 2) bwd_f32_kernel(const __grid_constant__ BwdArgs a) {
+  constexpr F32Tile C = kF32BwdTiles[kTile];
+  constexpr int D = C.head_dim, BM = C.block_m, BN = C.block_n, NT = C.threads, S = C.row_stride();
+  constexpr int T = 16;                              // grid side: 16 x 16 threads
+  constexpr int RK = BN / T, RQ = BM / T, DC = D / T, PS = BM + 1;
+  static_assert(NT == T * T && BN % T == 0 && BM % T == 0 && D % T == 0 && RK * RQ <= 32, "thread mapping");
+
+  extern __shared__ __align__(16) float smem[];
+  float* sK = smem;
+  float* sV = sK + BN * S;
+  float* sQ = sV + BN * S;
+  float* sdO = sQ + BM * S;
+  float* sP = sdO + BM * S;  // [BN][BM + 1]: dropout(P)^T
+  float* sdS = sP + BN * PS;  // [BN][BM + 1]: dS^T
+  float* sL = sdS + BN * PS;  // [BM] lse (log2 units)
+  float* sDs = sL + BM;       // [BM] D
+
+  // BwdArgs carries the tensors as untyped storage pointers; an fp32 call's are floats.
+  const float* q = reinterpret_cast<const float*>(a.q);
+  const float* k = reinterpret_cast<const float*>(a.k);
+  const float* v = reinterpret_cast<const float*>(a.v);
+  const float* dout = reinterpret_cast<const float*>(a.dout);
+
+  const int tid = threadIdx.x, tx = tid % T, ty = tid / T;
+  // Deterministic mode launches key blocks in descending order: a block only waits for blocks
+  // launched before it.
+  const int n_blk = a.deterministic ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  const int kvh = blockIdx.y, b = blockIdx.z;
+  const int n0 = n_blk * BN;
+  const ScoreRules& R = a.rules;
+
+  int lq = static_cast<int>(a.seq.q_len(b));
+  if (lq > a.seq.sq) lq = static_cast<int>(a.seq.sq);
+  if (lq < 0) lq = 0;
+  int64_t lk64 = a.seq.k_len(b);
+  if (a.k_rows_cap > 0 && lk64 > a.k_rows_cap) lk64 = a.k_rows_cap;
+  const int lk = lk64 < 0 ? 0 : static_cast<int>(lk64);
+  const int64_t q_start = a.seq.q_start(b);
+  const int64_t ws_row0 = a.seq.cu_q ? q_start : int64_t(b) * a.seq.sq;  // workspace row of i = 0
+  const int shift = static_cast<int>(R.shift(lq, lk));
+  const int wl = static_cast<int>(R.window_left), wr = static_cast<int>(R.window_right);
+
+  float acc_dk[RK][DC], acc_dv[RK][DC];
+#pragma unroll
+  for (int r = 0; r < RK; ++r)
+#pragma unroll
+    for (int c = 0; c < DC; ++c) acc_dk[r][c] = 0.0f, acc_dv[r][c] = 0.0f;
+
+  if (n0 < lk && lq > 0) {
+    const int n1 = n0 + BN < lk ? n0 + BN : lk;
+    int i_first = wr >= 0 ? n0 - shift - wr : 0;
+    if (i_first < 0) i_first = 0;
+    int i_end = wl >= 0 ? n1 + wl - shift : lq;
+    if (i_end > lq) i_end = lq;
+    const int m_lo = i_first / BM;
+    const int m_hi = i_end > i_first ? (i_end + BM - 1) / BM : m_lo;
+    const int nm = m_hi - m_lo;
+    const int steps = nm * a.group;
+
+    if (steps > 0) {
+      load_rows<BN, D, S, NT>(sK, a.d, tid, k, [&](int r) -> const float* {
+        const int j = n0 + r;
+        return j < lk ? k + a.k_addr.at(a.seq, b, j, kvh) : nullptr;
+      });
+      load_rows<BN, D, S, NT>(sV, a.dv, tid, v, [&](int r) -> const float* {
+        const int j = n0 + r;
+        return j < lk ? v + a.v_addr.at(a.seq, b, j, kvh) : nullptr;
+      });
+      const float keep_scale = R.dropout_p > 0.0f ? 1.0f / (1.0f - R.dropout_p) : 1.0f;
+      const bool softcap = a.softcap_in > 0.0f;
+      const int d_steps = (a.d + 7) / 8, dv_steps = (a.dv + 7) / 8;
+
+      for (int s = 0; s < steps; ++s) {
+        const int h = kvh * a.group + s / nm;
+        const int m = m_lo + s % nm;
+        const int i0 = m * BM;
+        __syncthreads();  // the previous step is done with sQ, sdO, sP, sdS, sL, sDs
+        load_rows<BM, D, S, NT>(sQ, a.d, tid, q, [&](int r) -> const float* {
+          const int i = i0 + r;
+          return i < lq ? q + a.q_addr.at(b, q_start, i, h) : nullptr;
+        });
+        load_rows<BM, D, S, NT>(sdO, a.dv, tid, dout, [&](int r) -> const float* {
+          const int i = i0 + r;
+          return i < lq ? dout + a.dout_addr.at(b, q_start, i, h) : nullptr;
+        });
+        // Rows past Lq get lse 0 and D 0: with their q and dO rows zero, their dS and dV
+        // contributions are exactly 0.
+        if (tid < BM) {
+          const int i = i0 + tid;
+          const bool in = i < lq;
+          const int64_t wrow = in ? int64_t(h) * a.total_rows + ws_row0 + i : 0;
+          cp_async_f32(sL + tid, a.ws_lse2 + wrow, in ? 4 : 0);
+          cp_async_f32(sDs + tid, a.ws_dsum + wrow, in ? 4 : 0);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+
+        // ---- stage 1: S^T = K Q^T, dP^T = V dO^T ----
+        float sc[RK][RQ], dp[RK][RQ];
+#pragma unroll
+        for (int r = 0; r < RK; ++r)
+#pragma unroll
+          for (int c = 0; c < RQ; ++c) sc[r][c] = 0.0f, dp[r][c] = 0.0f;
+#pragma unroll 1
+        for (int k8 = 0; k8 < d_steps; ++k8) {
+#pragma unroll
+          for (int kk = 0; kk < 8; ++kk) {
+            const int col = k8 * 8 + kk;
+            float kv[RK], qv[RQ];
+#pragma unroll
+            for (int r = 0; r < RK; ++r) kv[r] = sK[(ty + T * r) * S + col];
+#pragma unroll
+            for (int c = 0; c < RQ; ++c) qv[c] = sQ[(tx + T * c) * S + col];
+#pragma unroll
+            for (int r = 0; r < RK; ++r)
+#pragma unroll
+              for (int c = 0; c < RQ; ++c) sc[r][c] = fmaf(kv[r], qv[c], sc[r][c]);
+          }
+        }
+#pragma unroll 1
+        for (int k8 = 0; k8 < dv_steps; ++k8) {
+#pragma unroll
+          for (int kk = 0; kk < 8; ++kk) {
+            const int col = k8 * 8 + kk;
+            float vv[RK], ov[RQ];
+#pragma unroll
+            for (int r = 0; r < RK; ++r) vv[r] = sV[(ty + T * r) * S + col];
+#pragma unroll
+            for (int c = 0; c < RQ; ++c) ov[c] = sdO[(tx + T * c) * S + col];
+#pragma unroll
+            for (int r = 0; r < RK; ++r)
+#pragma unroll
+              for (int c = 0; c < RQ; ++c) dp[r][c] = fmaf(vv[r], ov[c], dp[r][c]);
+          }
+        }
+
+        // ---- P and dS (element (key j, query i)) ----
+        const bool need_mask = n0 + BN > lk || (wr >= 0 && n0 + BN - 1 > i0 + shift + wr) ||
+                               (wl >= 0 && n0 < i0 + BM - 1 + shift - wl);
+        const float slope = R.alibi ? -R.alibi_slope(b, h) * kLog2e : 0.0f;
+        uint32_t keep_bits = 0xffffffffu;  // bit r * RQ + c: element (r, c) kept
+        if (R.dropout_p > 0.0f) {
+          const uint64_t seed = R.rng_seed(), offset = R.rng_offset();
+          keep_bits = 0;
+#pragma unroll 1
+          for (int e = 0; e < RK * RQ; ++e)
+            keep_bits |= uint32_t(dropout_keeps(R, seed, offset, b, a.hq, h, i0 + tx + T * (e % RQ),
+                                                n0 + ty + T * (e / RQ))) << e;
+        }
+#pragma unroll
+        for (int r = 0; r < RK; ++r)
+#pragma unroll
+          for (int c = 0; c < RQ; ++c) {
+            const int jl = ty + T * r, il = tx + T * c;
+            const int j = n0 + jl, i = i0 + il;
+            float x = sc[r][c];
+            float dtanh = 1.0f;
+            if (softcap) {
+              const float th = tanh_accurate(x * a.softcap_in);
+              x = a.softcap_out * th;
+              dtanh = 1.0f - th * th;
+            } else {
+              x *= a.scale_log2;
+            }
+            if (R.alibi) {
+              const int dist = i + shift - j;
+              x += slope * float(dist < 0 ? -dist : dist);
+            }
+            float p = fast_exp2(x - sL[il]);
+            if (need_mask && (j < R.key_lo(i, shift) || j >= R.key_hi(i, shift, lk))) p = 0.0f;
+            const float keep = ((keep_bits >> (r * RQ + c)) & 1u) ? keep_scale : 0.0f;
+            sdS[jl * PS + il] = p * (dp[r][c] * keep - sDs[il]) * dtanh;
+            sP[jl * PS + il] = p * keep;
+          }
+        __syncthreads();  // P^T, dS^T complete
+
+        // ---- stage 2: dV += P^T dO, dK += dS^T Q ----
+#pragma unroll 4
+        for (int il = 0; il < BM; ++il) {
+          float pv[RK], dsv[RK], ov[DC], qv[DC];
+#pragma unroll
+          for (int r = 0; r < RK; ++r) pv[r] = sP[(ty + T * r) * PS + il], dsv[r] = sdS[(ty + T * r) * PS + il];
+#pragma unroll
+          for (int c = 0; c < DC; ++c) ov[c] = sdO[il * S + tx + T * c], qv[c] = sQ[il * S + tx + T * c];
+#pragma unroll
+          for (int r = 0; r < RK; ++r)
+#pragma unroll
+            for (int c = 0; c < DC; ++c) {
+              acc_dv[r][c] = fmaf(pv[r], ov[c], acc_dv[r][c]);
+              acc_dk[r][c] = fmaf(dsv[r], qv[c], acc_dk[r][c]);
+            }
+        }
+
+        // ---- stage 3: dQ = dS K ----
+        float acc_dq[RQ][DC];
+#pragma unroll
+        for (int r = 0; r < RQ; ++r)
+#pragma unroll
+          for (int c = 0; c < DC; ++c) acc_dq[r][c] = 0.0f;
+#pragma unroll 4
+        for (int jl = 0; jl < BN; ++jl) {
+          float dsv[RQ], kv[DC];
+#pragma unroll
+          for (int r = 0; r < RQ; ++r) dsv[r] = sdS[jl * PS + ty + T * r];
+#pragma unroll
+          for (int c = 0; c < DC; ++c) kv[c] = sK[jl * S + tx + T * c];
+#pragma unroll
+          for (int r = 0; r < RQ; ++r)
+#pragma unroll
+            for (int c = 0; c < DC; ++c) acc_dq[r][c] = fmaf(dsv[r], kv[c], acc_dq[r][c]);
+        }
+        int32_t* sema = nullptr;
+        if (a.deterministic) {
+          // Wait until the key blocks after this one added their dQ part.
+          sema = a.ws_sema + (int64_t(b) * a.hq + h) * a.m_blocks + m;
+          if (tid == 0) {
+            const int target = last_key_block(m, BM, BN, lq, lk, shift, wr) - n_blk;
+            while (atomicAdd(sema, 0) != target) __nanosleep(64);
+            __threadfence();
+          }
+          __syncthreads();
+        }
+        float* dq_base = a.ws_dq + (int64_t(h) * a.total_rows + ws_row0) * a.dacc;
+#pragma unroll
+        for (int r = 0; r < RQ; ++r) {
+          const int i = i0 + ty + T * r;
+          if (i >= lq) continue;
+          float* row = dq_base + int64_t(i) * a.dacc;
+#pragma unroll
+          for (int c = 0; c < DC; ++c) {
+            const int col = tx + T * c;
+            if (col < a.d) atomicAdd(row + col, acc_dq[r][c]);
+          }
+        }
+        if (a.deterministic) {
+          __threadfence();
+          __syncthreads();  // every thread's dQ part is visible
+          if (tid == 0) atomicAdd(sema, 1);
+        }
+      }
+    }
+  }
+
+  // ---- epilogue: dK = scale * acc, dV; rows past Lk of a batched tensor get 0 ----
+  const int row_limit = a.k_rows_cap > 0 ? static_cast<int>(a.k_rows_cap) : lk;
+  float* dk = reinterpret_cast<float*>(a.dk_ptr);
+  float* dv = reinterpret_cast<float*>(a.dv_ptr);
+#pragma unroll
+  for (int r = 0; r < RK; ++r) {
+    const int j = n0 + ty + T * r;
+    if (j >= row_limit) continue;
+    float* dk_row = dk + a.dk_addr.at(a.seq, b, j, kvh);
+    float* dv_row = dv + a.dv_addr.at(a.seq, b, j, kvh);
+#pragma unroll
+    for (int c = 0; c < DC; ++c) {
+      const int col = tx + T * c;
+      if (col < a.d) dk_row[col] = acc_dk[r][c] * a.scale;
+      if (col < a.dv) dv_row[col] = acc_dv[r][c];
+    }
+  }
+}
+
+}  // namespace f32
+
+// ---- host side -----------------------------------------------------------------------------
+namespace {
+
+template <int kTile>
+KernelInfo f32_bwd_info(int device) {
+  return cached_kernel_info<f32::bwd_f32_kernel<kTile>>(device, kF32BwdTiles[kTile].threads,
+                                                        kF32BwdTiles[kTile].bwd_smem_bytes());
+}
+
+KernelInfo f32_bwd_info_of(int tile, int device) {
+  switch (tile) {
+    case kF32D64: return f32_bwd_info<kF32D64>(device);
+    case kF32D128: return f32_bwd_info<kF32D128>(device);
+    case kF32D256: return f32_bwd_info<kF32D256>(device);
+  }
+  return KernelInfo{gpuErrorInvalidDevice};
+}
+
+gpuError_t launch_f32_bwd(int tile, const BwdArgs& a, dim3 grid, gpuStream_t stream) {
+  switch (tile) {
+#define FP_CASE(t)                                                                                   \
+  case t:                                                                                            \
+    f32::bwd_f32_kernel<t><<<grid, kF32BwdTiles[t].threads, kF32BwdTiles[t].bwd_smem_bytes(), stream>>>(a); \
+    return gpuGetLastError();
+    FP_CASE(kF32D64) FP_CASE(kF32D128) FP_CASE(kF32D256)
+#undef FP_CASE
+  }
+  return gpuErrorInvalidDevice;
+}
+
+struct F32BwdLayout {
+  int tile = 0;
+  int64_t key_blocks = 0, m_blocks = 0;
+  BwdWorkspace ws;
+};
+
+F32BwdLayout f32_bwd_layout(const BwdProblem& bp) {
+  const Problem& p = bp.fwd;
+  F32BwdLayout l;
+  l.tile = f32_tile_for(std::max(p.d, p.dv));
+  const F32Tile& C = kF32BwdTiles[l.tile];
+  l.key_blocks = (p.seq.sk + C.block_n - 1) / C.block_n;  // batched: rows per sequence; varlen: max_seqlen_k
+  l.m_blocks = (p.seq.sq + C.block_m - 1) / C.block_m;
+  l.ws = bwd_workspace(p, bp.deterministic ? p.seq.batch * p.hq * l.m_blocks : 0);
+  return l;
+}
+
+unsigned aux_blocks(const BwdArgs& a) {
+  const int64_t warps = a.total_rows * a.hq;
+  return static_cast<unsigned>(std::max<int64_t>(1, (warps + f32::kAuxWarps - 1) / f32::kAuxWarps));
+}
+
+}  // namespace
+
+Status plan_bwd_f32(const BwdProblem& bp, int smem_optin, Plan* plan) {
+  const Problem& p = bp.fwd;
+  if (p.dtype != FP_F32) return unsupported("cuda backend: the fp32 backward takes float32 calls");
+  if (!p.has_lse) return invalid("lse: required by the backward");
+  if (p.lse_dtype != FP_F32) return unsupported("cuda backend: lse must be float32");
+  if (p.d > 256 || p.dv > 256) return unsupported("cuda backend: head dim > 256");
+  if (p.seq.snew > 0 || p.rotary_dim > 0)
+    return unsupported("cuda backend: no backward for append-then-attend (k_new, rotary)");
+  if (p.seq.kv_layout == KvLayout::Paged || p.seq.cache_batch_idx != nullptr)
+    return unsupported("cuda backend: backward over a paged cache or cache_batch_idx is not supported");
+  const F32BwdLayout l = f32_bwd_layout(bp);
+  const F32Tile& C = kF32BwdTiles[l.tile];
+  if (C.bwd_smem_bytes() > smem_optin)
+    return unsupported(std::string("cuda backend: ") + C.name + " needs " + std::to_string(C.bwd_smem_bytes()) +
+                       " bytes of shared memory per block, device has " + std::to_string(smem_optin));
+  const KernelInfo ki = f32_bwd_info_of(l.tile, p.device_index);
+  if (ki.status != gpuSuccess)
+    return unsupported(std::string("cuda backend: kernel ") + C.name + " is not usable on this device (built archs: " FLASHPORT_GPU_ARCHS "): " +
+                       gpuGetErrorString(ki.status));
+  if (l.key_blocks > 0x7fffffff || p.hkv > 65535 || p.seq.batch > 65535)
+    return unsupported("cuda backend: backward grid too large (batch <= 65535, kv heads <= 65535)");
+  if (p.seq.sq > 0x3fffffff || p.seq.sk > 0x3fffffff)
+    return unsupported("cuda backend: sequence lengths must fit int32");
+  *plan = Plan{};
+  std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:fp32%s", C.name,
+                bp.deterministic ? ":deterministic" : ":atomic-dq");
+  plan->workspace_bytes = l.ws.total;
+  plan->num_splits = 1;
+  plan->kernel_id = kKernelF32Bwd;
+  PlanArgs::set(plan, l.tile, 1);
+  return Status::ok();
+}
+
+Status run_bwd_f32(const BwdProblem& bp, const Plan& plan, void* workspace, gpuStream_t stream) {
+  const Problem& p = bp.fwd;
+  const F32BwdLayout l = f32_bwd_layout(bp);
+  if (l.ws.total != plan.workspace_bytes || plan.kernel_id != kKernelF32Bwd || PlanArgs::tile(plan) != l.tile)
+    return {FP_ERR_RUNTIME, "cuda backend: plan does not match the call (re-select after changing it)"};
+  if (p.seq.batch == 0) return Status::ok();
+  BwdArgs a = bwd_common_args(bp, l.ws, workspace);
+  a.m_blocks = static_cast<int32_t>(l.m_blocks);
+  a.deterministic = bp.deterministic;
+  a.ws_sema = reinterpret_cast<int32_t*>(static_cast<char*>(workspace) + l.ws.sema_off);
+  a.sema_count = l.ws.sema_count;
+
+  f32::bwd_f32_preprocess<<<aux_blocks(a), f32::kAuxWarps * 32, 0, stream>>>(a);
+  if (gpuError_t e = gpuGetLastError(); e != gpuSuccess)
+    return {FP_ERR_RUNTIME, std::string("cuda backend: fp32 backward preprocess launch: ") + gpuGetErrorString(e)};
+  if (l.key_blocks > 0 && p.hkv > 0) {
+    const dim3 grid(unsigned(l.key_blocks), unsigned(p.hkv), unsigned(p.seq.batch));
+    if (gpuError_t e = launch_f32_bwd(l.tile, a, grid, stream); e != gpuSuccess)
+      return {FP_ERR_RUNTIME, std::string("cuda backend: ") + kF32BwdTiles[l.tile].name + " launch: " +
+                                  gpuGetErrorString(e)};
+  }
+  f32::bwd_f32_convert<<<aux_blocks(a), f32::kAuxWarps * 32, 0, stream>>>(a);
+  if (gpuError_t e = gpuGetLastError(); e != gpuSuccess)
+    return {FP_ERR_RUNTIME, std::string("cuda backend: fp32 backward dq conversion launch: ") + gpuGetErrorString(e)};
+  if (gpuError_t e = launch_bwd_sink_grad(a, stream); e != gpuSuccess)
+    return {FP_ERR_RUNTIME, std::string("cuda backend: sink gradient launch: ") + gpuGetErrorString(e)};
+  return Status::ok();
+}
+
+}  // namespace flashport::gpu

@@ -1,0 +1,62 @@
+// Device pieces shared by the fp32 forward and backward kernels (fwd_f32.cu, bwd_f32.cu): the
+// 4-byte asynchronous copy of one fp32 element, the shared-tile loader of rows of a q-like or
+// k-like tensor, and the score of one (row, key) element from the shared score rules.
+#pragma once
+#include <cstdint>
+
+#include "core/philox.hpp"
+#include "core/problem.hpp"
+#include "gpu/common/tile_io.cuh"
+
+namespace flashport::gpu::f32 {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// One fp32 element global -> shared; src_bytes 0 stores zero (rows/columns past the end).
+__device__ __forceinline__ void cp_async_f32(float* smem, const float* gmem, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),
+               "r"(src_bytes));
+}
+
+// Element offset of key j (past the left pad) of sequence b, kv head h: KvAddr::at, with a paged
+// cache's page id clamped into the pool so that a bad device-resident table cannot fault.
+__device__ __forceinline__ int64_t kv_offset(const SeqInfo& seq, const KvAddr& ad, int64_t num_pages, int64_t b,
+                                             int64_t j, int64_t h) {
+  if (ad.layout != KvLayout::Paged) return ad.at(seq, b, j, h);
+  const int64_t row = seq.key_row(b, j);
+  int64_t page = seq.block_table[b * seq.block_table_stride + row / seq.page_size];
+  page = page < 0 ? 0 : (num_pages > 0 && page >= num_pages ? num_pages - 1 : page);
+  return page * ad.s0 + (row % seq.page_size) * ad.s1 + h * ad.s2;
+}
+
+// Rows [0, R) of a shared tile with row stride kStride floats: row r's `cols` real columns from
+// `row_ptr(r)` (null: a zero row), the rest of the D columns zero. Threads of one row walk
+// consecutive columns (coalesced); each thread computes its row's address once. `any` is a valid
+// global address for the zero-filling copies (they read nothing).
+template <int R, int D, int kStride, int NT, typename RowPtr>
+__device__ __forceinline__ void load_rows(float* tile, int cols, int tid, const float* any, RowPtr row_ptr) {
+  constexpr int kPerRow = D < NT ? D : NT;  // threads on one row
+  constexpr int kRowStep = NT / kPerRow;
+  static_assert(NT % kPerRow == 0 && D % kPerRow == 0, "thread mapping");
+  const int c0 = tid % kPerRow;
+  for (int r = tid / kPerRow; r < R; r += kRowStep) {
+    const float* src = row_ptr(r);
+#pragma unroll
+    for (int c = c0; c < D; c += kPerRow) {
+      const bool in = src != nullptr && c < cols;
+      cp_async_f32(tile + r * kStride + c, in ? src + c : any, in ? 4 : 0);
+    }
+  }
+}
+
+// dropout_keep (core/philox.hpp: the rule of every backend) with the word of key j picked by
+// selects, so that no Philox state goes through local memory.
+__device__ __forceinline__ bool dropout_keeps(const ScoreRules& R, uint64_t seed, uint64_t offset, int64_t b,
+                                              int64_t hq, int64_t h, int64_t i, int64_t j) {
+  const Philox4 w = dropout_words(seed, offset, b, hq, h, i, j);
+  const uint32_t word = (j & 2) ? ((j & 1) ? w.x[3] : w.x[2]) : ((j & 1) ? w.x[1] : w.x[0]);
+  return word >= R.dropout_threshold;
+}
+
+}  // namespace flashport::gpu::f32

@@ -1,0 +1,71 @@
+// The fp32 kernels of the CUDA backend (README.md here): tile tables, the forward candidate and
+// launch, the backward plan and run. Exact to fp32 rounding: SIMT FFMA products, fp32 softmax and
+// accumulators throughout.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "core/backend.hpp"
+#include "core/problem.hpp"
+#include "core/status.hpp"
+#include "gpu/common/kernel_args.hpp"
+#include "gpu/common/kernel_info.hpp"
+#include "gpu/common/vendor.hpp"
+
+namespace flashport::gpu {
+
+// One head-dim bucket of an fp32 kernel: block_m query rows x block_n keys per step; head dims
+// below the bucket run in it with zero-filled columns. Shared tiles are fp32 rows padded by one
+// element (conflict-free column walks).
+struct F32Tile {
+  int head_dim, block_m, block_n, threads;
+  const char* name;
+  constexpr int row_stride() const { return head_dim + 1; }
+  // Forward: Q, K, V tiles and the P tile.
+  constexpr int fwd_smem_bytes() const {
+    return ((block_m + 2 * block_n) * row_stride() + block_m * (block_n + 1)) * 4;
+  }
+  // Backward: K, V, Q, dO tiles, P^T and dS^T, LSE and D of the step's rows.
+  constexpr int bwd_smem_bytes() const {
+    return ((2 * block_n + 2 * block_m) * row_stride() + 2 * block_n * (block_m + 1) + 2 * block_m) * 4;
+  }
+};
+
+enum F32TileId : int { kF32D64 = 0, kF32D128, kF32D256, kNumF32Tiles };
+
+constexpr F32TileId f32_tile_for(int64_t head_dim) {
+  return head_dim <= 64 ? kF32D64 : (head_dim <= 128 ? kF32D128 : kF32D256);
+}
+
+// Forward: 128 threads as 16 row groups x 8 key lanes (block_m / 16 rows, block_n / 8 keys and
+// head_dim / 8 output columns per thread).
+inline constexpr F32Tile kF32FwdTiles[kNumF32Tiles] = {
+    {64, 64, 64, 128, "f32_simt_d64_m64n64"},
+    {128, 64, 32, 128, "f32_simt_d128_m64n32"},
+    {256, 32, 32, 128, "f32_simt_d256_m32n32"},
+};
+// Backward: 256 threads as 16 x 16 (stage 1: keys x queries; stage 2: keys x columns; stage 3:
+// queries x columns).
+inline constexpr F32Tile kF32BwdTiles[kNumF32Tiles] = {
+    {64, 64, 64, 256, "f32_simt_bwd_d64_m64n64"},
+    {128, 32, 64, 256, "f32_simt_bwd_d128_m32n64"},
+    {256, 32, 32, 256, "f32_simt_bwd_d256_m32n32"},
+};
+
+// Kernel template instances: forward 3 buckets, backward 3 buckets + preprocess + convert.
+inline constexpr int kF32Instances = kNumF32Tiles * 2 + 2;
+
+// Forward: the candidate for an fp32 call (empty string: it runs the call with `tile` and
+// `splits`; else why not), and the launch of the main loop over a decided plan.
+struct F32FwdChoice {
+  int tile = 0, splits = 1;
+};
+std::string f32_fwd_candidate(const Problem& p, int sm_count, int smem_optin, F32FwdChoice* out);
+dim3 f32_fwd_grid(const Problem& p, int tile, int splits);
+gpuError_t launch_f32_fwd(int tile, const FwdArgs& a, dim3 grid, gpuStream_t stream);
+
+// Backward (float32 calls): plan and run (preprocess, main loop, dq conversion + sink gradient).
+Status plan_bwd_f32(const BwdProblem& p, int smem_optin, Plan* plan);
+Status run_bwd_f32(const BwdProblem& p, const Plan& plan, void* workspace, gpuStream_t stream);
+
+}  // namespace flashport::gpu
