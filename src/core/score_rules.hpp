@@ -1,12 +1,33 @@
 // The score rules of one call: everything between q.k and the softmax (scale, softcap, the
 // causal/window visible-key range, ALiBi, sinks, dropout state), one device-callable struct that
 // the reference and the kernels read. Included by problem.hpp (Problem::rules).
+//
+// SeqScoreRules is the same rules for one sequence, in the caller's units: built once per work
+// tile, it answers every question a main loop asks of a score (which keys row i sees, whether a
+// tile needs the mask at all, the score after scale / softcap and its derivative, the ALiBi bias).
+// The fp64 reference instantiates it with int64 positions and natural-log scores, the kernels with
+// int positions and log2 scores; every kernel keeps its own loop shape and calls these pieces.
 #pragma once
+#include <cmath>
 #include <cstdint>
 
 #include "hd.hpp"
 
 namespace flashport {
+
+// tanh of a softcapped score. fp64 (reference): the library's. fp32 (kernels): through exp,
+// relative error ~1e-6; the MUFU tanh of fast-math is ~1e-3, too coarse for softcaps of 30-50
+// where it scales the score error.
+FP_HD double softcap_tanh(double x) { return std::tanh(x); }
+FP_HD float softcap_tanh(float x) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+  const float e = __expf(-2.0f * fabsf(x));
+  return copysignf((1.0f - e) / (1.0f + e), x);
+#else
+  const float e = std::exp(-2.0f * std::fabs(x));
+  return std::copysign((1.0f - e) / (1.0f + e), x);
+#endif
+}
 
 // A 64-bit value from its 32-bit words {lo, hi}: the layout of fp_attn_params.dropout_rng.
 FP_HD uint64_t u64_from_words(const uint32_t* w) { return uint64_t(w[0]) | (uint64_t(w[1]) << 32); }
@@ -29,7 +50,8 @@ struct ScoreRules {
   const uint32_t* dropout_rng = nullptr;
 
   FP_HD int64_t shift(int64_t lq, int64_t lk) const { return top_left ? 0 : lk - lq; }
-  // Visible keys of row i: [lo, hi) intersected with [0, lk).
+  // Visible keys of row i: [lo, hi) intersected with [0, lk) (SeqScoreRules::vis_lo / vis_hi
+  // for a whole sequence).
   FP_HD int64_t key_lo(int64_t i, int64_t shift_) const {
     const int64_t lo = window_left >= 0 ? i + shift_ - window_left : 0;
     return lo < 0 ? 0 : lo;
@@ -46,5 +68,88 @@ struct ScoreRules {
   FP_HD uint64_t rng_seed() const { return dropout_rng ? u64_from_words(dropout_rng) : dropout_seed; }
   FP_HD uint64_t rng_offset() const { return dropout_rng ? u64_from_words(dropout_rng + 2) : dropout_offset; }
 };
+
+// The score rules of one sequence (lq queries, lk keys), built once per work tile. I: positions
+// (int64 in the reference, int in the kernels' hot loops). T: scores (double in natural-log units
+// in the reference; float in log2 units in the kernels, whose exp is exp2).
+//
+// The score constants and the call's rules are held by reference and read where used: a kernel
+// binds them to its __grid_constant__ arguments, so they stay constant-bank operands and the
+// compiled loops are those of the hand-written rules this replaced (same SASS). The shapes below
+// are chosen for that: a kernel tests one element as `j < vis_lo(i) || j >= vis_hi(i)` at the call
+// (a bool-returning helper costs a select per element), and tile_needs_mask takes the tile index.
+template <typename I, typename T>
+struct SeqScoreRules {
+  const ScoreRules& rules;
+  I lq, lk;
+  I shift;   // row i's diagonal key is i + shift (bottom-right aligned: lk - lq)
+  I wl, wr;  // window left / right; < 0: unbounded (causal: wr = 0)
+  // raw q.k -> score: softcap_out * tanh(raw * softcap_in) with softcap (softcap_in > 0), else
+  // raw * scale. Natural-log units: scale, scale / softcap, softcap.
+  const T& scale;
+  const T& softcap_in;
+  const T& softcap_out;
+
+  FP_HD SeqScoreRules(const ScoreRules& r, I lq_, I lk_, const T& scale_, const T& softcap_in_,
+                      const T& softcap_out_)
+      : rules(r), lq(lq_), lk(lk_), shift(r.top_left ? I(0) : lk_ - lq_),
+        wl(static_cast<I>(r.window_left)), wr(static_cast<I>(r.window_right)), scale(scale_),
+        softcap_in(softcap_in_), softcap_out(softcap_out_) {}
+
+  // ---- visible keys (causal / window / key length) -------------------------------------------
+  // Row i sees keys [vis_lo(i), vis_hi(i)) (none when vis_hi <= vis_lo).
+  FP_HD I vis_lo(I i) const {
+    const I lo = wl >= 0 ? i + shift - wl : I(0);
+    return lo < 0 ? I(0) : lo;
+  }
+  FP_HD I vis_hi(I i) const {
+    const I hi = wr >= 0 ? i + shift + wr + 1 : lk;
+    return hi > lk ? lk : (hi < 0 ? I(0) : hi);
+  }
+  // Whether some key of tile nb (keys [nb bn, nb bn + bn)) is hidden from some row of
+  // [i_first, i_last]: a key past lk, right of the first row's window or left of the last row's.
+  // False: the tile skips the mask.
+  FP_HD bool tile_needs_mask(I nb, I bn, I i_first, I i_last) const {
+    const I n0 = nb * bn;
+    return n0 + bn > lk || (wr >= 0 && n0 + bn - 1 > i_first + shift + wr) ||
+           (wl >= 0 && n0 < i_last + shift - wl);
+  }
+  // The rows that see some key of [n0, n1) lie in [rows_lo(n0), rows_end(n1)) (a backward key
+  // block's query range).
+  FP_HD I rows_lo(I n0) const {
+    const I i = wr >= 0 ? n0 - shift - wr : I(0);
+    return i < 0 ? I(0) : i;
+  }
+  FP_HD I rows_end(I n1) const {
+    const I i = wl >= 0 ? n1 + wl - shift : lq;
+    return i > lq ? lq : i;
+  }
+
+  // ---- the score of q.k ----------------------------------------------------------------------
+  FP_HD bool softcapped() const { return softcap_in > T(0); }
+  FP_HD bool alibi() const { return rules.alibi != nullptr; }
+  FP_HD T score(T raw) const {
+    return softcapped() ? softcap_out * softcap_tanh(raw * softcap_in) : raw * scale;
+  }
+  // The score and its derivative relative to the plain scale's: 1 - tanh^2 with softcap, else 1.
+  struct WithGrad {
+    T score, dtanh;
+  };
+  FP_HD WithGrad score_grad(T raw) const {
+    if (softcap_in > T(0)) {  // not softcapped(): one inline level less keeps the kernels' SASS
+      const T th = softcap_tanh(raw * softcap_in);
+      return {softcap_out * th, T(1) - th * th};
+    }
+    return {raw * scale, T(1)};
+  }
+  // ALiBi: the bias of (row i, key j) is -slope |i + shift - j| (neg_slope = -slope, in the
+  // score's units). Kernels hoist diagonal(i) - n0 per row and pass each column's distance.
+  FP_HD I diagonal(I i) const { return i + shift; }
+  static FP_HD T alibi_bias_at(T neg_slope, I dist) { return neg_slope * T(dist < 0 ? -dist : dist); }
+  FP_HD T alibi_bias(T neg_slope, I i, I j) const { return alibi_bias_at(neg_slope, diagonal(i) - j); }
+};
+
+// The kernels' form: int positions, log2-unit scores.
+using KernelScoreRules = SeqScoreRules<int, float>;
 
 }  // namespace flashport

@@ -129,13 +129,7 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
   const int lk = lk64 < 0 ? 0 : static_cast<int>(lk64);
   const int64_t q_start = a.seq.q_start(b);
   const int64_t ws_row0 = a.seq.cu_q ? q_start : int64_t(b) * a.seq.sq;  // workspace row of i = 0
-  const int shift = R.top_left ? 0 : lk - lq;
-  const int wl = static_cast<int>(R.window_left), wr = static_cast<int>(R.window_right);
-  auto vis_lo = [&](int i) -> int { const int lo = wl >= 0 ? i + shift - wl : 0; return lo < 0 ? 0 : lo; };
-  auto vis_hi = [&](int i) -> int {
-    const int hi = wr >= 0 ? i + shift + wr + 1 : lk;
-    return hi > lk ? lk : (hi < 0 ? 0 : hi);
-  };
+  const KernelScoreRules S(R, lq, lk, a.scale_log2, a.softcap_in, a.softcap_out);
 
   const int kg = warp % KW, qg = warp / KW;  // stages 1-2
   const int mg = warp % MR, cg = warp / MR;  // stage 3
@@ -152,10 +146,7 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
 
   if (n0 < lk && lq > 0) {
     const int n1 = n0 + BN < lk ? n0 + BN : lk;
-    int i_first = wr >= 0 ? n0 - shift - wr : 0;
-    if (i_first < 0) i_first = 0;
-    int i_end = wl >= 0 ? n1 + wl - shift : lq;
-    if (i_end > lq) i_end = lq;
+    const int i_first = S.rows_lo(n0), i_end = S.rows_end(n1);
     const int m_lo = i_first / BM;
     const int m_hi = i_end > i_first ? (i_end + BM - 1) / BM : m_lo;
     const int nm = m_hi - m_lo;
@@ -270,9 +261,7 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
         if (full) stage1(std::true_type{}); else stage1(std::false_type{});
 
         // ---- P and dS (element (key j, query i)) ----------------------------------------------
-        const bool need_mask = n0 + BN > lk || (wr >= 0 && n0 + BN - 1 > i0 + shift + wr) ||
-                               (wl >= 0 && n0 < i0 + BM - 1 + shift - wl);
-        const bool softcap = a.softcap_in > 0.0f;
+        const bool need_mask = S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1);
         const float slope_log2 = R.alibi ? -R.alibi_slope(b, h) * kBwdLog2e : 0.0f;
 #pragma unroll
         for (int kr = 0; kr < KR; ++kr)
@@ -283,26 +272,16 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
             const int jl = key0 + kr * 16 + c_row(lane, e);
             const int il = qg * SC + t * 8 + c_col(lane, e);
             const int j = n0 + jl, i = i0 + il;
-            float sc = acc_s[kr][t].r[e];
-            float dtanh = 1.0f;
-            if (softcap) {
-              const float th = tanh_accurate(sc * a.softcap_in);
-              sc = a.softcap_out * th;
-              dtanh = 1.0f - th * th;
-            } else {
-              sc *= a.scale_log2;
-            }
-            if (R.alibi) {
-              const int dist = i + shift - j;
-              sc += slope_log2 * float(dist < 0 ? -dist : dist);
-            }
+            const auto sg = S.score_grad(acc_s[kr][t].r[e]);
+            float sc = sg.score;
+            if (S.alibi()) sc += S.alibi_bias(slope_log2, i, j);
             float p = fast_exp2(sc - tL[il]);
-            if (need_mask && (j < vis_lo(i) || j >= vis_hi(i))) p = 0.0f;
+            if (need_mask && (j < S.vis_lo(i) || j >= S.vis_hi(i))) p = 0.0f;
             float keep = 1.0f;
             if (R.dropout_p > 0.0f)
               keep = dropout_keep(R.rng_seed(), R.rng_offset(), R.dropout_threshold, b, a.hq, h, i, j)
                          ? keep_scale : 0.0f;
-            acc_dp[kr][t].r[e] = p * (acc_dp[kr][t].r[e] * keep - tDs[il]) * dtanh;
+            acc_dp[kr][t].r[e] = p * (acc_dp[kr][t].r[e] * keep - tDs[il]) * sg.dtanh;
             acc_s[kr][t].r[e] = p * keep;
           }
 #pragma unroll
@@ -394,7 +373,7 @@ __global__ void __launch_bounds__(kBwdTiles[kTile].threads(), kBwdTiles[kTile].m
           // Wait until the key blocks after this one added their dQ part.
           sema = a.ws_sema + (int64_t(b) * a.hq + h) * a.m_blocks + m;
           if (tid == 0) {
-            const int target = last_key_block(m, BM, BN, lq, lk, shift, wr) - n_blk;
+            const int target = last_key_block(m, BM, BN, lq, lk, S.shift, S.wr) - n_blk;
             while (atomicAdd(sema, 0) != target) __nanosleep(64);
             __threadfence();
           }
