@@ -237,18 +237,6 @@ TEST(CudaHopperFwd, DeclinedCallsFallBack) {
     c.splits = 2;  // split-KV: the Hopper kernel takes it
     check_hopper(c, true);
   }
-  for (int64_t page : {1, 12, 48, 200}) {  // pages the TMA boxes cannot tile (key tile 128)
-    Case c = base;
-    c.cache = true, c.paged = true, c.page_size = page;
-    check_hopper(c, false);
-  }
-  {
-    Case c = base;
-    c.cache = true, c.paged = true, c.page_size = 16;
-    c.leftpad = {5};
-    c.seqused = {200};
-    check_hopper(c, false);  // paged with cache_leftpad
-  }
   {
     Case c = base;
     c.sq = 1;  // decode
@@ -404,6 +392,33 @@ TEST(CudaHopperFwd, KvCachePaged) {
       c.seqused = {std::min<int64_t>(599, 17 + page), 600};
       c.causal = page % 16 == 0;
       c.sinks = page == 64;
+      check_hopper(c, true);
+    }
+  }
+}
+
+// Pages the TMA boxes cannot tile (any size not a multiple of the key tile and not a multiple of 8
+// dividing it) and paged caches with a left pad: the producer copies rows with cp.async. Every
+// head-dim instance, a padded head dim, causal and windows, NaN in unused rows.
+TEST(CudaHopperFwd, KvCachePagedByRows) {
+  SKIP_WITHOUT_GPU();
+  const int64_t pages[] = {1, 3, 12, 48, 100, 129, 200};
+  int n = 0;
+  for (int64_t d : {64, 96, 128, 256}) {
+    for (int64_t page : pages) {
+      Case c;
+      c.dtype = rand_dtype();
+      c.cache = true, c.paged = true, c.page_size = page, c.nan_unused_cache = true;
+      c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = d, c.sq = 130, c.sk = 520;
+      c.seqused = {519, int64_t(rand_int(0, 520))};
+      c.causal = (n % 2) == 0;
+      if (n % 3 == 0) c.wl = 100, c.wr = 0;
+      if (n % 4 == 1) {  // a left pad (which also sends TMA-tileable pages here)
+        c.page_size = n % 8 == 1 ? 16 : page;
+        c.leftpad = {30, 0};
+        c.seqused = {519, 200};
+      }
+      ++n;
       check_hopper(c, true);
     }
   }

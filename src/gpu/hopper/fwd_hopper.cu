@@ -103,7 +103,7 @@ std::string make_v3_maps(const Problem& p, const FwdArgs& a, HopperV3Params* prm
   const V3View q = q_view(p, a.q_addr), k = kv_view(p, p.k), v = kv_view(p, p.v);
   std::string why = encode_rows_map(&prm->tq, a.q, p.d, q.rows, q.heads, q.batch, q.row_stride, q.head_stride,
                                     q.batch_stride, HopperTileV3::kBlockM);
-  if (!why.empty()) return why;
+  if (!why.empty() || kv_by_rows(p)) return why;  // rows by threads: no K/V maps
   why = encode_rows_map(&prm->tk, p.k_ptr, p.d, k.rows, k.heads, k.batch, k.row_stride, k.head_stride,
                         k.batch_stride, box);
   if (!why.empty()) return why;
@@ -135,6 +135,7 @@ std::string hopper_tma_reason(const Problem& p, int splits) {
     return extent <= 1 || (stride > 0 && (stride * 2) % 16 == 0 && stride * 2 < kMaxStrideBytes);
   };
   for (const V3View& w : views) {
+    if (&w != &views[0] && kv_by_rows(p)) break;  // K/V copied row by row: no maps
     if (!dims_ok(w)) return "hopper path: a q/k/v dimension is outside the tensor map range [1, 2^32]";
     if (!stride_ok(w.row_stride, w.rows) || !stride_ok(w.head_stride, w.heads) || !stride_ok(w.batch_stride, w.batch))
       return "hopper path: q/k/v strides outside the tensor map rules (16-byte multiples below 2^40)";
@@ -158,7 +159,8 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, gpuStream_t str
   prm.a = a;
   if (!make_v3_maps(p, a, &prm).empty()) return cudaErrorInvalidValue;  // the candidate checked the same rules
   prm.kv_box_rows = kv_box_rows(p);
-  prm.zero_v_tail = is_kv_cache_call(p);
+  prm.kv_by_rows = kv_by_rows(p);
+  prm.zero_v_tail = is_kv_cache_call(p) && !prm.kv_by_rows;  // the row copies zero-fill
   prm.m_blocks = int32_t(m_blocks);
   // One block per work tile: query block x split x head x sequence (the candidate bounds it).
   prm.work_tiles = int32_t(m_blocks * p.hq * p.seq.batch * std::max(a.splits, 1));

@@ -8,13 +8,14 @@
 // batched or varlen (packed) q/k/v with 16-byte aligned rows and strides, causal (both
 // alignments), sliding windows, GQA/MQA, LSE, softcap, ALiBi, sinks; split-KV (partials in the
 // workspace, then the combine kernel; hopper_fwd_candidate picks the count); KV caches:
-// contiguous (seqused_k, cache_batch_idx, cache_leftpad) and paged (pages a multiple of the key
-// tile, or a multiple of 8 rows dividing it: one TMA box per page), append and rotary (the
+// contiguous (seqused_k, cache_batch_idx, cache_leftpad) and paged with any page size (pages a
+// multiple of the key tile, or a multiple of 8 rows dividing it: one TMA box per page; other
+// sizes and left pads: cp.async row copies by the producer warpgroup), append and rotary (the
 // pre-pass writes the cache rows and the rotated q, which the kernel reads from the workspace),
 // varlen queries over a cache (chunked prefill).
-// Declined: dropout, decode-shaped calls (the mma.sync decode tile packs GQA heads), other page
-// sizes, paged caches with cache_leftpad, other head dims, unaligned tensors, devices other than
-// sm_90, FLASHPORT_HOPPER_FWD=0 (the user's kill switch, core/config.hpp).
+// Declined: dropout, decode-shaped calls (the mma.sync decode tile packs GQA heads), head dims
+// above 256, unaligned tensors, devices other than sm_90, FLASHPORT_HOPPER_FWD=0 (the user's kill
+// switch, core/config.hpp).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -48,6 +49,14 @@ struct HopperTileV3 {
   }
 };
 
+// The kernel instance (head-dim bucket) of a call: the smallest of 64, 128, 256 holding both head
+// dims. Smaller dims run padded inside the kernel: TMA zero-fills the columns past D (and Dv), so
+// the padded products are exact, and the epilogue stores the Dv columns only.
+inline int hopper_head_bucket(const Problem& p) {
+  const int64_t m = std::max(p.d, p.dv);
+  return m <= 64 ? 64 : m <= 128 ? 128 : 256;
+}
+
 #if defined(FLASHPORT_WITH_HOPPER_FWD)
 template <int D, bool kBf16>
 KernelInfo hopper_fwd_kernel_info(int device);
@@ -59,14 +68,6 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, gpuStream_t str
 // Empty when cuTensorMapEncodeTiled accepts the q/k/v views of the call (the rules it documents,
 // checked without encoding); otherwise why not.
 std::string hopper_tma_reason(const Problem& p, int splits);
-
-// The kernel instance (head-dim bucket) of a call: the smallest of 64, 128, 256 holding both head
-// dims. Smaller dims run padded inside the kernel: TMA zero-fills the columns past D (and Dv), so
-// the padded products are exact, and the epilogue stores the Dv columns only.
-inline int hopper_head_bucket(const Problem& p) {
-  const int64_t m = std::max(p.d, p.dv);
-  return m <= 64 ? 64 : m <= 128 ? 128 : 256;
-}
 
 inline KernelInfo hopper_info_for(int d, bool bf16, int dev) {
   switch (d) {
@@ -100,6 +101,14 @@ inline bool is_kv_cache_call(const Problem& p) {
          p.seq.cache_leftpad != nullptr;
 }
 
+// Paged caches whose pages TMA boxes cannot tile (not a multiple of the key tile and not a multiple
+// of 8 dividing it), or with a left pad: the producer copies K/V row by row (cp.async) instead.
+inline bool kv_by_rows(const Problem& p) {
+  if (p.seq.kv_layout != KvLayout::Paged) return false;
+  const int64_t page = p.seq.page_size, bn = HopperTileV3::block_n(hopper_head_bucket(p));
+  return p.seq.cache_leftpad != nullptr || (page % bn != 0 && !(bn % page == 0 && page % 8 == 0));
+}
+
 inline bool hopper_mult8(int64_t x) { return (x & 7) == 0; }
 inline bool hopper_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
@@ -126,13 +135,6 @@ inline std::string hopper_fwd_candidate(const Problem& p, int arch, int sm_count
   if (p.d > 256 || p.dv > 256) return "hopper path: head dim above 256";
   const int d = hopper_head_bucket(p);
   if (p.rules.has_dropout()) return "hopper path: dropout";
-  if (p.seq.kv_layout == KvLayout::Paged) {
-    const int64_t page = p.seq.page_size, bn = HopperTileV3::block_n(d);
-    if (page % bn != 0 && !(bn % page == 0 && page % 8 == 0))
-      return "hopper path: page size " + std::to_string(page) + " (a multiple of " + std::to_string(bn) +
-             ", or a multiple of 8 dividing " + std::to_string(bn) + ")";
-    if (p.seq.cache_leftpad != nullptr) return "hopper path: paged KV cache with cache_leftpad";
-  }
   if (decode_shaped(p) || gqa_pack(p) != 1) return "hopper path: decode-shaped call";
   if (p.has_lse && p.lse_dtype != FP_F32) return "hopper path: lse dtype";
   // With rotary the kernel reads the rotated q of the workspace (aligned by its layout).

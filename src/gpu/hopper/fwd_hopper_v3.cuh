@@ -49,6 +49,10 @@ struct HopperV3Params {
   // work tile's first (tail) tile before the consumers read it. Rows past the tensor are zero-filled
   // by TMA, and a batched or varlen call's other rows are the caller's finite keys.
   bool zero_v_tail = false;
+  // Paged caches whose pages TMA boxes cannot tile (any size that is not a multiple of the key
+  // tile, or with cache_leftpad): the whole producer warpgroup copies K and V row by row with
+  // cp.async (one row per thread, or half a row at D = 256), zero-filling rows past the keys.
+  bool kv_by_rows = false;
 };
 
 namespace sm90 {
@@ -103,10 +107,11 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
     mbar_init(full_q, 1);
     mbar_init(empty_q, 4 * T::kConsumers);
     mbar_init(v_tail_zeroed, 1);
+    const uint32_t kv_arrivals = P.kv_by_rows ? 128u : 1u;  // the producer's threads, or the TMA issuer
 #pragma unroll
     for (int s = 0; s < S; ++s) {
-      mbar_init(full_k(s), 1);
-      mbar_init(full_v(s), 1);
+      mbar_init(full_k(s), kv_arrivals);
+      mbar_init(full_v(s), kv_arrivals);
       mbar_init(empty_k(s), 4 * T::kConsumers);  // one arrival per consumer warp
       mbar_init(empty_v(s), 4 * T::kConsumers);
     }
@@ -120,7 +125,66 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
   if (wg == 0) {
     // ---- producer ----
     regs_dec<T::kProducerRegs>();
-    if (tid < 32) {
+    if (P.kv_by_rows) {
+      // K and V row by row (cp.async), into the 128B-swizzled panels the TMA boxes would produce:
+      // row r, 16-byte chunk c of panel p at p * (BN * 128) + r * 128 + ((c ^ (r % 8)) * 16).
+      constexpr int kThreadsPerRow = 128 / BN;        // 1 (BN = 128) or 2 (BN = 64, D = 256)
+      constexpr int kChunks = D / 8 / kThreadsPerRow;  // 16-byte chunks per thread and row
+      const int row = tid / kThreadsPerRow, part = tid % kThreadsPerRow;
+      auto copy_row = [&](uint32_t slot, const uint16_t* src, bool valid, int dim) {
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+          const int chunk = part * kChunks + c;
+          const bool ok = valid && chunk * 8 < dim;  // columns past the head dim: zeros (padded D)
+          cp_async_16_to(slot + (chunk / 8) * (BN * 128) + row * 128 + (((chunk % 8) ^ (row & 7)) << 4),
+                         ok ? src + chunk * 8 : a.k, ok ? 16 : 0);
+        }
+      };
+      if (tid == 0) tma_prefetch_desc(&P.tq);
+      uint32_t it = 0, qr = 0;
+      for (int w = blockIdx.x; w < P.work_tiles; w += gridDim.x) {
+        int m0, head, b, split;
+        decode(w, m0, head, b, split);
+        Rows rows(a, b, head, m0, BM, 0);
+        if (rows.empty()) continue;
+        rows.clip_to_split(split, a.splits);
+        const int n_hi = rows.n_hi, count = n_hi - rows.n_lo;
+        if (count <= 0) continue;
+        const int kvh = head / a.group;
+        for (int t = 0; t < count; ++t, ++it) {
+          const int s = int(it & (S - 1));
+          const uint32_t free_parity = ((it / S) & 1) ^ 1;
+          const int key = (n_hi - 1 - t) * BN + row;
+          const bool valid = key < rows.lk;
+          const uint16_t* k_src = valid ? a.k + a.k_addr.at(a.seq, b, key, kvh) : a.k;
+          const uint16_t* v_src = valid ? a.v + a.v_addr.at(a.seq, b, key, kvh) : a.v;
+          mbar_wait(empty_k(s), free_parity);
+          copy_row(sK + s * kTileBytes, k_src, valid, a.d);
+          cp_async_commit();
+          if (t == 0) {
+            if (tid == 0) {
+              const bool q_packed = a.q_addr.packed;
+              const int q_row = q_packed ? int(rows.q_start) + m0 : m0, q_batch = q_packed ? 0 : b;
+              mbar_wait(empty_q, (qr & 1) ^ 1);
+              mbar_arrive_expect_tx(full_q, kQBytes);
+#pragma unroll
+              for (int p = 0; p < kPanels; ++p)
+                tma_load_4d(sQ + p * (BM * 128), &P.tq, full_q, p * 64, q_row, head, q_batch);
+            }
+            ++qr;
+          }
+          mbar_wait(empty_v(s), free_parity);
+          copy_row(sV + s * kTileBytes, v_src, valid, a.dv);
+          cp_async_commit();
+          cp_async_wait<1>();   // this thread's K rows landed
+          fence_proxy_async();  // generic-proxy writes -> the consumers' wgmma reads (async proxy)
+          mbar_arrive(full_k(s));
+          cp_async_wait<0>();
+          fence_proxy_async();
+          mbar_arrive(full_v(s));
+        }
+      }
+    } else if (tid < 32) {
       // Warp 0: lane 0 issues every copy; the warp reads a tile's page ids at once (paged).
       if (lane == 0) {
         tma_prefetch_desc(&P.tq);
