@@ -29,7 +29,7 @@ elif [ -d .gtest ]; then gtest_args=(-DGTest_DIR="$PWD/.gtest/lib/x86_64-linux-g
 
 build() {
   local tb=$(date +%s)
-  cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHPORT_CUDA=ON -DFLASHPORT_CPU=OFF \
+  cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHPORT_CUDA=ON -DFLASHPORT_CPU=ON \
     -DFLASHPORT_CLI=OFF -DFLASHPORT_CUDA_BENCH=ON "-DCMAKE_CUDA_ARCHITECTURES=$arch" \
     "-DFLASHPORT_CUDA_VERBOSE_PTXAS=$1" "${gtest_args[@]}" > "$OUT/configure.log" 2>&1 ||
     { tail -30 "$OUT/configure.log"; exit 1; }
