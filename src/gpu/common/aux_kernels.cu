@@ -190,7 +190,35 @@ __device__ void rotate_row(const AppendArgs& a, const typename Elem::T* x, typen
       dst[i1] = Elem::from_float(x0 * sn + x1 * c);
     }
   }
-  for (int t = a.rot_dim + lane; t < dim; t += kWarpSize) dst[t] = x[t];
+  // The columns past rot_dim; 16-bit elements two a lane when both rows allow 4-byte accesses.
+  using T = typename Elem::T;
+  const int rest = dim - a.rot_dim;
+  const T* xs = x + a.rot_dim;
+  T* ds = dst + a.rot_dim;
+  if (sizeof(T) == 2 && (rest & 1) == 0 &&
+      ((reinterpret_cast<uintptr_t>(xs) | reinterpret_cast<uintptr_t>(ds)) & 3) == 0) {
+    for (int t = lane; t < rest / 2; t += kWarpSize)
+      reinterpret_cast<uint32_t*>(ds)[t] = reinterpret_cast<const uint32_t*>(xs)[t];
+  } else {
+    for (int t = lane; t < rest; t += kWarpSize) ds[t] = xs[t];
+  }
+}
+
+// Splits a flat row index into (outer, middle, inner) for extents (., mid, inner): 32-bit
+// arithmetic when the rows fit (64-bit division costs a warp per row more than the row's copy).
+__device__ __forceinline__ void split_row(int64_t row, int64_t rows, int64_t mid, int64_t inner, int64_t& o,
+                                          int64_t& m, int64_t& n) {
+  if (rows <= INT32_MAX && mid <= INT32_MAX && inner <= INT32_MAX) {
+    const uint32_t r = uint32_t(row), in = uint32_t(inner), md = uint32_t(mid);
+    const uint32_t om = r / in;
+    n = r - om * in;
+    o = om / md;
+    m = om - uint32_t(o) * md;
+    return;
+  }
+  n = row % inner;
+  m = (row / inner) % mid;
+  o = row / (inner * mid);
 }
 
 // One warp per new row (b, j, kv head): rotary on k, then both written into the cache.
@@ -199,10 +227,10 @@ __global__ void __launch_bounds__(kAppendWarps * kWarpSize) append_kv_kernel(con
   using T = typename Elem::T;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t row = int64_t(blockIdx.x) * kAppendWarps + (threadIdx.x / kWarpSize);
-  if (row >= a.seq.batch * a.seq.snew * a.hkv) return;
-  const int64_t h = row % a.hkv;
-  const int64_t j = (row / a.hkv) % a.seq.snew;
-  const int64_t b = row / (a.hkv * a.seq.snew);
+  const int64_t rows = a.seq.batch * a.seq.snew * a.hkv;
+  if (row >= rows) return;
+  int64_t b, j, h;
+  split_row(row, rows, a.seq.snew, a.hkv, b, j, h);
   const int64_t pos = int64_t(a.seq.seqused_k[b]) + j;
   const int64_t cap = a.k_addr.layout == KvLayout::Paged ? a.seq.max_blocks * a.seq.page_size : a.seq.sk;
   if (pos < 0 || pos >= cap) return;  // out of the cache: clamp (skip), don't fault
@@ -220,10 +248,10 @@ __global__ void __launch_bounds__(kAppendWarps * kWarpSize) rotate_q_kernel(cons
   using T = typename Elem::T;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t row = int64_t(blockIdx.x) * kAppendWarps + (threadIdx.x / kWarpSize);
-  if (row >= a.seq.batch * a.seq.sq * a.hq) return;
-  const int64_t h = row % a.hq;
-  const int64_t i = (row / a.hq) % a.seq.sq;
-  const int64_t b = row / (a.hq * a.seq.sq);
+  const int64_t rows = a.seq.batch * a.seq.sq * a.hq;
+  if (row >= rows) return;
+  int64_t b, i, h;
+  split_row(row, rows, a.seq.sq, a.hq, b, i, h);
   if (i >= a.seq.q_len(b)) return;
   const int64_t qs = a.seq.q_start(b);
   // Rotary positions are cache rows (a left pad does not move them), as flash_attn.
