@@ -43,11 +43,15 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* tmap, uint
       "l"(reinterpret_cast<uint64_t>(tmap)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
-// 16 bytes global -> shared (shared-window address); src_bytes 0 writes zeros (cp.async: the generic
-// proxy, so the writer fences before wgmma reads the tile).
+// 16 bytes global -> shared (shared-window address); src_bytes 0 writes zeros.
 __device__ __forceinline__ void cp_async_16_to(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
                : "memory");
+}
+// One arrival on `bar` once every cp.async this thread issued so far has landed (the barrier's
+// expected count includes it: .noinc). The producer goes on issuing meanwhile.
+__device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 // 16 zero bytes at a shared-window address (16-byte aligned).
 __device__ __forceinline__ void st_shared_zero16(uint32_t addr) {

@@ -51,7 +51,8 @@ struct HopperV3Params {
   bool zero_v_tail = false;
   // Paged caches whose pages TMA boxes cannot tile (any size that is not a multiple of the key
   // tile, or with cache_leftpad): the whole producer warpgroup copies K and V row by row with
-  // cp.async (one row per thread, or half a row at D = 256), zero-filling rows past the keys.
+  // cp.async (one row per thread, or half a row at D = 256), zero-filling rows past the keys; each
+  // thread's cp.async.mbarrier.arrive completes the slot's full barrier (128 arrivals).
   bool kv_by_rows = false;
 };
 
@@ -160,7 +161,7 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
           const uint16_t* v_src = valid ? a.v + a.v_addr.at(a.seq, b, key, kvh) : a.v;
           mbar_wait(empty_k(s), free_parity);
           copy_row(sK + s * kTileBytes, k_src, valid, a.d);
-          cp_async_commit();
+          cp_async_arrive(full_k(s));  // arrives when this thread's rows have landed; no wait here
           if (t == 0) {
             if (tid == 0) {
               const bool q_packed = a.q_addr.packed;
@@ -175,13 +176,7 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
           }
           mbar_wait(empty_v(s), free_parity);
           copy_row(sV + s * kTileBytes, v_src, valid, a.dv);
-          cp_async_commit();
-          cp_async_wait<1>();   // this thread's K rows landed
-          fence_proxy_async();  // generic-proxy writes -> the consumers' wgmma reads (async proxy)
-          mbar_arrive(full_k(s));
-          cp_async_wait<0>();
-          fence_proxy_async();
-          mbar_arrive(full_v(s));
+          cp_async_arrive(full_v(s));
         }
       }
     } else if (tid < 32) {
