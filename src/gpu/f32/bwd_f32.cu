@@ -8,8 +8,9 @@
 //      per-(b, h, q-block) semaphore, so every dq element is summed in the same order every run);
 //   3. convert: dq = scale * accumulator; the sink gradient (mma/bwd_aux.cu's kernel).
 // Threads form a 16 x 16 grid (ty, tx): stage 1 S^T = K Q^T and dP^T = V dO^T for keys ty + 16r
-// x queries tx + 16c, then P and dS into shared memory; stage 2 dV += P^T dO, dK += dS^T Q for
-// keys ty + 16r x columns tx + 16c; stage 3 dQ = dS K for queries ty + 16r x columns tx + 16c.
+// x queries tx + 16c, then P^T and dS into shared memory; stage 2 dV += P^T dO, dK += dS^T Q for
+// keys ty + 16r x columns 4tx + 64g .. +3; stage 3 dQ = dS K for queries ty + 16r x the same
+// columns. Shared rows are padded by 4 floats and read as float4 along the reduced dimension.
 #include <algorithm>
 #include <cstdio>
 
@@ -82,22 +83,40 @@ __device__ __forceinline__ int last_key_block(int m, int bm, int bn, int lq, int
   return n < last ? n : last;
 }
 
+// dq_acc[0..3] += v[0..3]: two vector reductions on sm_90, four scalar ones before.
+__device__ __forceinline__ void add_quad(float* dst, const float* v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(v[0], v[1]));
+  atomicAdd(reinterpret_cast<float2*>(dst + 2), make_float2(v[2], v[3]));
+#else
+  atomicAdd(dst, v[0]);
+  atomicAdd(dst + 1, v[1]);
+  atomicAdd(dst + 2, v[2]);
+  atomicAdd(dst + 3, v[3]);
+#endif
+}
+
+// D64: two blocks per SM fit its shared memory, so registers are capped for them; D128 and D256
+// take one block per SM (shared memory) and their registers uncapped.
 template <int kTile>
-__global__ void __launch_bounds__(256, 2) bwd_f32_kernel(const __grid_constant__ BwdArgs a) {
+__global__ void __launch_bounds__(256, kTile == kF32D64 ? 2 : 1) bwd_f32_kernel(const __grid_constant__ BwdArgs a) {
   constexpr F32Tile C = kF32BwdTiles[kTile];
   constexpr int D = C.head_dim, BM = C.block_m, BN = C.block_n, NT = C.threads, S = C.row_stride();
   constexpr int T = 16;                              // grid side: 16 x 16 threads
-  constexpr int RK = BN / T, RQ = BM / T, DC = D / T, PS = BM + 1;
-  static_assert(NT == T * T && BN % T == 0 && BM % T == 0 && D % T == 0 && RK * RQ <= 32, "thread mapping");
+  // Columns of thread tx in stages 2 and 3: 4 tx + 64 g .. 4 tx + 64 g + 3 (g < DG).
+  constexpr int RK = BN / T, RQ = BM / T, DG = D / 64, DC = 4 * DG;
+  constexpr int PS = C.k_stride(), DS = C.q_stride();
+  static_assert(NT == T * T && BN % T == 0 && BM % T == 0 && D % 64 == 0 && BM % 4 == 0 && BN % 4 == 0 &&
+                RK * RQ <= 32, "thread mapping");
 
   extern __shared__ __align__(16) float smem[];
   float* sK = smem;
   float* sV = sK + BN * S;
   float* sQ = sV + BN * S;
   float* sdO = sQ + BM * S;
-  float* sP = sdO + BM * S;  // [BN][BM + 1]: dropout(P)^T
-  float* sdS = sP + BN * PS;  // [BN][BM + 1]: dS^T
-  float* sL = sdS + BN * PS;  // [BM] lse (log2 units)
+  float* sP = sdO + BM * S;   // [BN][BM + 4]: dropout(P)^T
+  float* sdS = sP + BN * PS;  // [BM][BN + 4]: dS
+  float* sL = sdS + BM * DS;  // [BM] lse (log2 units)
   float* sDs = sL + BM;       // [BM] D
 
   // BwdArgs carries the tensors as untyped storage pointers; an fp32 call's are floats.
@@ -143,11 +162,11 @@ __global__ void __launch_bounds__(256, 2) bwd_f32_kernel(const __grid_constant__
     const int steps = nm * a.group;
 
     if (steps > 0) {
-      load_rows<BN, D, S, NT>(sK, a.d, tid, k, [&](int r) -> const float* {
+      load_rows<BN, D, S, NT, true>(sK, a.d, tid, k, [&](int r) -> const float* {
         const int j = n0 + r;
         return j < lk ? k + a.k_addr.at(a.seq, b, j, kvh) : nullptr;
       });
-      load_rows<BN, D, S, NT>(sV, a.dv, tid, v, [&](int r) -> const float* {
+      load_rows<BN, D, S, NT, true>(sV, a.dv, tid, v, [&](int r) -> const float* {
         const int j = n0 + r;
         return j < lk ? v + a.v_addr.at(a.seq, b, j, kvh) : nullptr;
       });
@@ -160,11 +179,11 @@ __global__ void __launch_bounds__(256, 2) bwd_f32_kernel(const __grid_constant__
         const int m = m_lo + s % nm;
         const int i0 = m * BM;
         __syncthreads();  // the previous step is done with sQ, sdO, sP, sdS, sL, sDs
-        load_rows<BM, D, S, NT>(sQ, a.d, tid, q, [&](int r) -> const float* {
+        load_rows<BM, D, S, NT, true>(sQ, a.d, tid, q, [&](int r) -> const float* {
           const int i = i0 + r;
           return i < lq ? q + a.q_addr.at(b, q_start, i, h) : nullptr;
         });
-        load_rows<BM, D, S, NT>(sdO, a.dv, tid, dout, [&](int r) -> const float* {
+        load_rows<BM, D, S, NT, true>(sdO, a.dv, tid, dout, [&](int r) -> const float* {
           const int i = i0 + r;
           return i < lq ? dout + a.dout_addr.at(b, q_start, i, h) : nullptr;
         });
@@ -187,38 +206,33 @@ __global__ void __launch_bounds__(256, 2) bwd_f32_kernel(const __grid_constant__
         for (int r = 0; r < RK; ++r)
 #pragma unroll
           for (int c = 0; c < RQ; ++c) sc[r][c] = 0.0f, dp[r][c] = 0.0f;
+        // Rows a (keys) x rows b (queries) of two shared tiles, over 8-column steps, 4 columns per
+        // read (the FFMAs run in column order: the sums of a scalar loop).
+        auto dots = [&](float (&acc)[RK][RQ], const float* ta, const float* tb, int steps) {
 #pragma unroll 1
-        for (int k8 = 0; k8 < d_steps; ++k8) {
+          for (int k8 = 0; k8 < steps; ++k8) {
 #pragma unroll
-          for (int kk = 0; kk < 8; ++kk) {
-            const int col = k8 * 8 + kk;
-            float kv[RK], qv[RQ];
+            for (int k4 = 0; k4 < 8; k4 += 4) {
+              const int col = k8 * 8 + k4;
+              float4 av[RK], bv[RQ];
 #pragma unroll
-            for (int r = 0; r < RK; ++r) kv[r] = sK[(ty + T * r) * S + col];
+              for (int r = 0; r < RK; ++r) av[r] = *reinterpret_cast<const float4*>(ta + (ty + T * r) * S + col);
 #pragma unroll
-            for (int c = 0; c < RQ; ++c) qv[c] = sQ[(tx + T * c) * S + col];
+              for (int c = 0; c < RQ; ++c) bv[c] = *reinterpret_cast<const float4*>(tb + (tx + T * c) * S + col);
 #pragma unroll
-            for (int r = 0; r < RK; ++r)
+              for (int r = 0; r < RK; ++r)
 #pragma unroll
-              for (int c = 0; c < RQ; ++c) sc[r][c] = fmaf(kv[r], qv[c], sc[r][c]);
+                for (int c = 0; c < RQ; ++c) {
+                  acc[r][c] = fmaf(av[r].x, bv[c].x, acc[r][c]);
+                  acc[r][c] = fmaf(av[r].y, bv[c].y, acc[r][c]);
+                  acc[r][c] = fmaf(av[r].z, bv[c].z, acc[r][c]);
+                  acc[r][c] = fmaf(av[r].w, bv[c].w, acc[r][c]);
+                }
+            }
           }
-        }
-#pragma unroll 1
-        for (int k8 = 0; k8 < dv_steps; ++k8) {
-#pragma unroll
-          for (int kk = 0; kk < 8; ++kk) {
-            const int col = k8 * 8 + kk;
-            float vv[RK], ov[RQ];
-#pragma unroll
-            for (int r = 0; r < RK; ++r) vv[r] = sV[(ty + T * r) * S + col];
-#pragma unroll
-            for (int c = 0; c < RQ; ++c) ov[c] = sdO[(tx + T * c) * S + col];
-#pragma unroll
-            for (int r = 0; r < RK; ++r)
-#pragma unroll
-              for (int c = 0; c < RQ; ++c) dp[r][c] = fmaf(vv[r], ov[c], dp[r][c]);
-          }
-        }
+        };
+        dots(sc, sK, sQ, d_steps);
+        dots(dp, sV, sdO, dv_steps);
 
         // ---- P and dS (element (key j, query i)) ----
         const bool need_mask = n0 + BN > lk || (wr >= 0 && n0 + BN - 1 > i0 + shift + wr) ||
@@ -255,45 +269,75 @@ __global__ void __launch_bounds__(256, 2) bwd_f32_kernel(const __grid_constant__
             float p = fast_exp2(x - sL[il]);
             if (need_mask && (j < R.key_lo(i, shift) || j >= R.key_hi(i, shift, lk))) p = 0.0f;
             const float keep = ((keep_bits >> (r * RQ + c)) & 1u) ? keep_scale : 0.0f;
-            sdS[jl * PS + il] = p * (dp[r][c] * keep - sDs[il]) * dtanh;
+            sdS[il * DS + jl] = p * (dp[r][c] * keep - sDs[il]) * dtanh;
             sP[jl * PS + il] = p * keep;
           }
-        __syncthreads();  // P^T, dS^T complete
+        __syncthreads();  // P^T, dS complete
 
-        // ---- stage 2: dV += P^T dO, dK += dS^T Q ----
-#pragma unroll 4
-        for (int il = 0; il < BM; ++il) {
-          float pv[RK], dsv[RK], ov[DC], qv[DC];
+        // ---- stage 2: dV += P^T dO, dK += dS^T Q (4 queries of P^T per read) ----
+#pragma unroll 1
+        for (int il4 = 0; il4 < BM; il4 += 4) {
+          float4 pv4[RK];
 #pragma unroll
-          for (int r = 0; r < RK; ++r) pv[r] = sP[(ty + T * r) * PS + il], dsv[r] = sdS[(ty + T * r) * PS + il];
+          for (int r = 0; r < RK; ++r) pv4[r] = *reinterpret_cast<const float4*>(sP + (ty + T * r) * PS + il4);
 #pragma unroll
-          for (int c = 0; c < DC; ++c) ov[c] = sdO[il * S + tx + T * c], qv[c] = sQ[il * S + tx + T * c];
+          for (int ii = 0; ii < 4; ++ii) {
+            const int il = il4 + ii;
+            float dsv[RK];
+            float4 ov[DG], qv[DG];
 #pragma unroll
-          for (int r = 0; r < RK; ++r)
+            for (int r = 0; r < RK; ++r) dsv[r] = sdS[il * DS + ty + T * r];
 #pragma unroll
-            for (int c = 0; c < DC; ++c) {
-              acc_dv[r][c] = fmaf(pv[r], ov[c], acc_dv[r][c]);
-              acc_dk[r][c] = fmaf(dsv[r], qv[c], acc_dk[r][c]);
+            for (int g = 0; g < DG; ++g) {
+              ov[g] = *reinterpret_cast<const float4*>(sdO + il * S + 4 * tx + 64 * g);
+              qv[g] = *reinterpret_cast<const float4*>(sQ + il * S + 4 * tx + 64 * g);
             }
+#pragma unroll
+            for (int r = 0; r < RK; ++r) {
+              const float p = ii == 0 ? pv4[r].x : ii == 1 ? pv4[r].y : ii == 2 ? pv4[r].z : pv4[r].w;
+#pragma unroll
+              for (int g = 0; g < DG; ++g) {
+                acc_dv[r][4 * g] = fmaf(p, ov[g].x, acc_dv[r][4 * g]);
+                acc_dv[r][4 * g + 1] = fmaf(p, ov[g].y, acc_dv[r][4 * g + 1]);
+                acc_dv[r][4 * g + 2] = fmaf(p, ov[g].z, acc_dv[r][4 * g + 2]);
+                acc_dv[r][4 * g + 3] = fmaf(p, ov[g].w, acc_dv[r][4 * g + 3]);
+                acc_dk[r][4 * g] = fmaf(dsv[r], qv[g].x, acc_dk[r][4 * g]);
+                acc_dk[r][4 * g + 1] = fmaf(dsv[r], qv[g].y, acc_dk[r][4 * g + 1]);
+                acc_dk[r][4 * g + 2] = fmaf(dsv[r], qv[g].z, acc_dk[r][4 * g + 2]);
+                acc_dk[r][4 * g + 3] = fmaf(dsv[r], qv[g].w, acc_dk[r][4 * g + 3]);
+              }
+            }
+          }
         }
 
-        // ---- stage 3: dQ = dS K ----
+        // ---- stage 3: dQ = dS K (4 keys of dS per read) ----
         float acc_dq[RQ][DC];
 #pragma unroll
         for (int r = 0; r < RQ; ++r)
 #pragma unroll
           for (int c = 0; c < DC; ++c) acc_dq[r][c] = 0.0f;
-#pragma unroll 4
-        for (int jl = 0; jl < BN; ++jl) {
-          float dsv[RQ], kv[DC];
+#pragma unroll 1
+        for (int jl4 = 0; jl4 < BN; jl4 += 4) {
+          float4 ds4[RQ];
 #pragma unroll
-          for (int r = 0; r < RQ; ++r) dsv[r] = sdS[jl * PS + ty + T * r];
+          for (int r = 0; r < RQ; ++r) ds4[r] = *reinterpret_cast<const float4*>(sdS + (ty + T * r) * DS + jl4);
 #pragma unroll
-          for (int c = 0; c < DC; ++c) kv[c] = sK[jl * S + tx + T * c];
+          for (int jj = 0; jj < 4; ++jj) {
+            float4 kv[DG];
 #pragma unroll
-          for (int r = 0; r < RQ; ++r)
+            for (int g = 0; g < DG; ++g) kv[g] = *reinterpret_cast<const float4*>(sK + (jl4 + jj) * S + 4 * tx + 64 * g);
 #pragma unroll
-            for (int c = 0; c < DC; ++c) acc_dq[r][c] = fmaf(dsv[r], kv[c], acc_dq[r][c]);
+            for (int r = 0; r < RQ; ++r) {
+              const float d = jj == 0 ? ds4[r].x : jj == 1 ? ds4[r].y : jj == 2 ? ds4[r].z : ds4[r].w;
+#pragma unroll
+              for (int g = 0; g < DG; ++g) {
+                acc_dq[r][4 * g] = fmaf(d, kv[g].x, acc_dq[r][4 * g]);
+                acc_dq[r][4 * g + 1] = fmaf(d, kv[g].y, acc_dq[r][4 * g + 1]);
+                acc_dq[r][4 * g + 2] = fmaf(d, kv[g].z, acc_dq[r][4 * g + 2]);
+                acc_dq[r][4 * g + 3] = fmaf(d, kv[g].w, acc_dq[r][4 * g + 3]);
+              }
+            }
+          }
         }
         int32_t* sema = nullptr;
         if (a.deterministic) {
@@ -313,9 +357,11 @@ __global__ void __launch_bounds__(256, 2) bwd_f32_kernel(const __grid_constant__
           if (i >= lq) continue;
           float* row = dq_base + int64_t(i) * a.dacc;
 #pragma unroll
-          for (int c = 0; c < DC; ++c) {
-            const int col = tx + T * c;
-            if (col < a.d) atomicAdd(row + col, acc_dq[r][c]);
+          for (int g = 0; g < DG; ++g) {
+            // Columns [col, col + 4) lie inside the accumulator row (dacc is a multiple of 8);
+            // those past d receive exact zeros (K's columns past d are zero).
+            const int col = 4 * tx + 64 * g;
+            if (col < a.dacc) add_quad(row + col, &acc_dq[r][4 * g]);
           }
         }
         if (a.deterministic) {
@@ -339,7 +385,7 @@ __global__ void __launch_bounds__(256, 2) bwd_f32_kernel(const __grid_constant__
     float* dv_row = dv + a.dv_addr.at(a.seq, b, j, kvh);
 #pragma unroll
     for (int c = 0; c < DC; ++c) {
-      const int col = tx + T * c;
+      const int col = 4 * tx + 64 * (c / 4) + c % 4;
       if (col < a.d) dk_row[col] = acc_dk[r][c] * a.scale;
       if (col < a.dv) dv_row[col] = acc_dv[r][c];
     }

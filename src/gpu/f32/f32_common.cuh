@@ -30,22 +30,41 @@ __device__ __forceinline__ int64_t kv_offset(const SeqInfo& seq, const KvAddr& a
   return page * ad.s0 + (row % seq.page_size) * ad.s1 + h * ad.s2;
 }
 
+// 16 bytes (4 fp32) global -> shared; src_bytes < 16 zero-fills the rest.
+__device__ __forceinline__ void cp_async_f32x4(float* smem, const float* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),
+               "r"(src_bytes));
+}
+
 // Rows [0, R) of a shared tile with row stride kStride floats: row r's `cols` real columns from
 // `row_ptr(r)` (null: a zero row), the rest of the D columns zero. Threads of one row walk
 // consecutive columns (coalesced); each thread computes its row's address once. `any` is a valid
-// global address for the zero-filling copies (they read nothing).
-template <int R, int D, int kStride, int NT, typename RowPtr>
+// global address for the zero-filling copies (they read nothing). kVec (kStride a multiple of 4,
+// 16-byte aligned tile): 4 columns per copy where the source row is 16-byte aligned, zero rows
+// stored directly.
+template <int R, int D, int kStride, int NT, bool kVec = false, typename RowPtr>
 __device__ __forceinline__ void load_rows(float* tile, int cols, int tid, const float* any, RowPtr row_ptr) {
-  constexpr int kPerRow = D < NT ? D : NT;  // threads on one row
+  constexpr int kW = kVec ? 4 : 1;          // columns per thread and copy
+  constexpr int kPerRow = D / kW < NT ? D / kW : NT;  // threads on one row
   constexpr int kRowStep = NT / kPerRow;
-  static_assert(NT % kPerRow == 0 && D % kPerRow == 0, "thread mapping");
-  const int c0 = tid % kPerRow;
+  static_assert(NT % kPerRow == 0 && D % (kPerRow * kW) == 0 && (!kVec || kStride % 4 == 0), "thread mapping");
+  const int c0 = (tid % kPerRow) * kW;
   for (int r = tid / kPerRow; r < R; r += kRowStep) {
     const float* src = row_ptr(r);
+    const bool vec = kVec && (reinterpret_cast<uintptr_t>(src) & 15) == 0;
 #pragma unroll
-    for (int c = c0; c < D; c += kPerRow) {
-      const bool in = src != nullptr && c < cols;
-      cp_async_f32(tile + r * kStride + c, in ? src + c : any, in ? 4 : 0);
+    for (int c = c0; c < D; c += kPerRow * kW) {
+      if (kVec && src == nullptr) {
+        *reinterpret_cast<float4*>(tile + r * kStride + c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      } else if (kVec && vec && c < cols) {
+        cp_async_f32x4(tile + r * kStride + c, src + c, cols - c < 4 ? 4 * (cols - c) : 16);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kW; ++e) {
+          const bool in = src != nullptr && c + e < cols;
+          cp_async_f32(tile + r * kStride + c + e, in ? src + c + e : any, in ? 4 : 0);
+        }
+      }
     }
   }
 }

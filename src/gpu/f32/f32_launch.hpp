@@ -15,19 +15,22 @@
 namespace flashport::gpu {
 
 // One head-dim bucket of an fp32 kernel: block_m query rows x block_n keys per step; head dims
-// below the bucket run in it with zero-filled columns. Shared tiles are fp32 rows padded by one
-// element (conflict-free column walks).
+// below the bucket run in it with zero-filled columns. Shared tiles are fp32 rows padded by 4
+// floats: the kernels read them as float4 along the reduced dimension, conflict-free.
 struct F32Tile {
   int head_dim, block_m, block_n, threads;
   const char* name;
-  constexpr int row_stride() const { return head_dim + 1; }
+  constexpr int row_stride() const { return head_dim + 4; }  // Q, K, V, dO rows
+  constexpr int q_stride() const { return block_n + 4; }     // rows of P (fwd), of dS (bwd): per query
+  constexpr int k_stride() const { return block_m + 4; }     // rows of P^T (bwd): per key
   // Forward: Q, K, V tiles and the P tile.
   constexpr int fwd_smem_bytes() const {
-    return ((block_m + 2 * block_n) * row_stride() + block_m * (block_n + 1)) * 4;
+    return ((block_m + 2 * block_n) * row_stride() + block_m * q_stride()) * 4;
   }
-  // Backward: K, V, Q, dO tiles, P^T and dS^T, LSE and D of the step's rows.
+  // Backward: K, V, Q, dO tiles, P^T, dS, LSE and D of the step's rows.
   constexpr int bwd_smem_bytes() const {
-    return ((2 * block_n + 2 * block_m) * row_stride() + 2 * block_n * (block_m + 1) + 2 * block_m) * 4;
+    return ((2 * block_n + 2 * block_m) * row_stride() + block_n * k_stride() + block_m * q_stride() +
+            2 * block_m) * 4;
   }
 };
 

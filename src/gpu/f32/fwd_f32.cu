@@ -1,8 +1,8 @@
 // The fp32 forward main loop (FlashAttention-2 style, SIMT FFMA): one block of 128 threads per
 // (query block, query head, batch x split). Thread (ty, tx) owns rows ty*RM .. ty*RM+RM-1 of the
-// block, keys tx + 8c of each key tile (c < RN) and output columns tx + 8c (c < D/8). Q sits in
-// shared memory for the whole loop; K and V tiles stream through their own shared buffers with
-// 4-byte cp.async, V's copy overlapping S = Q K^T and the next K's copy overlapping P V. Key tiles
+// block, keys tx + 8c of each key tile (c < RN) and output columns 4tx + 32g .. 4tx + 32g + 3. Q
+// sits in shared memory for the whole loop; K and V tiles stream through their own shared buffers
+// (rows of D + 4 floats: float4 reads, conflict-free) with cp.async, V's copy overlapping S = Q K^T and the next K's copy overlapping P V. Key tiles
 // are visited last to first, as in the mma.sync kernel. Every score feature reads the shared rules
 // (core/score_rules.hpp) and the shared addressing (core/problem.hpp); dropout keeps exactly the
 // elements dropout_keep keeps in every other backend.
@@ -19,12 +19,13 @@ namespace flashport::gpu {
 namespace f32 {
 
 template <int kTile>
-__global__ void __launch_bounds__(128) fwd_f32_kernel(const __grid_constant__ FwdArgs a) {
+__global__ void __launch_bounds__(128, 2) fwd_f32_kernel(const __grid_constant__ FwdArgs a) {
   constexpr F32Tile C = kF32FwdTiles[kTile];
   constexpr int D = C.head_dim, BM = C.block_m, BN = C.block_n, NT = C.threads, S = C.row_stride();
   constexpr int TX = 8, TY = NT / TX;
-  constexpr int RM = BM / TY, RN = BN / TX, DC = D / TX, PS = BN + 1;
-  static_assert(NT == 128 && BM % TY == 0 && BN % TX == 0 && D % TX == 0, "thread mapping");
+  // Output columns of thread tx: 4 * tx + 32 * g + e (g < DG, e < 4): float4 reads of V rows.
+  constexpr int RM = BM / TY, RN = BN / TX, DG = D / 32, DC = 4 * DG, PS = C.q_stride();
+  static_assert(NT == 128 && BM % TY == 0 && BN % TX == 0 && D % 32 == 0 && BN % 4 == 0, "thread mapping");
 
   extern __shared__ __align__(16) float smem[];
   float* sQ = smem;
@@ -84,12 +85,12 @@ __global__ void __launch_bounds__(128) fwd_f32_kernel(const __grid_constant__ Fw
   const int dv_cols = a.dv;
 
   if (n_lo < n_hi) {
-    load_rows<BM, D, S, NT>(sQ, a.d, tid, q, [&](int r) -> const float* {
+    load_rows<BM, D, S, NT, true>(sQ, a.d, tid, q, [&](int r) -> const float* {
       const int i = m0 + r;
       return i < lq ? q + a.q_addr.at(b, q_start, i, h) : nullptr;
     });
     auto load_kv = [&](float* tile, const float* base, const KvAddr& ad, int cols, int nb) {
-      load_rows<BN, D, S, NT>(tile, cols, tid, base, [&](int r) -> const float* {
+      load_rows<BN, D, S, NT, true>(tile, cols, tid, base, [&](int r) -> const float* {
         const int j = nb * BN + r;
         return j < lk ? base + kv_offset(a.seq, ad, a.num_pages, b, j, kvh) : nullptr;
       });
@@ -103,7 +104,8 @@ __global__ void __launch_bounds__(128) fwd_f32_kernel(const __grid_constant__ Fw
       cp_async_wait<1>();
       __syncthreads();  // K (and Q) landed
 
-      // S = Q K^T over the 8-column steps holding real columns.
+      // S = Q K^T over the 8-column steps holding real columns, 4 columns per shared read
+      // (the FFMAs run in column order: the same sums as a scalar loop).
       float s[RM][RN];
 #pragma unroll
       for (int r = 0; r < RM; ++r)
@@ -112,17 +114,22 @@ __global__ void __launch_bounds__(128) fwd_f32_kernel(const __grid_constant__ Fw
 #pragma unroll 1
       for (int k8 = 0; k8 < d_steps; ++k8) {
 #pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {
-          const int col = k8 * 8 + kk;
-          float qv[RM], kv[RN];
+        for (int k4 = 0; k4 < 8; k4 += 4) {
+          const int col = k8 * 8 + k4;
+          float4 qv[RM], kv[RN];
 #pragma unroll
-          for (int r = 0; r < RM; ++r) qv[r] = sQ[(ty * RM + r) * S + col];
+          for (int r = 0; r < RM; ++r) qv[r] = *reinterpret_cast<const float4*>(sQ + (ty * RM + r) * S + col);
 #pragma unroll
-          for (int c = 0; c < RN; ++c) kv[c] = sK[(tx + TX * c) * S + col];
+          for (int c = 0; c < RN; ++c) kv[c] = *reinterpret_cast<const float4*>(sK + (tx + TX * c) * S + col);
 #pragma unroll
           for (int r = 0; r < RM; ++r)
 #pragma unroll
-            for (int c = 0; c < RN; ++c) s[r][c] = fmaf(qv[r], kv[c], s[r][c]);
+            for (int c = 0; c < RN; ++c) {
+              s[r][c] = fmaf(qv[r].x, kv[c].x, s[r][c]);
+              s[r][c] = fmaf(qv[r].y, kv[c].y, s[r][c]);
+              s[r][c] = fmaf(qv[r].z, kv[c].z, s[r][c]);
+              s[r][c] = fmaf(qv[r].w, kv[c].w, s[r][c]);
+            }
         }
       }
 
@@ -194,18 +201,29 @@ __global__ void __launch_bounds__(128) fwd_f32_kernel(const __grid_constant__ Fw
       }
       __syncthreads();  // V landed
 
-      // O += P V (columns past dv are zero in sV).
-#pragma unroll 4
-      for (int j = 0; j < BN; ++j) {
-        float pv[RM], vv[DC];
+      // O += P V (columns past dv are zero in sV), 4 keys of P and 4 columns of V per read.
+#pragma unroll 2
+      for (int j4 = 0; j4 < BN; j4 += 4) {
+        float4 pv[RM];
 #pragma unroll
-        for (int r = 0; r < RM; ++r) pv[r] = sP[(ty * RM + r) * PS + j];
+        for (int r = 0; r < RM; ++r) pv[r] = *reinterpret_cast<const float4*>(sP + (ty * RM + r) * PS + j4);
 #pragma unroll
-        for (int c = 0; c < DC; ++c) vv[c] = sV[j * S + tx + TX * c];
+        for (int jj = 0; jj < 4; ++jj) {
+          float4 vv[DG];
 #pragma unroll
-        for (int r = 0; r < RM; ++r)
+          for (int g = 0; g < DG; ++g) vv[g] = *reinterpret_cast<const float4*>(sV + (j4 + jj) * S + 4 * tx + 32 * g);
 #pragma unroll
-          for (int c = 0; c < DC; ++c) acc[r][c] = fmaf(pv[r], vv[c], acc[r][c]);
+          for (int r = 0; r < RM; ++r) {
+            const float p = jj == 0 ? pv[r].x : jj == 1 ? pv[r].y : jj == 2 ? pv[r].z : pv[r].w;
+#pragma unroll
+            for (int g = 0; g < DG; ++g) {
+              acc[r][4 * g] = fmaf(p, vv[g].x, acc[r][4 * g]);
+              acc[r][4 * g + 1] = fmaf(p, vv[g].y, acc[r][4 * g + 1]);
+              acc[r][4 * g + 2] = fmaf(p, vv[g].z, acc[r][4 * g + 2]);
+              acc[r][4 * g + 3] = fmaf(p, vv[g].w, acc[r][4 * g + 3]);
+            }
+          }
+        }
       }
     }
   }
@@ -242,7 +260,7 @@ __global__ void __launch_bounds__(128) fwd_f32_kernel(const __grid_constant__ Fw
     }
 #pragma unroll
     for (int c = 0; c < DC; ++c) {
-      const int col = tx + TX * c;
+      const int col = 4 * tx + 32 * (c / 4) + c % 4;
       if (col < dv_cols) dst[col] = acc[r][c] * inv;
     }
   }
