@@ -127,8 +127,8 @@ def test_values_and_grads_under_jit(jdev, dtype, mask):
 
 @pytest.mark.parametrize("jdev,dtype", jdev_dtypes(), indirect=["jdev"])
 def test_grad_of_scalar_loss_with_sinks_and_alibi(jdev, dtype):
-    """float32 on the CPU (ulp tolerance); float16/bfloat16 q/k/v (float32 sinks and slopes) on
-    CUDA, with the tolerance set by the same computation in the inputs' precision."""
+    """float32 (ulp tolerance) on the CPU and CUDA; float16/bfloat16 q/k/v (float32 sinks and
+    slopes) on CUDA, with the tolerance set by the same computation in the inputs' precision."""
     rng = np.random.default_rng(1)
     b, s, hq, hkv, d = 1, 23, 4, 1, 16
     q, k, v = (rand(rng, (b, s, h, d), dtype, jdev) for h in (hq, hkv, hkv))
@@ -158,8 +158,8 @@ def test_grad_of_scalar_loss_with_sinks_and_alibi(jdev, dtype):
 
 @pytest.mark.parametrize("jdev,dtype", jdev_dtypes(), indirect=["jdev"])
 def test_varlen(jdev, dtype):
-    """float32 on the CPU (ulp tolerance); float16/bfloat16 on CUDA, with the tolerance set by
-    the same computation in the inputs' precision."""
+    """float32 (ulp tolerance) on the CPU and CUDA; float16/bfloat16 on CUDA, with the tolerance
+    set by the same computation in the inputs' precision."""
     rng = np.random.default_rng(2)
     lq, lk = [3, 17, 1], [9, 17, 30]
     hq, hkv, d = 4, 2, 32

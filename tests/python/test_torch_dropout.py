@@ -2,7 +2,7 @@
 numpy Philox), torch.manual_seed reproduces a run, the generator advances between calls, the
 backward replays the forward's pattern (it reads the forward's rng_state tensor), and S_dmask
 encodes it. The rng_state is an int64 [2] tensor on the inputs' device (CUDA-graph safe; the graph
-tests are in test_torch_graphs.py). CUDA runs float16/bfloat16 (its dtypes), the CPU float32 too."""
+tests are in test_torch_graphs.py). CUDA runs float16/bfloat16 and float32, the CPU float32."""
 import pytest
 import torch
 
