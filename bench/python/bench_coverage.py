@@ -128,11 +128,16 @@ def main():
     add("kvcache + cache_leftpad",
         lambda: fa.flash_attn_with_kvcache(q, k_lp, v_lp, cache_seqlens=seqlens + 256, cache_leftpad=pad,
                                            causal=True))
+    zero_pad = torch.zeros(B, dtype=torch.int32, device=dev)
     for page in (16, 64, 256, 1, 48):
         kp, vp, table = paged(page)
         add(f"paged KV, page {page}",
             lambda kp=kp, vp=vp, table=table: fa.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=seqlens,
                                                                       block_table=table, causal=True))
+        if page in (16, 64):  # with a (zero) left pad: the row-copy producer instead of TMA boxes
+            add(f"paged KV, page {page}, cache_leftpad",
+                lambda kp=kp, vp=vp, table=table: fa.flash_attn_with_kvcache(
+                    q, kp, vp, cache_seqlens=seqlens, cache_leftpad=zero_pad, block_table=table, causal=True))
     # Append Sq new rows then attend (the cache holds Sk - Sq rows before the call).
     kn, vn = k[:, Sk - Sq:].clone(), v[:, Sk - Sq:].clone()
     before = seqlens - Sq
