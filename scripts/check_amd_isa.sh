@@ -4,11 +4,13 @@
 # -DFLASHPORT_HIP=ON, then reads the device ISA. Fails unless every attention kernel contains
 # v_mfma instructions on gfx90a/gfx942 and v_wmma instructions on gfx1100/gfx1201 (and none of the
 # other family) and no scratch (VGPR spills or stack arrays). Prints instruction counts,
-# VGPRs/AGPRs/SGPRs, static LDS, scratch and spills per kernel. The attention kernels are the
-# forward main loop shared with CUDA (src/gpu/mma/fwd_kernel.cuh). The aux kernels shared with CUDA
-# (src/gpu/common/aux_kernels.cu: merge / split-KV combine, merge backward, KV-cache append, rotary q)
-# are memory-bound and have no matrix instructions: each must be present on every target, with
-# no scratch, and no matrix instruction is required of them.
+# VGPRs/AGPRs/SGPRs, LDS (static, and the dynamic LDS of the tile row the launch passes), scratch
+# and spills per kernel. The attention kernels are the forward main loop shared with CUDA
+# (src/gpu/mma/fwd_kernel.cuh) and the attention backward shared with CUDA (src/gpu/mma/bwd_kernel.cuh).
+# The aux kernels shared with CUDA (src/gpu/common/aux_kernels.cu: merge / split-KV combine, merge
+# backward, KV-cache append, rotary q; src/gpu/mma/bwd_aux_kernels.cuh: backward preprocess, dq
+# conversion, sink gradient) are memory-bound and have no matrix instructions: each must be present
+# on every target, with no scratch, and no matrix instruction is required of them.
 # Usage: scripts/check_amd_isa.sh [BUILD_DIR]        (default build-hip-isa)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,15 +24,44 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHPORT_HIP=ON -D
   "-DFLASHPORT_HIP_ARCHS=${archs}" "-DFLASHPORT_HIP_DEVICE_LIBS=${bitcode}" >/dev/null
 ninja -C "$build" -j"$(nproc)" flashport_hip_objects >/dev/null
 
+# The dynamic LDS of each tile row, read from the tables themselves (AMD rows, host compile).
+probe="$build/hip_isa/lds_probe"
+cat > "$probe.cpp" <<'CPP'
+#include <cstdio>
+#include "gpu/common/tile_config.hpp"
+#include "gpu/mma/bwd_launch.hpp"
+int main() {
+  using namespace flashport::gpu;
+  for (int t = 0; t < kNumTileIds; ++t) std::printf("fwd_kernel %d %d\n", t, kTileConfigs[t].smem_bytes());
+  for (int t = 0; t < kNumBwdTiles; ++t) std::printf("bwd_kernel %d %d\n", t, kBwdTiles[t].smem_bytes());
+}
+CPP
+/usr/lib/llvm-19/bin/clang++ -std=c++20 -DFLASHPORT_HIP_HOST -D__HIP_PLATFORM_AMD__ -I/usr/include -Isrc -Iinclude \
+  "$probe.cpp" -o "$probe"
+"$probe" > "$build/hip_isa/lds_rows.txt"
+
 python3 - "$build/hip_isa" "$archs" <<'EOF'
 import glob, os, re, subprocess, sys
 
 isa_dir, archs = sys.argv[1], sys.argv[2].split(";")
-# Attention kernels: the forward main loop shared with CUDA (fwd_kernel.cuh, instances in fwd_amd.hip).
-ATTENTION = re.compile(r"fwd_kernel")
-# Aux kernels (aux_kernels.cu): no matrix instruction required; 6 instances a target.
-AUX = re.compile(r"merge_kernel|merge_bwd_kernel|append_kv_kernel|rotate_q_kernel")
-AUX_PER_TARGET = 6
+# Attention kernels: the forward main loop shared with CUDA (fwd_kernel.cuh, instances in fwd_amd.hip)
+# and the backward shared with CUDA (bwd_kernel.cuh, instances in bwd_amd.hip).
+ATTENTION = re.compile(r"fwd_kernel|bwd_kernel")
+BACKWARD = re.compile(r"bwd_kernel")
+BWD_PER_TARGET = 6
+# Aux kernels (aux_kernels.cu, bwd_aux_kernels.cuh): no matrix instruction required; 9 instances a target.
+AUX = re.compile(r"merge_kernel|merge_bwd_kernel|append_kv_kernel|rotate_q_kernel|"
+                 r"bwd_preprocess_kernel|bwd_convert_kernel|bwd_sink_kernel")
+AUX_PER_TARGET = 9
+# Dynamic LDS per (kernel, tile row) from the tables (lds_probe).
+DYN_LDS = {}
+for line in open(os.path.join(isa_dir, "lds_rows.txt")):
+    kind, tile, lds = line.split()
+    DYN_LDS[(kind, int(tile))] = int(lds)
+
+def dyn_lds(name):
+    m = re.search(r"(fwd_kernel|bwd_kernel)<(\d+)", name)
+    return DYN_LDS.get((m.group(1), int(m.group(2))), 0) if m else 0
 FIELDS = ["vgpr_count", "agpr_count", "sgpr_count", "group_segment_fixed_size",
           "private_segment_fixed_size", "vgpr_spill_count", "sgpr_spill_count"]
 
@@ -75,7 +106,7 @@ for arch in archs:
     if not files:
         failures.append(f"{arch}: no device ISA in {isa_dir}")
         continue
-    seen = aux_seen = 0
+    seen = aux_seen = bwd_seen = 0
     for path in files:
         ks = kernels(path)
         names = demangle(list(ks))
@@ -88,6 +119,7 @@ for arch in archs:
                                     f"bytes, {k.get('vgpr_spill_count', 0)} VGPRs spilled)")
                 continue
             seen += 1
+            bwd_seen += 1 if BACKWARD.search(name) else 0
             if want and k[want] == 0:
                 failures.append(f"{arch}: {names[name]} has no v_{want} instruction")
             if other and k[other] != 0:
@@ -99,24 +131,29 @@ for arch in archs:
         failures.append(f"{arch}: no attention kernel found")
     if aux_seen != AUX_PER_TARGET:
         failures.append(f"{arch}: {aux_seen} aux kernels found, expected {AUX_PER_TARGET}")
+    if bwd_seen != BWD_PER_TARGET:
+        failures.append(f"{arch}: {bwd_seen} backward kernels found, expected {BWD_PER_TARGET}")
 
-# lds: static LDS only; the main loop's tiles are dynamic LDS sized by tile_config.hpp's AMD rows.
+# lds: static LDS; dynlds: the dynamic LDS of the launch (the tile row of tile_config.hpp /
+# bwd_launch.hpp's AMD tables the kernel is instantiated for).
 print(f"{'target':8} {'kernel':58} {'mfma':>5} {'wmma':>5} {'vgpr':>5} {'agpr':>5} {'sgpr':>5} "
-      f"{'lds':>6} {'scratch':>7} {'vspill':>6} {'sspill':>6}")
+      f"{'lds':>6} {'dynlds':>6} {'scratch':>7} {'vspill':>6} {'sspill':>6}")
 for arch, name, k in rows:
     short = (name.replace("flashport::gpu::", "").replace("amd_target::", "")
              .replace("(FwdArgs)", "").replace("(flashport::gpu::FwdArgs)", "")
              .replace("(anonymous namespace)::", "").replace("(flashport::gpu::MergeArgs)", "")
-             .replace("(flashport::gpu::MergeBwdArgs)", "").replace("(flashport::gpu::AppendArgs)", ""))
+             .replace("(flashport::gpu::MergeBwdArgs)", "").replace("(flashport::gpu::AppendArgs)", "")
+             .replace("(flashport::gpu::BwdArgs)", "").replace("(BwdArgs)", ""))
     print(f"{arch:8} {short:58} {k['mfma']:5} {k['wmma']:5} {k.get('vgpr_count', 0):5} "
           f"{k.get('agpr_count', 0):5} {k.get('sgpr_count', 0):5} {k.get('group_segment_fixed_size', 0):6} "
-          f"{k.get('private_segment_fixed_size', 0):7} {k.get('vgpr_spill_count', 0):6} "
+          f"{dyn_lds(name):6} {k.get('private_segment_fixed_size', 0):7} {k.get('vgpr_spill_count', 0):6} "
           f"{k.get('sgpr_spill_count', 0):6}")
 if failures:
     print("AMD ISA check FAILED:\n  " + "\n  ".join(failures))
     sys.exit(1)
 n_aux = sum(1 for r in rows if AUX.search(r[1]))
-print(f"AMD ISA check passed: {len(rows) - n_aux} attention + {n_aux} aux kernels over {len(archs)} targets "
-      "(compile-verified and ISA-checked; not run on AMD hardware)")
+n_bwd = sum(1 for r in rows if BACKWARD.search(r[1]) and not AUX.search(r[1]))
+print(f"AMD ISA check passed: {len(rows) - n_aux} attention ({len(rows) - n_aux - n_bwd} forward + {n_bwd} backward) "
+      f"+ {n_aux} aux kernels over {len(archs)} targets (compile-verified and ISA-checked; not run on AMD hardware)")
 EOF
 echo "AMD ISA check took $(( $(date +%s) - start )) s"

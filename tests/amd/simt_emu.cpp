@@ -1,6 +1,7 @@
 // Cooperative lanes for the CPU emulation of AMD workgroups (see simt_emu.hpp).
 #include <ucontext.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <stdexcept>
@@ -30,6 +31,7 @@ std::vector<Lane>* g_lanes = nullptr;
 const std::function<void()>* g_body = nullptr;
 unsigned g_current = 0;
 Idx3 g_block, g_grid;
+unsigned g_threads = 0;
 std::vector<uint32_t> g_exchange;
 std::vector<unsigned char> g_smem;
 constexpr size_t kStackBytes = 256 * 1024;
@@ -50,6 +52,14 @@ void yield(Wait why) {
 Idx3 thread_idx() { return {g_current, 0, 0}; }
 Idx3 block_idx() { return g_block; }
 Idx3 grid_dim() { return g_grid; }
+Idx3 block_dim() { return {g_threads, 1, 1}; }
+bool g_mutate_layout = false;
+
+void unsatisfiable_wait() {
+  std::fprintf(stderr, "simt: workgroup (%u, %u, %u) waits on a workgroup that has not run (launch order)\n",
+               g_block.x, g_block.y, g_block.z);
+  std::abort();
+}
 
 uint32_t* exchange_words(size_t words) {
   if (g_exchange.size() < words) throw std::logic_error("exchange buffer resized inside a workgroup");
@@ -71,6 +81,7 @@ void run_block(unsigned threads, unsigned wave_size, Idx3 block, Idx3 grid, size
   g_body = &body;
   g_block = block;
   g_grid = grid;
+  g_threads = threads;
   for (unsigned t = 0; t < threads; ++t) {
     Lane& l = lanes[t];
     l.stack.reset(new char[kStackBytes]);

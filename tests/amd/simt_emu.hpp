@@ -30,6 +30,7 @@ struct Idx3 {
 Idx3 thread_idx();
 Idx3 block_idx();
 Idx3 grid_dim();
+Idx3 block_dim();
 // All live lanes of the workgroup reach this point before any passes it.
 void barrier();
 // All live lanes of the calling lane's wave (`wave_size` lanes) reach this point before any passes it.
@@ -45,6 +46,14 @@ enum Region : size_t { kShuffleWords = 0, kVoteWords = 1024, kProductWords = 204
 uint32_t* exchange_words(size_t words);
 // The dynamic shared memory of the running workgroup.
 void* dynamic_smem();
+// A wait on another workgroup (the backward's deterministic-mode semaphore) that is not yet
+// satisfied: one workgroup runs at a time, to completion, so it never will be. Reported and aborted
+// (a hang on hardware, or a wrong launch order in the emulation).
+[[noreturn]] void unsatisfiable_wait();
+// Test-only mutation of the emulated matrix instruction: when set, every product reads its B
+// operand at k ^ 1 (two k rows swapped: a register layout that disagrees with the loads). Tests set
+// it to prove that a wrong layout is caught by their comparisons.
+extern bool g_mutate_layout;
 
 }  // namespace simt
 
@@ -61,6 +70,7 @@ void* dynamic_smem();
 #define threadIdx (::simt::thread_idx())
 #define blockIdx (::simt::block_idx())
 #define gridDim (::simt::grid_dim())
+#define blockDim (::simt::block_dim())
 #define __syncthreads() ::simt::barrier()
 #define __expf expf
 #define __logf logf
@@ -82,7 +92,18 @@ inline unsigned atomicAdd(unsigned* p, unsigned v) {
   *p = old + v;
   return old;
 }
+inline int atomicAdd(int* p, int v) {
+  const int old = *p;
+  *p = old + v;
+  return old;
+}
+inline float atomicAdd(float* p, float v) {
+  const float old = *p;
+  *p = old + v;
+  return old;
+}
 inline void __threadfence() {}
+inline void __nanosleep(unsigned) { simt::unsatisfiable_wait(); }
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
 };
@@ -155,7 +176,8 @@ inline void emulated_mma(float* c, const uint32_t* a, const uint32_t* b) {
   for (int e = 0; e < L::kCElems; ++e) {
     const int i = L::c_row(int(lane), e), j = L::c_col(int(lane), e);
     float acc = c[e];
-    for (int k = 0; k < 16; ++k) acc = fmaf(elem(wa, kA, L::a_at(i, k)), elem(wb, kB, L::b_at(k, j)), acc);
+    for (int k = 0; k < 16; ++k)
+      acc = fmaf(elem(wa, kA, L::a_at(i, k)), elem(wb, kB, L::b_at(simt::g_mutate_layout ? k ^ 1 : k, j)), acc);
     c[e] = acc;
   }
   simt::wave_barrier();

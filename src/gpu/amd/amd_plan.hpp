@@ -1,7 +1,8 @@
-// The HIP backend's plans, host side: whether the shared forward main loop (fwd_kernel.cuh) and
-// the aux kernels (aux_kernels.cu: split-KV combine / merge, KV-cache append + rotary) can run a
-// validated call on AMD (or the reason not), which tile row, split count, workspace layout and
-// launch shape it takes, and the kernel arguments of each launch. Read by the HIP backend
+// The HIP backend's plans, host side: whether the shared forward main loop (fwd_kernel.cuh), the
+// aux kernels (aux_kernels.cu: split-KV combine / merge, KV-cache append + rotary) and the shared
+// backward (bwd_kernel.cuh + bwd_aux_kernels.cuh) can run a validated call on AMD (or the reason
+// not), which tile row, split count, workspace layout and launch shape it takes, and the kernel
+// arguments of each launch. Read by the HIP backend
 // (hip_backend.hip) and by the CPU emulation tests (tests/amd), so what is tested is what is
 // launched. AMD rows of tile_config.hpp only (HIP host pass or the emulation).
 #pragma once
@@ -15,6 +16,7 @@
 #include "gpu/common/fwd_plan.hpp"
 #include "gpu/common/kernel_args.hpp"
 #include "gpu/common/tile_config.hpp"
+#include "gpu/mma/bwd_launch.hpp"
 
 #if !defined(FP_TARGET_AMD)
 #error "amd_plan.hpp is for the HIP build and the AMD emulation (AMD tile rows)"
@@ -110,6 +112,42 @@ inline std::string amd_merge_refusal(const MergeProblem& p) {
   // Blocks of 4 warps over (row, 32-column chunk) items at wave32: the grid's x limit.
   if (p.batch * p.seqlen * p.heads * ((p.dv + 31) / 32) / 4 >= int64_t(0x7fffffff)) return "merge grid too large";
   return "";
+}
+
+// ---- the attention backward ---------------------------------------------------------------
+// The shared mma.sync backward on the AMD rows of bwd_launch.hpp's tile table: the launch shape
+// (tile, key blocks x kv heads x batch, query blocks), the workspace (bwd_workspace: lse2, dsum,
+// fp32 dq accumulator, deterministic-mode semaphores) and the arguments are the CUDA plan's
+// functions (bwd_layout, bwd_launch_args), read here with the AMD rows.
+// "" when the backward runs the call on AMD; else why not (the CUDA plan's rules, by name).
+inline std::string amd_bwd_refusal(const BwdProblem& bp) {
+  const Problem& p = bp.fwd;
+  if (p.dtype != FP_F16 && p.dtype != FP_BF16) return "backward dtype must be float16 or bfloat16";
+  if (!p.has_lse) return "lse: required by the backward";
+  if (p.lse_dtype != FP_F32) return "lse must be float32";
+  if (p.d > 256 || p.dv > 256) return "head dim > 256";
+  if (p.seq.snew > 0 || p.rotary_dim > 0) return "no backward for append-then-attend (k_new, rotary)";
+  if (p.seq.kv_layout == KvLayout::Paged || p.seq.cache_batch_idx != nullptr)
+    return "backward over a paged cache or cache_batch_idx is not supported";
+  if (p.seq.sq > 0x3fffffff || p.seq.sk > 0x3fffffff) return "sequence lengths must fit int32";
+  const BwdLayout l = bwd_layout(bp);
+  if (l.key_blocks > 0x7fffffff || p.hkv > 65535 || p.seq.batch > 65535)
+    return "backward grid too large (batch <= 65535, kv heads <= 65535)";
+  return "";
+}
+
+// The plan's kernel string: "hip:<tile row>:<dtype>:<matrix unit>:<gfx arch>:<dQ mode>".
+inline std::string amd_bwd_plan_name(const BwdProblem& bp, const BwdLayout& l, const char* unit, const char* arch) {
+  return std::string("hip:") + kBwdTiles[l.tile].name + (bp.fwd.dtype == FP_BF16 ? ":bf16:" : ":fp16:") + unit + ":" +
+         arch + (bp.deterministic ? ":deterministic" : ":atomic-dq");
+}
+
+// Grid of the main loop: key blocks x kv heads x batch (blocks of kBwdTiles[l.tile].threads(wave)).
+struct AmdBwdGrid {
+  unsigned x = 0, y = 0, z = 0;
+};
+inline AmdBwdGrid amd_bwd_grid(const BwdProblem& bp, const BwdLayout& l) {
+  return {unsigned(l.key_blocks), unsigned(bp.fwd.hkv), unsigned(bp.fwd.seq.batch)};
 }
 
 FP_TARGET_NS_END

@@ -30,13 +30,15 @@ foreach(arch IN LISTS FLASHPORT_HIP_ARCHS)
 endforeach()
 
 # Kernel instances: the forward main loop shared with CUDA (fwd_kernel.cuh) on the AMD tile rows,
-# head dims 64/128/256 x fp16/bf16 (fwd_launch.hpp: kAmdFwdInstances), and the aux kernels shared
+# head dims 64/128/256 x fp16/bf16 (fwd_launch.hpp: kAmdFwdInstances), the aux kernels shared
 # with CUDA (aux_kernels.cu, compiled as HIP: merge/split combine, merge backward, KV-cache append
-# and rotary-q x fp16/bf16).
+# and rotary-q x fp16/bf16), and the backward shared with CUDA (bwd_amd.hip: bwd_kernel.cuh on the
+# AMD backward rows x fp16/bf16, preprocess, dq conversion, sink gradient; kAmdBwdInstances).
 set(FLASHPORT_HIP_KERNEL_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/amd/fwd_amd.hip
-                                 ${CMAKE_CURRENT_SOURCE_DIR}/common/aux_kernels.cu)
+                                 ${CMAKE_CURRENT_SOURCE_DIR}/common/aux_kernels.cu
+                                 ${CMAKE_CURRENT_SOURCE_DIR}/amd/bwd_amd.hip)
 set(FLASHPORT_HIP_HOST_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/amd/hip_backend.hip)
-set(FLASHPORT_HIP_INSTANCES 12)  # forward 6 + aux 6
+set(FLASHPORT_HIP_INSTANCES 21)  # forward 6 + aux 6 + backward 6 + backward aux 3
 list(LENGTH FLASHPORT_HIP_ARCHS _fp_hip_narch)
 message(STATUS "flashport HIP: ${FLASHPORT_HIP_INSTANCES} kernel instances x ${_fp_hip_narch} targets "
                "(${FLASHPORT_HIP_ARCHS}) with ${FLASHPORT_HIP_CLANG}; compile-verified, not run")

@@ -7,7 +7,9 @@
 // the forward main loop shared with CUDA (fwd_kernel.cuh on the AMD tile-MMA layer, instances in
 // fwd_amd.hip) with split-KV over key ranges, and the aux kernels shared with CUDA (aux_kernels.cu:
 // the split-KV combine, which is also the public merge op and its backward, and the KV-cache append
-// + rotary), all planned by amd_plan.hpp. The attention backward is refused by name.
+// + rotary), all planned by amd_plan.hpp; and the attention backward shared with CUDA
+// (bwd_kernel.cuh on the AMD tile layer + bwd_aux_kernels.cuh, instances in bwd_amd.hip): preprocess,
+// main loop (atomic or deterministic dQ), dq conversion and sink gradient.
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -17,6 +19,7 @@
 #include "gpu/amd/amd_gate.hpp"
 #include "gpu/amd/amd_plan.hpp"
 #include "core/backend.hpp"
+#include "gpu/mma/bwd_launch.hpp"
 #include "gpu/mma/fwd_launch.hpp"
 
 namespace flashport {
@@ -172,11 +175,50 @@ class HipBackend final : public Backend {
     return Status::ok();
   }
 
-  Status plan_bwd(const BwdProblem&, Plan*) const override {
-    return unsupported("hip backend: attention backward is not ported to AMD (bwd_kernel.cuh is NVIDIA-only)");
+  // The backward: the CUDA plan's layout and arguments on the AMD rows (amd_plan.hpp).
+  Status decide_bwd(const BwdProblem& bp, BwdLayout* l, AmdDevice* dev) const {
+    if (const std::string why = amd_bwd_refusal(bp); !why.empty()) return unsupported("hip backend: " + why);
+    *l = bwd_layout(bp);
+    return check_device(bp.fwd.device_index, kBwdTiles[l->tile].smem_bytes(), dev);
   }
-  Status run_bwd(const BwdProblem&, const Plan&, void*) const override {
-    return unsupported("hip backend: attention backward is not ported to AMD (bwd_kernel.cuh is NVIDIA-only)");
+
+  Status plan_bwd(const BwdProblem& bp, Plan* plan) const override {
+    if (bp.fwd.device != FP_DEVICE_HIP) return unsupported("hip backend: tensors are not on a HIP device");
+    BwdLayout l;
+    AmdDevice dev;
+    FP_RETURN_IF_ERROR(decide_bwd(bp, &l, &dev));
+    *plan = Plan{};
+    std::snprintf(plan->kernel, sizeof(plan->kernel), "%s",
+                  amd_bwd_plan_name(bp, l, unit_name(dev.gfx), dev.arch_name).c_str());
+    plan->workspace_bytes = l.ws.total;
+    plan->num_splits = 1;
+    plan->kernel_id = kKernelMmaBwd;
+    PlanArgs::set(plan, l.tile, 1);
+    return Status::ok();
+  }
+
+  Status run_bwd(const BwdProblem& bp, const Plan& plan, void* workspace) const override {
+    const BwdLayout l = bwd_layout(bp);
+    if (plan.kernel_id != kKernelMmaBwd || PlanArgs::tile(plan) != l.tile || plan.workspace_bytes != l.ws.total)
+      return {FP_ERR_RUNTIME, "hip backend: plan does not match the call (re-select after changing it)"};
+    AmdDevice dev;
+    FP_RETURN_IF_ERROR(check_device(bp.fwd.device_index, kBwdTiles[l.tile].smem_bytes(), &dev));
+    if (bp.fwd.seq.batch == 0) return Status::ok();
+    DeviceGuard guard(bp.fwd.device_index);
+    const auto stream = static_cast<gpuStream_t>(bp.fwd.raw->stream);
+    const BwdArgs a = bwd_launch_args(bp, l, workspace);
+    // In stream order: preprocess (D, lse2, zeroed dq accumulator and semaphores), main loop,
+    // dq conversion (+ sink gradient).
+    if (gpuError_t e = launch_bwd_preprocess_amd(a, dev.wave_size, stream); e != gpuSuccess)
+      return {FP_ERR_RUNTIME, std::string("hip backend: backward preprocess launch: ") + gpuGetErrorString(e)};
+    const AmdBwdGrid g = amd_bwd_grid(bp, l);
+    if (g.x > 0 && g.y > 0) {
+      if (gpuError_t e = launch_bwd_amd(l.tile, a.bf16, a, dim3(g.x, g.y, g.z), dev.wave_size, stream); e != gpuSuccess)
+        return {FP_ERR_RUNTIME, std::string("hip backend: ") + plan.kernel + " launch: " + gpuGetErrorString(e)};
+    }
+    if (gpuError_t e = launch_bwd_convert_amd(a, dev.wave_size, stream); e != gpuSuccess)
+      return {FP_ERR_RUNTIME, std::string("hip backend: backward dq conversion launch: ") + gpuGetErrorString(e)};
+    return Status::ok();
   }
 
   // The merge op: the aux merge kernel (no workspace). Its device gate needs no LDS.
