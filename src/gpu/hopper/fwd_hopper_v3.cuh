@@ -51,7 +51,7 @@ struct HopperV3Params {
   bool zero_v_tail = false;
   // Paged caches whose pages TMA boxes cannot tile (any size that is not a multiple of the key
   // tile, or with cache_leftpad): the whole producer warpgroup copies K and V row by row with
-  // cp.async (coalesced: adjacent lanes on one row), zero-filling rows past the keys; each
+  // cp.async (one row per thread, or half a row at D = 256), zero-filling rows past the keys; each
   // thread's cp.async.mbarrier.arrive completes the slot's full barrier (128 arrivals).
   bool kv_by_rows = false;
 };
@@ -127,34 +127,18 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
     // ---- producer ----
     regs_dec<T::kProducerRegs>();
     if (P.kv_by_rows) {
-      // K and V row by row (cp.async) into the 128B-swizzled panels the TMA boxes would produce:
+      // K and V row by row (cp.async), into the 128B-swizzled panels the TMA boxes would produce:
       // row r, 16-byte chunk c of panel p at p * (BN * 128) + r * 128 + ((c ^ (r % 8)) * 16).
-      // The lanes of a row are adjacent (coalesced rows of D * 2 bytes): kThreadsPerRow threads a
-      // row, kRowsPerPass rows a pass over the 128 threads; each row's page found once a pass.
-      constexpr int kThreadsPerRow = D / 8;                  // 8, 16, 32
-      constexpr int kRowsPerPass = 128 / kThreadsPerRow;    // 16, 8, 4
-      constexpr int kPasses = BN / kRowsPerPass;            // 8, 16, 16
-      const int chunk = tid % kThreadsPerRow, row0 = tid / kThreadsPerRow;
-      const uint32_t chunk_off = uint32_t(chunk / 8) * (BN * 128);
-      // The sequence's pages (its block-table row) and left pad, read once per work tile: key j is
-      // cache row pad + j, in page pages[row / page_size].
-      const int32_t* pages = nullptr;
-      uint32_t pad = 0;
-      auto copy_tile = [&](uint32_t slot, const uint16_t* base, const KvAddr& ad, int kvh, int key0, int lk, int dim) {
-        const bool col_ok = chunk * 8 < dim;  // columns past the head dim: zeros (padded D)
-        const uint32_t page_size = uint32_t(a.seq.page_size);
-#pragma unroll 1
-        for (int pass = 0; pass < kPasses; ++pass) {
-          const int row = pass * kRowsPerPass + row0, key = key0 + row;
-          const bool ok = col_ok && key < lk;  // rows past the keys: zeros
-          const uint16_t* src = base;
-          if (ok) {
-            const uint32_t cache_row = pad + uint32_t(key), page = cache_row / page_size;
-            src = base + int64_t(pages[page]) * ad.s0 + int64_t(cache_row - page * page_size) * ad.s1 +
-                  int64_t(kvh) * ad.s2 + chunk * 8;
-          }
-          cp_async_16_to(slot + chunk_off + uint32_t(row) * 128u + ((uint32_t(chunk % 8) ^ uint32_t(row & 7)) << 4),
-                         src, ok ? 16 : 0);
+      constexpr int kThreadsPerRow = 128 / BN;        // 1 (BN = 128) or 2 (BN = 64, D = 256)
+      constexpr int kChunks = D / 8 / kThreadsPerRow;  // 16-byte chunks per thread and row
+      const int row = tid / kThreadsPerRow, part = tid % kThreadsPerRow;
+      auto copy_row = [&](uint32_t slot, const uint16_t* src, bool valid, int dim) {
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+          const int chunk = part * kChunks + c;
+          const bool ok = valid && chunk * 8 < dim;  // columns past the head dim: zeros (padded D)
+          cp_async_16_to(slot + (chunk / 8) * (BN * 128) + row * 128 + (((chunk % 8) ^ (row & 7)) << 4),
+                         ok ? src + chunk * 8 : a.k, ok ? 16 : 0);
         }
       };
       if (tid == 0) tma_prefetch_desc(&P.tq);
@@ -168,15 +152,16 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
         const int n_hi = rows.n_hi, count = n_hi - rows.n_lo;
         if (count <= 0) continue;
         const int kvh = head / a.group;
-        pages = a.seq.block_table + int64_t(b) * a.seq.block_table_stride;
-        pad = uint32_t(a.seq.k_pad(b));
         for (int t = 0; t < count; ++t, ++it) {
           const int s = int(it & (S - 1));
           const uint32_t free_parity = ((it / S) & 1) ^ 1;
-          const int key0 = (n_hi - 1 - t) * BN;
+          const int key = (n_hi - 1 - t) * BN + row;
+          const bool valid = key < rows.lk;
+          const uint16_t* k_src = valid ? a.k + a.k_addr.at(a.seq, b, key, kvh) : a.k;
+          const uint16_t* v_src = valid ? a.v + a.v_addr.at(a.seq, b, key, kvh) : a.v;
           mbar_wait(empty_k(s), free_parity);
-          copy_tile(sK + s * kTileBytes, a.k, a.k_addr, kvh, key0, rows.lk, a.d);
-          cp_async_arrive(full_k(s));  // arrives when this thread's copies have landed; no wait here
+          copy_row(sK + s * kTileBytes, k_src, valid, a.d);
+          cp_async_arrive(full_k(s));  // arrives when this thread's rows have landed; no wait here
           if (t == 0) {
             if (tid == 0) {
               const bool q_packed = a.q_addr.packed;
@@ -190,7 +175,7 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
             ++qr;
           }
           mbar_wait(empty_v(s), free_parity);
-          copy_tile(sV + s * kTileBytes, a.v, a.v_addr, kvh, key0, rows.lk, a.dv);
+          copy_row(sV + s * kTileBytes, v_src, valid, a.dv);
           cp_async_arrive(full_v(s));
         }
       }
