@@ -1,4 +1,4 @@
-// CUDA float32 (src/gpu/f32: SIMT FFMA forward and backward) against the fp64 reference: every
+// CUDA float32 (src/gpu/f32: 3xTF32 tensor-core forward, SIMT FFMA backward) against the fp64 reference: every
 // feature the 16-bit kernels take (batched/varlen, GQA/MQA, causal both alignments, windows,
 // softcap, ALiBi, sinks, LSE, dropout, split-KV, KV cache contiguous/paged/cache_batch_idx/
 // cache_leftpad/seqused_k, append + rotary, head dims 1..256, Dq != Dv), forward and backward,
@@ -8,10 +8,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <string>
+#include <tuple>
 
 #include "bwd_harness.hpp"
+#include "gpu/f32/tf32_frag.hpp"
 
 namespace gputest {
 namespace {
@@ -26,7 +29,7 @@ void check_f32(const Case& c) {
   SCOPED_TRACE("fp32");
   fp_selection sel{};
   check_case(c, &sel);
-  EXPECT_NE(std::string(sel.kernel).find("f32_simt"), std::string::npos) << sel.kernel;
+  EXPECT_NE(std::string(sel.kernel).find("f32_tf32x3"), std::string::npos) << sel.kernel;
 }
 
 void check_f32_bwd(const Case& c, bool det = false, int repeats = 1) {
@@ -34,6 +37,103 @@ void check_f32_bwd(const Case& c, bool det = false, int repeats = 1) {
   fp_selection sel{};
   check_bwd(c, det, repeats, &sel);
   EXPECT_NE(std::string(sel.kernel).find("f32_simt_bwd"), std::string::npos) << sel.kernel;
+}
+
+// ---- fragment coordinates (host only) ----------------------------------------------------------
+// The m16n8k8 .tf32 fragment tables of the PTX ISA, written out here independently of Tf32Frag
+// (g = lane / 4, t = lane % 4): A a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4);
+// B b0 (k t, n g), b1 (k t + 4, n g); C c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1).
+using Lanes4 = std::array<std::array<double, 4>, 32>;
+using Lanes2 = std::array<std::array<double, 2>, 32>;
+
+// One warp-wide mma (d = a b + d) from the lanes' fragments, as the hardware reads them.
+void emulate_mma(const Lanes4& a, const Lanes2& b, Lanes4& d) {
+  double A[16][8], B[8][8], C[16][8];
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    const int ar[4] = {g, g + 8, g, g + 8}, ac[4] = {t, t, t + 4, t + 4};
+    const int cr[4] = {g, g, g + 8, g + 8}, cc[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+    for (int r = 0; r < 4; ++r) A[ar[r]][ac[r]] = a[lane][r], C[cr[r]][cc[r]] = d[lane][r];
+    B[t][g] = b[lane][0], B[t + 4][g] = b[lane][1];
+  }
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    const int cr[4] = {g, g, g + 8, g + 8}, cc[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+    for (int r = 0; r < 4; ++r) {
+      double x = C[cr[r]][cc[r]];
+      for (int k = 0; k < 8; ++k) x += A[cr[r]][k] * B[k][cc[r]];
+      d[lane][r] = x;
+    }
+  }
+}
+
+// The forward's two products through Tf32Frag, emulated for one warp (16 rows, 2 key steps, 16
+// columns; small integers, so every sum is exact): S = Q K^T read back at the C coordinates the
+// score code uses, and O += P V with P from the C fragments. `pv_from_c` is the P reordering under
+// test. Returns the number of wrong elements.
+template <typename PvFromC>
+int fwd_fragment_errors(PvFromC pv_from_c) {
+  using F = flashport::gpu::f32::Tf32Frag;
+  constexpr int kD = 16, kKeys = 16;
+  double Q[16][kD], K[kKeys][kD], V[kKeys][kD];
+  for (auto* m : {&Q[0][0], &K[0][0], &V[0][0]})
+    for (int e = 0; e < 16 * kD; ++e) m[e] = static_cast<double>(rand_int(-4, 4));
+  int errors = 0;
+  std::array<Lanes4, kKeys / 8> s{};
+  for (int n = 0; n < kKeys / 8; ++n) {
+    for (int col = 0; col < kD; col += 8) {
+      Lanes4 a{};
+      Lanes2 b{};
+      for (int lane = 0; lane < 32; ++lane) {
+        for (int r = 0; r < 4; ++r) a[lane][r] = Q[F::a_row(lane, r)][col + F::a_col(lane, r)];
+        for (int r = 0; r < 2; ++r) b[lane][r] = K[8 * n + F::b_n(lane)][col + F::b_k(lane, r)];
+      }
+      emulate_mma(a, b, s[n]);
+    }
+    for (int lane = 0; lane < 32; ++lane)
+      for (int hr = 0; hr < 2; ++hr)
+        for (int e = 0; e < 2; ++e) {
+          // The kernel's coordinates of element 2 hr + e: row c_row(lane, 0) + 8 hr, key c_col(lane, e).
+          const int row = F::c_row(lane, 0) + 8 * hr, key = 8 * n + F::c_col(lane, e);
+          errors += row != F::c_row(lane, 2 * hr + e) || F::c_col(lane, e) != F::c_col(lane, 2 * hr + e);
+          double want = 0.0;
+          for (int c = 0; c < kD; ++c) want += Q[row][c] * K[key][c];
+          errors += s[n][lane][2 * hr + e] != want;
+        }
+  }
+  // P: the scores themselves (any values do); O = P V.
+  std::array<Lanes4, kD / 8> o{};
+  for (int n = 0; n < kKeys / 8; ++n)
+    for (int c = 0; c < kD / 8; ++c) {
+      Lanes4 a{};
+      Lanes2 b{};
+      for (int lane = 0; lane < 32; ++lane) {
+        for (int r = 0; r < 4; ++r) a[lane][r] = s[n][lane][pv_from_c(r)];
+        for (int r = 0; r < 2; ++r) b[lane][r] = V[8 * n + F::pv_key(F::b_k(lane, r))][8 * c + F::b_n(lane)];
+      }
+      emulate_mma(a, b, o[c]);
+    }
+  for (int c = 0; c < kD / 8; ++c)
+    for (int lane = 0; lane < 32; ++lane)
+      for (int e = 0; e < 4; ++e) {
+        const int row = F::c_row(lane, e), col = 8 * c + F::c_col(lane, e);
+        double want = 0.0;
+        for (int j = 0; j < kKeys; ++j) {
+          double p = 0.0;
+          for (int x = 0; x < kD; ++x) p += Q[row][x] * K[j][x];
+          want += p * V[j][col];
+        }
+        errors += o[c][lane][e] != want;
+      }
+  return errors;
+}
+
+// Runs on the host (no GPU needed): the kernel's fragment coordinates give Q K^T and P V.
+TEST(CudaF32Fragments, ForwardProductsMatchThePtxLayout) {
+  using F = flashport::gpu::f32::Tf32Frag;
+  EXPECT_EQ(fwd_fragment_errors([](int r) { return F::pv_from_c(r); }), 0);
+  // The check can fail: P taken in C order (no reordering) gives wrong sums.
+  EXPECT_GT(fwd_fragment_errors([](int r) { return r; }), 0);
 }
 
 // ---- forward ---------------------------------------------------------------------------------
@@ -269,6 +369,61 @@ TEST(CudaF32Fwd, GraphCaptureAndReplay) {
 // The error is that of an fp32 computation: the GPU's relative error against the fp64 reference is
 // within 8x the CPU backend's fp32 error on the same inputs, or below 4e-7 (~3 ulp of fp32; a
 // single-pass TF32 product would be ~1e-4, fp16 ~1e-3). Both errors are printed.
+void expect_fp32_error(const char* what, double gpu_err, double cpu_err) {
+  std::printf("fp32 %s: relative error vs fp64: cuda %.3g, cpu fp32 %.3g\n", what, gpu_err, cpu_err);
+  EXPECT_LE(gpu_err, std::max(8.0 * cpu_err, 4e-7)) << what << ": cuda " << gpu_err << " vs cpu fp32 " << cpu_err;
+}
+
+void expect_fwd_error_is_fp32(const Case& c) {
+  SCOPED_TRACE(c.describe());
+  Call call(c);
+  const Outputs ref = run_reference(call);
+  ASSERT_TRUE(ref.ok) << ref.error;
+  DeviceCall dev(call);
+  const Outputs got = run_cuda(call, dev);
+  ASSERT_TRUE(got.ok) << got.error;
+  // The CPU backend's fp32 result on the same host inputs.
+  HostTensor cpu_out = call.out, cpu_lse = call.lse;
+  Call::Views w{};
+  w.q = call.q.view(), w.k = call.k.view(), w.v = call.v.view(), w.out = cpu_out.view(), w.lse = cpu_lse.view();
+  if (!call.sinks.empty()) w.sinks = call.sinks.view();
+  fp_attn_params p = call.params(w, FP_BACKEND_CPU);
+  ASSERT_EQ(fp_attn_fwd(&p), FP_OK) << fp_last_error();
+  const auto want = gather_rows(call, ref.out, false);
+  const std::string what = "out D=" + std::to_string(c.d) + " Sk=" + std::to_string(c.sk);
+  expect_fp32_error(what.c_str(), flashport::test::compare(gather_rows(call, got.out, false), want).rel_err,
+                    flashport::test::compare(gather_rows(call, cpu_out, false), want).rel_err);
+}
+
+// The backward's dq, dk, dv against the fp64 reference backward, with the CPU backend's fp32
+// backward on the same inputs (out and lse from the fp64 forward, rounded to fp32) as the yardstick.
+void expect_bwd_error_is_fp32(const Case& c) {
+  SCOPED_TRACE(c.describe());
+  BwdCall bc(c);
+  ASSERT_TRUE(bc.ok) << bc.error;
+  const BwdOutputs ref = run_reference_bwd(bc);
+  ASSERT_TRUE(ref.ok) << ref.error;
+  DeviceBwd dev(bc);
+  const BwdOutputs got = dev.run(bc, false);
+  ASSERT_TRUE(got.ok) << got.error;
+  const Call& call = bc.call;
+  HostTensor dq = call.q, dk = call.k, dv = call.v, out = bc.out, lse = bc.lse, dout = bc.dout;
+  Call::Views w{};
+  w.q = call.q.view(), w.k = call.k.view(), w.v = call.v.view(), w.out = out.view(), w.lse = lse.view();
+  if (!call.sinks.empty()) w.sinks = call.sinks.view();
+  fp_attn_bwd_params p = bc.params(w, dout.view(), dq.view(), dk.view(), dv.view(), fp_tensor{}, FP_BACKEND_CPU, false);
+  ASSERT_EQ(fp_attn_bwd(&p), FP_OK) << fp_last_error();
+  const std::string dims = " D=" + std::to_string(c.d) + " Sk=" + std::to_string(c.sk);
+  for (auto [name, g, cpu, want] : {std::tuple<const char*, const HostTensor*, const HostTensor*, const HostTensor*>{
+                                        "dq", &got.dq, &dq, &ref.dq},
+                                    {"dk", &got.dk, &dk, &ref.dk},
+                                    {"dv", &got.dv, &dv, &ref.dv}}) {
+    const auto wd = want->to_double();
+    expect_fp32_error((name + dims).c_str(), flashport::test::compare(g->to_double(), wd).rel_err,
+                      flashport::test::compare(cpu->to_double(), wd).rel_err);
+  }
+}
+
 TEST(CudaF32Fwd, ErrorIsFp32Rounding) {
   SKIP_WITHOUT_GPU();
   for (int64_t d : {64, 128, 256}) {
@@ -276,27 +431,21 @@ TEST(CudaF32Fwd, ErrorIsFp32Rounding) {
     c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = d, c.sq = 200, c.sk = 1500;
     c.causal = d == 128;
     c.softcap = d == 256 ? 30.0f : 0.0f;
-    SCOPED_TRACE(c.describe());
-    Call call(c);
-    const Outputs ref = run_reference(call);
-    ASSERT_TRUE(ref.ok) << ref.error;
-    DeviceCall dev(call);
-    const Outputs got = run_cuda(call, dev);
-    ASSERT_TRUE(got.ok) << got.error;
-    // The CPU backend's fp32 result on the same host inputs.
-    HostTensor cpu_out = call.out, cpu_lse = call.lse;
-    Call::Views w{};
-    w.q = call.q.view(), w.k = call.k.view(), w.v = call.v.view(), w.out = cpu_out.view(), w.lse = cpu_lse.view();
-    if (!call.sinks.empty()) w.sinks = call.sinks.view();
-    fp_attn_params p = call.params(w, FP_BACKEND_CPU);
-    ASSERT_EQ(fp_attn_fwd(&p), FP_OK) << fp_last_error();
-    const auto want = gather_rows(call, ref.out, false);
-    const double gpu_err = flashport::test::compare(gather_rows(call, got.out, false), want).rel_err;
-    const double cpu_err = flashport::test::compare(gather_rows(call, cpu_out, false), want).rel_err;
-    std::printf("fp32 D=%lld: relative error vs fp64: cuda %.3g, cpu fp32 %.3g\n", static_cast<long long>(d),
-                gpu_err, cpu_err);
-    EXPECT_LE(gpu_err, std::max(8.0 * cpu_err, 4e-7)) << "cuda " << gpu_err << " vs cpu fp32 " << cpu_err;
+    expect_fwd_error_is_fp32(c);
   }
+}
+
+// Accumulation over many key tiles (forward: 128 tiles of 32 keys per row; backward: dK, dV over
+// 32 query blocks, dQ over 64 key blocks): forward and backward at Sk 4096, D 128.
+TEST(CudaF32Bwd, ErrorIsFp32RoundingLongSequence) {
+  SKIP_WITHOUT_GPU();
+  Case c = f32_case();
+  c.batch = 1, c.hq = 2, c.hkv = 1, c.d = 128, c.dv = 128, c.sq = 1024, c.sk = 4096;
+  expect_fwd_error_is_fp32(c);
+  expect_bwd_error_is_fp32(c);
+  c.causal = true;
+  expect_fwd_error_is_fp32(c);
+  expect_bwd_error_is_fp32(c);
 }
 
 TEST(CudaF32Plan, Float64DeclinedWithReason) {

@@ -1,6 +1,6 @@
 // The fp32 kernels of the CUDA backend (README.md here): tile tables, the forward candidate and
-// launch, the backward plan and run. Exact to fp32 rounding: SIMT FFMA products, fp32 softmax and
-// accumulators throughout.
+// launch, the backward plan and run. Exact to fp32 rounding: 3xTF32 tensor-core products (forward)
+// and SIMT FFMA products (backward), fp32 softmax and accumulators throughout.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -16,17 +16,16 @@ namespace flashport::gpu {
 
 // One head-dim bucket of an fp32 kernel: block_m query rows x block_n keys per step; head dims
 // below the bucket run in it with zero-filled columns. Shared tiles are fp32 rows padded by 4
-// floats: the kernels read them as float4 along the reduced dimension, conflict-free.
+// floats: conflict-free float4 reads along the reduced dimension (SIMT backward) and fragment
+// reads of the m16n8k8 products (forward).
 struct F32Tile {
   int head_dim, block_m, block_n, threads;
   const char* name;
   constexpr int row_stride() const { return head_dim + 4; }  // Q, K, V, dO rows
   constexpr int q_stride() const { return block_n + 4; }     // rows of P (fwd), of dS (bwd): per query
   constexpr int k_stride() const { return block_m + 4; }     // rows of P^T (bwd): per key
-  // Forward: Q, K, V tiles and the P tile.
-  constexpr int fwd_smem_bytes() const {
-    return ((block_m + 2 * block_n) * row_stride() + block_m * q_stride()) * 4;
-  }
+  // Forward: Q, K, V tiles (P stays in registers).
+  constexpr int fwd_smem_bytes() const { return (block_m + 2 * block_n) * row_stride() * 4; }
   // Backward: K, V, Q, dO tiles, P^T, dS, LSE and D of the step's rows.
   constexpr int bwd_smem_bytes() const {
     return ((2 * block_n + 2 * block_m) * row_stride() + block_n * k_stride() + block_m * q_stride() +
@@ -40,12 +39,11 @@ constexpr F32TileId f32_tile_for(int64_t head_dim) {
   return head_dim <= 64 ? kF32D64 : (head_dim <= 128 ? kF32D128 : kF32D256);
 }
 
-// Forward: 128 threads as 16 row groups x 8 key lanes (block_m / 16 rows, block_n / 8 keys and
-// head_dim / 8 output columns per thread).
+// Forward: 4 warps of 16 query rows each (3xTF32 m16n8k8 products).
 inline constexpr F32Tile kF32FwdTiles[kNumF32Tiles] = {
-    {64, 64, 64, 128, "f32_simt_d64_m64n64"},
-    {128, 64, 32, 128, "f32_simt_d128_m64n32"},
-    {256, 32, 32, 128, "f32_simt_d256_m32n32"},
+    {64, 64, 64, 128, "f32_tf32x3_d64_m64n64"},
+    {128, 64, 32, 128, "f32_tf32x3_d128_m64n32"},
+    {256, 64, 16, 128, "f32_tf32x3_d256_m64n16"},
 };
 // Backward: 256 threads as 16 x 16 (stage 1: keys x queries; stage 2: keys x columns; stage 3:
 // queries x columns).

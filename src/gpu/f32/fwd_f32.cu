@@ -1,9 +1,11 @@
-// The fp32 forward main loop (FlashAttention-2 style, SIMT FFMA): one block of 128 threads per
-// (query block, query head, batch x split). Thread (ty, tx) owns rows ty*RM .. ty*RM+RM-1 of the
-// block, keys tx + 8c of each key tile (c < RN) and output columns 4tx + 32g .. 4tx + 32g + 3. Q
-// sits in shared memory for the whole loop; K and V tiles stream through their own shared buffers
-// (rows of D + 4 floats: float4 reads, conflict-free) with cp.async, V's copy overlapping S = Q K^T and the next K's copy overlapping P V. Key tiles
-// are visited last to first, as in the mma.sync kernel. Every score feature reads the shared rules
+// The fp32 forward main loop (FlashAttention-2 style): one block of 4 warps per (query block, query
+// head, batch x split); warp w owns rows 16w .. 16w + 15. S = Q K^T and O += P V are 3xTF32
+// mma.sync m16n8k8 products (f32_common.cuh: the error of fp32 FMAs); the online softmax works on
+// the C fragments (rows g and g + 8 of the warp, reduced over the 4 lanes of a quad) and P goes to
+// the P V product from registers. Q sits in shared memory for the whole loop; K and V tiles stream
+// through their own shared buffers (rows of D + 4 floats: conflict-free fragment reads) with
+// cp.async, V's copy overlapping S = Q K^T and the next K's copy overlapping P V. Key tiles are
+// visited last to first, as in the mma.sync kernel. Every score feature reads the shared rules
 // (core/score_rules.hpp) and the shared addressing (core/problem.hpp); dropout keeps exactly the
 // elements dropout_keep keeps in every other backend.
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include "gpu/common/tile_config.hpp"
 #include "gpu/f32/f32_common.cuh"
 #include "gpu/f32/f32_launch.hpp"
+#include "gpu/f32/tf32_frag.hpp"
 
 namespace flashport::gpu {
 namespace f32 {
@@ -22,23 +25,25 @@ template <int kTile>
 __global__ void __launch_bounds__(128, 2) fwd_f32_kernel(const __grid_constant__ FwdArgs a) {
   constexpr F32Tile C = kF32FwdTiles[kTile];
   constexpr int D = C.head_dim, BM = C.block_m, BN = C.block_n, NT = C.threads, S = C.row_stride();
-  constexpr int TX = 8, TY = NT / TX;
-  // Output columns of thread tx: 4 * tx + 32 * g + e (g < DG, e < 4): float4 reads of V rows.
-  constexpr int RM = BM / TY, RN = BN / TX, DG = D / 32, DC = 4 * DG, PS = C.q_stride();
-  static_assert(NT == 128 && BM % TY == 0 && BN % TX == 0 && D % 32 == 0 && BN % 4 == 0, "thread mapping");
+  // Warp w owns rows 16w .. 16w + 15; SN 8-key tiles of S, ON 8-column tiles of O per warp.
+  constexpr int kWarps = NT / 32, SN = BN / 8, ON = D / 8;
+  // Rows of D + 4 floats (S = 4 mod 32): the fragment reads of Q, K (rows g, columns t) and V
+  // (rows 2t, 2t + 1, columns g) hit 32 different banks.
+  static_assert(BM == 16 * kWarps && BN % 8 == 0 && D % 8 == 0 && S % 32 == 4, "warp mapping");
 
   extern __shared__ __align__(16) float smem[];
   float* sQ = smem;
   float* sK = sQ + BM * S;
   float* sV = sK + BN * S;
-  float* sP = sV + BN * S;  // [BM][BN + 1]
 
   // FwdArgs carries the tensors as untyped storage pointers; an fp32 call's are floats.
   const float* q = reinterpret_cast<const float*>(a.q);
   const float* k = reinterpret_cast<const float*>(a.k);
   const float* v = reinterpret_cast<const float*>(a.v);
 
-  const int tid = threadIdx.x, tx = tid % TX, ty = tid / TX;
+  using F = Tf32Frag;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, t = lane % 4;
+  const int row0 = 16 * warp + F::c_row(lane, 0);  // the thread's rows of the block: row0 and row0 + 8
   const int m0 = (gridDim.x - 1 - blockIdx.x) * BM;  // heaviest query blocks first
   const int h = blockIdx.y;
   const int b = blockIdx.z / a.splits;
@@ -68,14 +73,12 @@ __global__ void __launch_bounds__(128, 2) fwd_f32_kernel(const __grid_constant__
     n_hi = n_hi < s_hi ? n_hi : s_hi;
   }
 
-  float acc[RM][DC];
-  float row_max[RM], row_sum[RM];
+  // O accumulator in the C-fragment layout: o[n][0..1] row row0, o[n][2..3] row row0 + 8, columns
+  // 8n + 2t, 8n + 2t + 1. Row statistics of rows row0 (index 0) and row0 + 8 (index 1).
+  float o[ON][4];
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 #pragma unroll
-  for (int r = 0; r < RM; ++r) {
-    row_max[r] = -INFINITY, row_sum[r] = 0.0f;
-#pragma unroll
-    for (int c = 0; c < DC; ++c) acc[r][c] = 0.0f;
-  }
+  for (int n = 0; n < ON; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   // Score transforms (block-uniform): plain scores stay raw and the scale folds into exp2.
   const bool transformed = a.softcap_in > 0.0f || R.alibi != nullptr || !(a.scale_log2 > 0.0f);
   const float mul = transformed ? 1.0f : a.scale_log2;
@@ -98,100 +101,99 @@ __global__ void __launch_bounds__(128, 2) fwd_f32_kernel(const __grid_constant__
     load_kv(sK, k, a.k_addr, a.d, n_hi - 1);
     cp_async_commit();
     for (int nb = n_hi - 1; nb >= n_lo; --nb) {
-      __syncthreads();  // the previous P V is done with sV and sP
+      __syncthreads();  // the previous P V is done with sV
       load_kv(sV, v, a.v_addr, a.dv, nb);
       cp_async_commit();
       cp_async_wait<1>();
       __syncthreads();  // K (and Q) landed
 
-      // S = Q K^T over the 8-column steps holding real columns, 4 columns per shared read
-      // (the FFMAs run in column order: the same sums as a scalar loop).
-      float s[RM][RN];
+      // S = Q K^T (3xTF32) over the 8-column steps holding real columns: A = rows of Q (the
+      // warp's 16), B = rows of K (key 8n + b_n, column b_k).
+      float s[SN][4];
 #pragma unroll
-      for (int r = 0; r < RM; ++r)
-#pragma unroll
-        for (int c = 0; c < RN; ++c) s[r][c] = 0.0f;
+      for (int n = 0; n < SN; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+      const float* qa = sQ + 16 * warp * S;
+      const float* kb = sK + F::b_n(lane) * S;
 #pragma unroll 1
       for (int k8 = 0; k8 < d_steps; ++k8) {
+        const int col = 8 * k8;
+        Tf32Split qf[4];
 #pragma unroll
-        for (int k4 = 0; k4 < 8; k4 += 4) {
-          const int col = k8 * 8 + k4;
-          float4 qv[RM], kv[RN];
+        for (int r = 0; r < 4; ++r) qf[r] = split_tf32(qa[F::a_row(lane, r) * S + col + F::a_col(lane, r)]);
 #pragma unroll
-          for (int r = 0; r < RM; ++r) qv[r] = *reinterpret_cast<const float4*>(sQ + (ty * RM + r) * S + col);
+        for (int n = 0; n < SN; ++n) {
+          Tf32Split kf[2];
 #pragma unroll
-          for (int c = 0; c < RN; ++c) kv[c] = *reinterpret_cast<const float4*>(sK + (tx + TX * c) * S + col);
-#pragma unroll
-          for (int r = 0; r < RM; ++r)
-#pragma unroll
-            for (int c = 0; c < RN; ++c) {
-              s[r][c] = fmaf(qv[r].x, kv[c].x, s[r][c]);
-              s[r][c] = fmaf(qv[r].y, kv[c].y, s[r][c]);
-              s[r][c] = fmaf(qv[r].z, kv[c].z, s[r][c]);
-              s[r][c] = fmaf(qv[r].w, kv[c].w, s[r][c]);
-            }
+          for (int r = 0; r < 2; ++r) kf[r] = split_tf32(kb[8 * n * S + col + F::b_k(lane, r)]);
+          mma_3xtf32(s[n], qf, kf);
         }
       }
 
       const int n0 = nb * BN;
       const bool need_mask = n0 + BN > lk || (wr >= 0 && n0 + BN - 1 > m0 + shift + wr) ||
                              (wl >= 0 && n0 < i_last + shift - wl);
+      // Element e of s[n]: row 16 warp + c_row(lane, e) = row0 + 8 (e / 2), key n0 + 8n +
+      // c_col(lane, e) = n0 + 8n + 2t + e % 2.
 #pragma unroll
-      for (int r = 0; r < RM; ++r) {
-        const int i = m0 + ty * RM + r;
+      for (int hr = 0; hr < 2; ++hr) {
+        const int i = m0 + row0 + 8 * hr;
         if (transformed) {
 #pragma unroll
-          for (int c = 0; c < RN; ++c) {
-            float& x = s[r][c];
-            x = a.softcap_in > 0.0f ? a.softcap_out * tanh_accurate(x * a.softcap_in) : x * a.scale_log2;
-            const int dist = i + shift - (n0 + tx + TX * c);
-            x += slope * float(dist < 0 ? -dist : dist);
-          }
+          for (int n = 0; n < SN; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& x = s[n][2 * hr + e];
+              x = a.softcap_in > 0.0f ? a.softcap_out * tanh_accurate(x * a.softcap_in) : x * a.scale_log2;
+              const int dist = i + shift - (n0 + 8 * n + F::c_col(lane, e));
+              x += slope * float(dist < 0 ? -dist : dist);
+            }
         }
         if (need_mask) {
           const int lo = static_cast<int>(R.key_lo(i, shift)), hi = static_cast<int>(R.key_hi(i, shift, lk));
 #pragma unroll
-          for (int c = 0; c < RN; ++c) {
-            const int j = n0 + tx + TX * c;
-            if (j < lo || j >= hi) s[r][c] = -INFINITY;
-          }
+          for (int n = 0; n < SN; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int j = n0 + 8 * n + F::c_col(lane, e);
+              if (j < lo || j >= hi) s[n][2 * hr + e] = -INFINITY;
+            }
         }
-        // Online softmax (base 2) over the 8 lanes sharing the row.
+        // Online softmax (base 2) over the 4 lanes of the quad sharing the row.
         float mx = -INFINITY;
 #pragma unroll
-        for (int c = 0; c < RN; ++c) mx = fmaxf(mx, s[r][c]);
+        for (int n = 0; n < SN; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * hr], s[n][2 * hr + 1]));
         mx = fmaxf(mx, shfl_xor(mx, 1));
         mx = fmaxf(mx, shfl_xor(mx, 2));
-        mx = fmaxf(mx, shfl_xor(mx, 4));
-        const float m_new = fmaxf(row_max[r], mx * mul);
+        const float m_new = fmaxf(row_max[hr], mx * mul);
         const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-        const float corr = fast_exp2(row_max[r] - m_use);
-        row_max[r] = m_new;
+        const float corr = fast_exp2(row_max[hr] - m_use);
+        row_max[hr] = m_new;
         float sum = 0.0f;
 #pragma unroll
-        for (int c = 0; c < RN; ++c) {
-          s[r][c] = fast_exp2(fmaf(s[r][c], mul, -m_use));
-          sum += s[r][c];
-        }
-        row_sum[r] = row_sum[r] * corr + sum;
+        for (int n = 0; n < SN; ++n)
 #pragma unroll
-        for (int c = 0; c < DC; ++c) acc[r][c] *= corr;
+          for (int e = 0; e < 2; ++e) {
+            float& x = s[n][2 * hr + e];
+            x = fast_exp2(fmaf(x, mul, -m_use));
+            sum += x;
+          }
+        row_sum[hr] = row_sum[hr] * corr + sum;
+#pragma unroll
+        for (int n = 0; n < ON; ++n) o[n][2 * hr] *= corr, o[n][2 * hr + 1] *= corr;
         // Dropout on P after the sum (the LSE is that of the undropped softmax).
         if (R.dropout_p > 0.0f) {
           // Keep bits in a rolled loop (small code), applied with constant indices.
           const uint64_t seed = R.rng_seed(), offset = R.rng_offset();
           uint32_t keep = 0;
 #pragma unroll 1
-          for (int c = 0; c < RN; ++c)
-            keep |= uint32_t(dropout_keeps(R, seed, offset, b, a.hq, h, i, n0 + tx + TX * c)) << c;
+          for (int c = 0; c < 2 * SN; ++c)
+            keep |= uint32_t(dropout_keeps(R, seed, offset, b, a.hq, h, i, n0 + 8 * (c / 2) + F::c_col(lane, c % 2))) << c;
 #pragma unroll
-          for (int c = 0; c < RN; ++c)
-            if (!((keep >> c) & 1u)) s[r][c] = 0.0f;
+          for (int c = 0; c < 2 * SN; ++c)
+            if (!((keep >> c) & 1u)) s[c / 2][2 * hr + c % 2] = 0.0f;
         }
-#pragma unroll
-        for (int c = 0; c < RN; ++c) sP[(ty * RM + r) * PS + tx + TX * c] = s[r][c];
       }
-      __syncthreads();  // sP complete; every thread is done reading sK
+      __syncthreads();  // every thread is done reading sK
       if (nb > n_lo) {
         load_kv(sK, k, a.k_addr, a.d, nb - 1);
         cp_async_commit();
@@ -201,28 +203,22 @@ __global__ void __launch_bounds__(128, 2) fwd_f32_kernel(const __grid_constant__
       }
       __syncthreads();  // V landed
 
-      // O += P V (columns past dv are zero in sV), 4 keys of P and 4 columns of V per read.
-#pragma unroll 2
-      for (int j4 = 0; j4 < BN; j4 += 4) {
-        float4 pv[RM];
+      // O += P V (3xTF32), P straight from the S fragments: reduction index k of key step n
+      // stands for key 8n + pv_key(k) (A columns t, t + 4 -> keys 2t, 2t + 1), so the A fragment
+      // is s[n] reordered by pv_from_c and the B fragment reads V rows 8n + 2t and 8n + 2t + 1
+      // (column b_n of each 8-column tile).
+      const float* vb = sV + F::b_n(lane);
 #pragma unroll
-        for (int r = 0; r < RM; ++r) pv[r] = *reinterpret_cast<const float4*>(sP + (ty * RM + r) * PS + j4);
+      for (int n = 0; n < SN; ++n) {
+        Tf32Split pf[4];
 #pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-          float4 vv[DG];
+        for (int r = 0; r < 4; ++r) pf[r] = split_tf32(s[n][F::pv_from_c(r)]);
 #pragma unroll
-          for (int g = 0; g < DG; ++g) vv[g] = *reinterpret_cast<const float4*>(sV + (j4 + jj) * S + 4 * tx + 32 * g);
+        for (int c = 0; c < ON; ++c) {
+          Tf32Split vf[2];
 #pragma unroll
-          for (int r = 0; r < RM; ++r) {
-            const float p = jj == 0 ? pv[r].x : jj == 1 ? pv[r].y : jj == 2 ? pv[r].z : pv[r].w;
-#pragma unroll
-            for (int g = 0; g < DG; ++g) {
-              acc[r][4 * g] = fmaf(p, vv[g].x, acc[r][4 * g]);
-              acc[r][4 * g + 1] = fmaf(p, vv[g].y, acc[r][4 * g + 1]);
-              acc[r][4 * g + 2] = fmaf(p, vv[g].z, acc[r][4 * g + 2]);
-              acc[r][4 * g + 3] = fmaf(p, vv[g].w, acc[r][4 * g + 3]);
-            }
-          }
+          for (int r = 0; r < 2; ++r) vf[r] = split_tf32(vb[(8 * n + F::pv_key(F::b_k(lane, r))) * S + 8 * c]);
+          mma_3xtf32(o[c], pf, vf);
         }
       }
     }
@@ -231,14 +227,13 @@ __global__ void __launch_bounds__(128, 2) fwd_f32_kernel(const __grid_constant__
   // Epilogue: finish the row sums, add the sink (first split only), normalise, store.
   const float keep_scale = R.dropout_p > 0.0f ? 1.0f / (1.0f - R.dropout_p) : 1.0f;
 #pragma unroll
-  for (int r = 0; r < RM; ++r) {
-    float l = row_sum[r];
+  for (int hr = 0; hr < 2; ++hr) {
+    float l = row_sum[hr];
     l += shfl_xor(l, 1);
     l += shfl_xor(l, 2);
-    l += shfl_xor(l, 4);
-    const int i = m0 + ty * RM + r;
+    const int i = m0 + row0 + 8 * hr;
     if (i >= lq) continue;
-    float mx = row_max[r];
+    float mx = row_max[hr];
     float o_scale = 1.0f;
     if (R.sinks != nullptr && split == 0) {
       const float sink = R.sinks[h] * kLog2e;
@@ -253,16 +248,18 @@ __global__ void __launch_bounds__(128, 2) fwd_f32_kernel(const __grid_constant__
     if (a.splits > 1) {
       const int64_t row = (int64_t(b) * a.hq + h) * a.seq.sq + i;
       dst = a.ws_o + (int64_t(split) * a.ws_rows + row) * a.dv;
-      if (tx == 0) a.ws_lse[int64_t(split) * a.ws_rows + row] = lse;
+      if (t == 0) a.ws_lse[int64_t(split) * a.ws_rows + row] = lse;
     } else {
       dst = static_cast<float*>(a.out) + a.out_addr.at(b, q_start, i, h);
-      if (a.lse != nullptr && tx == 0) a.lse[a.lse_addr.at(b, q_start, h, i)] = lse;
+      if (a.lse != nullptr && t == 0) a.lse[a.lse_addr.at(b, q_start, h, i)] = lse;
     }
 #pragma unroll
-    for (int c = 0; c < DC; ++c) {
-      const int col = 4 * tx + 32 * (c / 4) + c % 4;
-      if (col < dv_cols) dst[col] = acc[r][c] * inv;
-    }
+    for (int c = 0; c < ON; ++c)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = 8 * c + F::c_col(lane, e);
+        if (col < dv_cols) dst[col] = o[c][2 * hr + e] * inv;
+      }
   }
 }
 
