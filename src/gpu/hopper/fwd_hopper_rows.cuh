@@ -7,6 +7,7 @@
 // t, at register 4t + 2hf + e2. The same registers, packed to 16 bits, are wgmma's A fragments.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "gpu/common/kernel_args.hpp"
 #include "gpu/common/tile_io.cuh"
@@ -192,33 +193,43 @@ struct HopperRows {
       if (a.splits > 1) {
         const int64_t row = (int64_t(b) * a.hq + head) * a.seq.sq + i;
         float* part = a.ws_o + (int64_t(split) * a.ws_rows + row) * a.dv;
+        // Padded columns (Dv below the instance's head dim) are not stored; the full-width
+        // epilogue keeps its unguarded, fully unrolled stores.
+        auto store_part = [&](auto guard) {
 #pragma unroll
-        for (int p = 0; p < kPanels; ++p)
+          for (int p = 0; p < kPanels; ++p)
 #pragma unroll
-          for (int t = 0; t < 8; ++t) {
-            const int col = p * 64 + t * 8 + col_base;  // 4-byte stores: the caller's workspace need not be 8-aligned
-            if (col >= a.dv) continue;  // padded columns (Dv below the instance's head dim)
-            part[col] = o[p][4 * t + 2 * hf] * inv;
-            part[col + 1] = o[p][4 * t + 2 * hf + 1] * inv;
-          }
+            for (int t = 0; t < 8; ++t) {
+              const int col = p * 64 + t * 8 + col_base;  // 4-byte stores: the caller's workspace need not be 8-aligned
+              if (decltype(guard)::value && col >= a.dv) continue;
+              part[col] = o[p][4 * t + 2 * hf] * inv;
+              part[col + 1] = o[p][4 * t + 2 * hf + 1] * inv;
+            }
+        };
+        if (a.dv == kPanels * 64) store_part(std::false_type{});
+        else store_part(std::true_type{});
         if ((lane & 3) == 0) a.ws_lse[int64_t(split) * a.ws_rows + row] = lse;
         continue;
       }
       typename Elem::T* dst = static_cast<typename Elem::T*>(a.out) + a.out_addr.at(b, q_start, i, head);
+      auto store_out = [&](auto guard) {
 #pragma unroll
-      for (int p = 0; p < kPanels; ++p)
+        for (int p = 0; p < kPanels; ++p)
 #pragma unroll
-        for (int t = 0; t < 8; ++t) {
-          const int col = p * 64 + t * 8 + col_base;
-          if (col >= a.dv) continue;  // padded columns (Dv is even on this path: 16-byte strides)
-          const float v0 = o[p][4 * t + 2 * hf] * inv, v1 = o[p][4 * t + 2 * hf + 1] * inv;
-          if (a.out_vec_ok) {
-            *reinterpret_cast<uint32_t*>(dst + col) = Elem::pack(v0, v1);
-          } else {
-            dst[col] = Elem::from_float(v0);
-            dst[col + 1] = Elem::from_float(v1);
+          for (int t = 0; t < 8; ++t) {
+            const int col = p * 64 + t * 8 + col_base;
+            if (decltype(guard)::value && col >= a.dv) continue;  // padded columns (Dv even here: 16-byte strides)
+            const float v0 = o[p][4 * t + 2 * hf] * inv, v1 = o[p][4 * t + 2 * hf + 1] * inv;
+            if (a.out_vec_ok) {
+              *reinterpret_cast<uint32_t*>(dst + col) = Elem::pack(v0, v1);
+            } else {
+              dst[col] = Elem::from_float(v0);
+              dst[col + 1] = Elem::from_float(v1);
+            }
           }
-        }
+      };
+      if (a.dv == kPanels * 64) store_out(std::false_type{});
+      else store_out(std::true_type{});
       if (a.lse != nullptr && (lane & 3) == 0) a.lse[a.lse_addr.at(b, q_start, head, i)] = lse;
     }
   }
