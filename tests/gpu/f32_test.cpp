@@ -1,4 +1,4 @@
-// CUDA float32 (src/gpu/f32: 3xTF32 tensor-core forward, SIMT FFMA backward) against the fp64 reference: every
+// CUDA float32 (src/gpu/f32: 3xTF32 tensor-core forward and backward) against the fp64 reference: every
 // feature the 16-bit kernels take (batched/varlen, GQA/MQA, causal both alignments, windows,
 // softcap, ALiBi, sinks, LSE, dropout, split-KV, KV cache contiguous/paged/cache_batch_idx/
 // cache_leftpad/seqused_k, append + rotary, head dims 1..256, Dq != Dv), forward and backward,
@@ -36,7 +36,7 @@ void check_f32_bwd(const Case& c, bool det = false, int repeats = 1) {
   SCOPED_TRACE("fp32");
   fp_selection sel{};
   check_bwd(c, det, repeats, &sel);
-  EXPECT_NE(std::string(sel.kernel).find("f32_simt_bwd"), std::string::npos) << sel.kernel;
+  EXPECT_NE(std::string(sel.kernel).find("f32_tf32x3_bwd"), std::string::npos) << sel.kernel;
 }
 
 // ---- fragment coordinates (host only) ----------------------------------------------------------
@@ -128,12 +128,63 @@ int fwd_fragment_errors(PvFromC pv_from_c) {
   return errors;
 }
 
-// Runs on the host (no GPU needed): the kernel's fragment coordinates give Q K^T and P V.
+// The backward's products with a reordered reduction, as bwd_f32.cu indexes them for one warp:
+// stage 2 dV = P^T dO (A read down the key columns of P, stored per query), stage 3 dQ = dS K
+// (A along dS rows, B down K rows). `b_key` is the B row order under test. Stage 1 is the
+// forward's Q K^T layout. Returns the number of wrong elements.
+template <typename BKey>
+int bwd_fragment_errors(BKey b_key) {
+  using F = flashport::gpu::f32::Tf32Frag;
+  constexpr int kQ = 16, kKeys = 16, kD = 16;
+  double P[kQ][kKeys], dO[kQ][kD], K[kKeys][kD];
+  for (auto* m : {&P[0][0], &dO[0][0], &K[0][0]})
+    for (int e = 0; e < 256; ++e) m[e] = static_cast<double>(rand_int(-4, 4));
+  int errors = 0;
+  std::array<Lanes4, kD / 8> dv{}, dq{};
+  for (int q8 = 0; q8 < kQ; q8 += 8)
+    for (int c = 0; c < kD / 8; ++c) {
+      Lanes4 a{};
+      Lanes2 b{};
+      for (int lane = 0; lane < 32; ++lane) {
+        for (int r = 0; r < 4; ++r) a[lane][r] = P[q8 + F::pv_key(F::a_col(lane, r))][F::a_row(lane, r)];
+        for (int r = 0; r < 2; ++r) b[lane][r] = dO[q8 + b_key(F::b_k(lane, r))][8 * c + F::b_n(lane)];
+      }
+      emulate_mma(a, b, dv[c]);
+    }
+  for (int k8 = 0; k8 < kKeys; k8 += 8)
+    for (int c = 0; c < kD / 8; ++c) {
+      Lanes4 a{};
+      Lanes2 b{};
+      for (int lane = 0; lane < 32; ++lane) {
+        for (int r = 0; r < 4; ++r) a[lane][r] = P[F::a_row(lane, r)][k8 + F::pv_key(F::a_col(lane, r))];
+        for (int r = 0; r < 2; ++r) b[lane][r] = K[k8 + b_key(F::b_k(lane, r))][8 * c + F::b_n(lane)];
+      }
+      emulate_mma(a, b, dq[c]);
+    }
+  for (int c = 0; c < kD / 8; ++c)
+    for (int lane = 0; lane < 32; ++lane)
+      for (int e = 0; e < 4; ++e) {
+        const int row = F::c_row(lane, e), col = 8 * c + F::c_col(lane, e);
+        double want_dv = 0.0, want_dq = 0.0;
+        for (int x = 0; x < 16; ++x) want_dv += P[x][row] * dO[x][col], want_dq += P[row][x] * K[x][col];
+        errors += (dv[c][lane][e] != want_dv) + (dq[c][lane][e] != want_dq);
+      }
+  return errors;
+}
+
+// Runs on the host (no GPU needed): the kernels' fragment coordinates give the products.
 TEST(CudaF32Fragments, ForwardProductsMatchThePtxLayout) {
   using F = flashport::gpu::f32::Tf32Frag;
   EXPECT_EQ(fwd_fragment_errors([](int r) { return F::pv_from_c(r); }), 0);
   // The check can fail: P taken in C order (no reordering) gives wrong sums.
   EXPECT_GT(fwd_fragment_errors([](int r) { return r; }), 0);
+}
+
+TEST(CudaF32Fragments, BackwardProductsMatchThePtxLayout) {
+  using F = flashport::gpu::f32::Tf32Frag;
+  EXPECT_EQ(bwd_fragment_errors([](int k) { return F::pv_key(k); }), 0);
+  // The check can fail: B rows in plain order while A is reordered.
+  EXPECT_GT(bwd_fragment_errors([](int k) { return k; }), 0);
 }
 
 // ---- forward ---------------------------------------------------------------------------------

@@ -1,16 +1,16 @@
-// The fp32 backward (FlashAttention-2 style, SIMT FFMA), three launches on the caller's stream
-// like the mma.sync backward (mma/bwd_launch.hpp), over the same workspace layout (bwd_workspace):
+// The fp32 backward (FlashAttention-2 style, 3xTF32 mma.sync m16n8k8 products), three launches on
+// the caller's stream like the mma.sync backward (mma/bwd_launch.hpp), over the same workspace
+// layout (bwd_workspace):
 //   1. preprocess: D_i = dout_i . out_i, LSE in log2 units (+inf for rows that saw nothing),
 //      zeroed fp32 dq accumulator and deterministic-mode semaphores;
-//   2. main loop: one block of 256 threads per (key block, kv head, batch) keeps dK, dV of its keys
+//   2. main loop: one block of 8 warps per (key block, kv head, batch) keeps dK, dV of its keys
 //      in registers over every query block of every query head of its GQA group, and adds dQ into
 //      the accumulator (atomics; deterministic mode orders the key blocks of a query block with a
 //      per-(b, h, q-block) semaphore, so every dq element is summed in the same order every run);
 //   3. convert: dq = scale * accumulator; the sink gradient (mma/bwd_aux.cu's kernel).
-// Threads form a 16 x 16 grid (ty, tx): stage 1 S^T = K Q^T and dP^T = V dO^T for keys ty + 16r
-// x queries tx + 16c, then P^T and dS into shared memory; stage 2 dV += P^T dO, dK += dS^T Q for
-// keys ty + 16r x columns 4tx + 64g .. +3; stage 3 dQ = dS K for queries ty + 16r x the same
-// columns. Shared rows are padded by 4 floats and read as float4 along the reduced dimension.
+// Stage 1: S^T = K Q^T and dP^T = V dO^T (a warp: 16 keys x its query tiles), then P and dS into
+// shared memory per query row; stage 2: dV += P^T dO, dK += dS^T Q (16 keys x its column tiles);
+// stage 3: dQ = dS K (16 queries x its column tiles). Fragment coordinates: tf32_frag.hpp.
 #include <algorithm>
 #include <cstdio>
 
@@ -18,6 +18,7 @@
 #include "gpu/common/kernel_info.cuh"
 #include "gpu/f32/f32_common.cuh"
 #include "gpu/f32/f32_launch.hpp"
+#include "gpu/f32/tf32_frag.hpp"
 #include "gpu/mma/bwd_launch.hpp"
 
 namespace flashport::gpu {
@@ -83,16 +84,13 @@ __device__ __forceinline__ int last_key_block(int m, int bm, int bn, int lq, int
   return n < last ? n : last;
 }
 
-// dq_acc[0..3] += v[0..3]: two vector reductions on sm_90, four scalar ones before.
-__device__ __forceinline__ void add_quad(float* dst, const float* v) {
+// dq_acc[0..1] += v0, v1: one vector reduction on sm_90, two scalar ones before.
+__device__ __forceinline__ void add_pair(float* dst, float v0, float v1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(v[0], v[1]));
-  atomicAdd(reinterpret_cast<float2*>(dst + 2), make_float2(v[2], v[3]));
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(v0, v1));
 #else
-  atomicAdd(dst, v[0]);
-  atomicAdd(dst + 1, v[1]);
-  atomicAdd(dst + 2, v[2]);
-  atomicAdd(dst + 3, v[3]);
+  atomicAdd(dst, v0);
+  atomicAdd(dst + 1, v1);
 #endif
 }
 
@@ -102,20 +100,26 @@ template <int kTile>
 __global__ void __launch_bounds__(256, kTile == kF32D64 ? 2 : 1) bwd_f32_kernel(const __grid_constant__ BwdArgs a) {
   constexpr F32Tile C = kF32BwdTiles[kTile];
   constexpr int D = C.head_dim, BM = C.block_m, BN = C.block_n, NT = C.threads, S = C.row_stride();
-  constexpr int T = 16;                              // grid side: 16 x 16 threads
-  // Columns of thread tx in stages 2 and 3: 4 tx + 64 g .. 4 tx + 64 g + 3 (g < DG).
-  constexpr int RK = BN / T, RQ = BM / T, DG = D / 64, DC = 4 * DG;
-  constexpr int PS = C.k_stride(), DS = C.q_stride();
-  static_assert(NT == T * T && BN % T == 0 && BM % T == 0 && D % 64 == 0 && BM % 4 == 0 && BN % 4 == 0 &&
-                RK * RQ <= 32, "thread mapping");
+  constexpr int kWarps = NT / 32, DS = C.q_stride();
+  // Stages 1 and 2: warp w owns the 16 keys of m-tile w % MK; stage 1 its NQ1 8-query tiles
+  // (from (w / MK) NQ1), stage 2 its NC2 8-column tiles (from (w / MK) NC2). Stage 3: the 16
+  // queries of m-tile w % MQ and NC3 8-column tiles (from (w / MQ) NC3).
+  constexpr int MK = BN / 16, NQ1 = BM / 8 / (kWarps / MK), NC2 = D / 8 / (kWarps / MK);
+  constexpr int MQ = BM / 16, NC3 = D / 8 / (kWarps / MQ);
+  // S = 4 (mod 32) and DS = 4 (mod 32): every fragment read below hits 32 banks except stage 3's
+  // A reads of dS (two ways).
+  static_assert(kWarps % MK == 0 && kWarps % MQ == 0 && NQ1 >= 1 && NC2 >= 1 && NC3 >= 1 && NQ1 * 4 <= 32 &&
+                    S % 32 == 4 && DS % 32 == 4,
+                "warp mapping");
+  using F = Tf32Frag;
 
   extern __shared__ __align__(16) float smem[];
   float* sK = smem;
   float* sV = sK + BN * S;
   float* sQ = sV + BN * S;
   float* sdO = sQ + BM * S;
-  float* sP = sdO + BM * S;   // [BN][BM + 4]: dropout(P)^T
-  float* sdS = sP + BN * PS;  // [BM][BN + 4]: dS
+  float* sP = sdO + BM * S;   // [BM][BN + 4]: dropout(P), per query
+  float* sdS = sP + BM * DS;  // [BM][BN + 4]: dS, per query
   float* sL = sdS + BM * DS;  // [BM] lse (log2 units)
   float* sDs = sL + BM;       // [BM] D
 
@@ -125,7 +129,12 @@ __global__ void __launch_bounds__(256, kTile == kF32D64 ? 2 : 1) bwd_f32_kernel(
   const float* v = reinterpret_cast<const float*>(a.v);
   const float* dout = reinterpret_cast<const float*>(a.dout);
 
-  const int tid = threadIdx.x, tx = tid % T, ty = tid / T;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int key_tile = 16 * (warp % MK);        // stages 1, 2: the warp's first key (local)
+  const int q_tile1 = 8 * NQ1 * (warp / MK);    // stage 1: the warp's first query (local)
+  const int col2 = 8 * NC2 * (warp / MK);       // stage 2: the warp's first column
+  const int q_tile3 = 16 * (warp % MQ);         // stage 3: the warp's first query (local)
+  const int col3 = 8 * NC3 * (warp / MQ);       // stage 3: the warp's first column
   // Deterministic mode launches key blocks in descending order: a block only waits for blocks
   // launched before it.
   const int n_blk = a.deterministic ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
@@ -144,11 +153,12 @@ __global__ void __launch_bounds__(256, kTile == kF32D64 ? 2 : 1) bwd_f32_kernel(
   const int shift = static_cast<int>(R.shift(lq, lk));
   const int wl = static_cast<int>(R.window_left), wr = static_cast<int>(R.window_right);
 
-  float acc_dk[RK][DC], acc_dv[RK][DC];
+  // dK, dV of keys key_tile + c_row(lane, e), columns col2 + 8c + c_col(lane, e).
+  float acc_dk[NC2][4], acc_dv[NC2][4];
 #pragma unroll
-  for (int r = 0; r < RK; ++r)
+  for (int c = 0; c < NC2; ++c)
 #pragma unroll
-    for (int c = 0; c < DC; ++c) acc_dk[r][c] = 0.0f, acc_dv[r][c] = 0.0f;
+    for (int e = 0; e < 4; ++e) acc_dk[c][e] = 0.0f, acc_dv[c][e] = 0.0f;
 
   if (n0 < lk && lq > 0) {
     const int n1 = n0 + BN < lk ? n0 + BN : lk;
@@ -200,60 +210,56 @@ __global__ void __launch_bounds__(256, kTile == kF32D64 ? 2 : 1) bwd_f32_kernel(
         cp_async_wait<0>();
         __syncthreads();
 
-        // ---- stage 1: S^T = K Q^T, dP^T = V dO^T ----
-        float sc[RK][RQ], dp[RK][RQ];
+        // ---- stage 1: S^T = K Q^T, dP^T = V dO^T (3xTF32; A = the warp's 16 key rows, B = rows
+        // of Q / dO: query q_tile1 + 8n + b_n, column b_k) ----
+        float sc[NQ1][4], dp[NQ1][4];
 #pragma unroll
-        for (int r = 0; r < RK; ++r)
+        for (int n = 0; n < NQ1; ++n)
 #pragma unroll
-          for (int c = 0; c < RQ; ++c) sc[r][c] = 0.0f, dp[r][c] = 0.0f;
-        // Rows a (keys) x rows b (queries) of two shared tiles, over 8-column steps, 4 columns per
-        // read (the FFMAs run in column order: the sums of a scalar loop).
-        auto dots = [&](float (&acc)[RK][RQ], const float* ta, const float* tb, int steps) {
+          for (int e = 0; e < 4; ++e) sc[n][e] = 0.0f, dp[n][e] = 0.0f;
+        auto dots = [&](float (&acc)[NQ1][4], const float* ta, const float* tb, int k_steps) {
+          const float* pa = ta + key_tile * S;
+          const float* pb = tb + (q_tile1 + F::b_n(lane)) * S;
 #pragma unroll 1
-          for (int k8 = 0; k8 < steps; ++k8) {
+          for (int k8 = 0; k8 < k_steps; ++k8) {
+            const int col = 8 * k8;
+            Tf32Split af[4];
 #pragma unroll
-            for (int k4 = 0; k4 < 8; k4 += 4) {
-              const int col = k8 * 8 + k4;
-              float4 av[RK], bv[RQ];
+            for (int r = 0; r < 4; ++r) af[r] = split_tf32(pa[F::a_row(lane, r) * S + col + F::a_col(lane, r)]);
 #pragma unroll
-              for (int r = 0; r < RK; ++r) av[r] = *reinterpret_cast<const float4*>(ta + (ty + T * r) * S + col);
+            for (int n = 0; n < NQ1; ++n) {
+              Tf32Split bf[2];
 #pragma unroll
-              for (int c = 0; c < RQ; ++c) bv[c] = *reinterpret_cast<const float4*>(tb + (tx + T * c) * S + col);
-#pragma unroll
-              for (int r = 0; r < RK; ++r)
-#pragma unroll
-                for (int c = 0; c < RQ; ++c) {
-                  acc[r][c] = fmaf(av[r].x, bv[c].x, acc[r][c]);
-                  acc[r][c] = fmaf(av[r].y, bv[c].y, acc[r][c]);
-                  acc[r][c] = fmaf(av[r].z, bv[c].z, acc[r][c]);
-                  acc[r][c] = fmaf(av[r].w, bv[c].w, acc[r][c]);
-                }
+              for (int r = 0; r < 2; ++r) bf[r] = split_tf32(pb[8 * n * S + col + F::b_k(lane, r)]);
+              mma_3xtf32(acc[n], af, bf);
             }
           }
         };
         dots(sc, sK, sQ, d_steps);
         dots(dp, sV, sdO, dv_steps);
 
-        // ---- P and dS (element (key j, query i)) ----
+        // ---- P and dS: element e of tile n is (key key_tile + c_row(lane, e), query q_tile1 + 8n +
+        // c_col(lane, e)); both stored per query row ----
         const bool need_mask = n0 + BN > lk || (wr >= 0 && n0 + BN - 1 > i0 + shift + wr) ||
                                (wl >= 0 && n0 < i0 + BM - 1 + shift - wl);
         const float slope = R.alibi ? -R.alibi_slope(b, h) * kLog2e : 0.0f;
-        uint32_t keep_bits = 0xffffffffu;  // bit r * RQ + c: element (r, c) kept
+        uint32_t keep_bits = 0xffffffffu;  // bit 4n + e: element e of tile n kept
         if (R.dropout_p > 0.0f) {
           const uint64_t seed = R.rng_seed(), offset = R.rng_offset();
           keep_bits = 0;
 #pragma unroll 1
-          for (int e = 0; e < RK * RQ; ++e)
-            keep_bits |= uint32_t(dropout_keeps(R, seed, offset, b, a.hq, h, i0 + tx + T * (e % RQ),
-                                                n0 + ty + T * (e / RQ))) << e;
+          for (int x = 0; x < NQ1 * 4; ++x)
+            keep_bits |= uint32_t(dropout_keeps(R, seed, offset, b, a.hq, h,
+                                                i0 + q_tile1 + 8 * (x / 4) + F::c_col(lane, x % 4),
+                                                n0 + key_tile + F::c_row(lane, x % 4))) << x;
         }
 #pragma unroll
-        for (int r = 0; r < RK; ++r)
+        for (int n = 0; n < NQ1; ++n)
 #pragma unroll
-          for (int c = 0; c < RQ; ++c) {
-            const int jl = ty + T * r, il = tx + T * c;
+          for (int e = 0; e < 4; ++e) {
+            const int jl = key_tile + F::c_row(lane, e), il = q_tile1 + 8 * n + F::c_col(lane, e);
             const int j = n0 + jl, i = i0 + il;
-            float x = sc[r][c];
+            float x = sc[n][e];
             float dtanh = 1.0f;
             if (softcap) {
               const float th = tanh_accurate(x * a.softcap_in);
@@ -268,75 +274,58 @@ __global__ void __launch_bounds__(256, kTile == kF32D64 ? 2 : 1) bwd_f32_kernel(
             }
             float p = fast_exp2(x - sL[il]);
             if (need_mask && (j < R.key_lo(i, shift) || j >= R.key_hi(i, shift, lk))) p = 0.0f;
-            const float keep = ((keep_bits >> (r * RQ + c)) & 1u) ? keep_scale : 0.0f;
-            sdS[il * DS + jl] = p * (dp[r][c] * keep - sDs[il]) * dtanh;
-            sP[jl * PS + il] = p * keep;
+            const float keep = ((keep_bits >> (4 * n + e)) & 1u) ? keep_scale : 0.0f;
+            sdS[il * DS + jl] = p * (dp[n][e] * keep - sDs[il]) * dtanh;
+            sP[il * DS + jl] = p * keep;
           }
-        __syncthreads();  // P^T, dS complete
+        __syncthreads();  // P, dS complete
 
-        // ---- stage 2: dV += P^T dO, dK += dS^T Q (4 queries of P^T per read) ----
+        // ---- stage 2: dV += P^T dO, dK += dS^T Q (3xTF32, reduced over the BM queries) ----
+        // Reduction index k of query step q8 stands for query q8 + pv_key(k): A reads P and dS
+        // down a key column (queries 2t, 2t + 1: banks 8t + g), B reads dO and Q rows 2t, 2t + 1.
 #pragma unroll 1
-        for (int il4 = 0; il4 < BM; il4 += 4) {
-          float4 pv4[RK];
+        for (int q8 = 0; q8 < BM; q8 += 8) {
+          Tf32Split pf[4], df[4];
 #pragma unroll
-          for (int r = 0; r < RK; ++r) pv4[r] = *reinterpret_cast<const float4*>(sP + (ty + T * r) * PS + il4);
+          for (int r = 0; r < 4; ++r) {
+            const int at = (q8 + F::pv_key(F::a_col(lane, r))) * DS + key_tile + F::a_row(lane, r);
+            pf[r] = split_tf32(sP[at]);
+            df[r] = split_tf32(sdS[at]);
+          }
 #pragma unroll
-          for (int ii = 0; ii < 4; ++ii) {
-            const int il = il4 + ii;
-            float dsv[RK];
-            float4 ov[DG], qv[DG];
+          for (int c = 0; c < NC2; ++c) {
+            Tf32Split of[2], qf[2];
 #pragma unroll
-            for (int r = 0; r < RK; ++r) dsv[r] = sdS[il * DS + ty + T * r];
-#pragma unroll
-            for (int g = 0; g < DG; ++g) {
-              ov[g] = *reinterpret_cast<const float4*>(sdO + il * S + 4 * tx + 64 * g);
-              qv[g] = *reinterpret_cast<const float4*>(sQ + il * S + 4 * tx + 64 * g);
+            for (int r = 0; r < 2; ++r) {
+              const int at = (q8 + F::pv_key(F::b_k(lane, r))) * S + col2 + 8 * c + F::b_n(lane);
+              of[r] = split_tf32(sdO[at]);
+              qf[r] = split_tf32(sQ[at]);
             }
-#pragma unroll
-            for (int r = 0; r < RK; ++r) {
-              const float p = ii == 0 ? pv4[r].x : ii == 1 ? pv4[r].y : ii == 2 ? pv4[r].z : pv4[r].w;
-#pragma unroll
-              for (int g = 0; g < DG; ++g) {
-                acc_dv[r][4 * g] = fmaf(p, ov[g].x, acc_dv[r][4 * g]);
-                acc_dv[r][4 * g + 1] = fmaf(p, ov[g].y, acc_dv[r][4 * g + 1]);
-                acc_dv[r][4 * g + 2] = fmaf(p, ov[g].z, acc_dv[r][4 * g + 2]);
-                acc_dv[r][4 * g + 3] = fmaf(p, ov[g].w, acc_dv[r][4 * g + 3]);
-                acc_dk[r][4 * g] = fmaf(dsv[r], qv[g].x, acc_dk[r][4 * g]);
-                acc_dk[r][4 * g + 1] = fmaf(dsv[r], qv[g].y, acc_dk[r][4 * g + 1]);
-                acc_dk[r][4 * g + 2] = fmaf(dsv[r], qv[g].z, acc_dk[r][4 * g + 2]);
-                acc_dk[r][4 * g + 3] = fmaf(dsv[r], qv[g].w, acc_dk[r][4 * g + 3]);
-              }
-            }
+            mma_3xtf32(acc_dv[c], pf, of);
+            mma_3xtf32(acc_dk[c], df, qf);
           }
         }
 
-        // ---- stage 3: dQ = dS K (4 keys of dS per read) ----
-        float acc_dq[RQ][DC];
+        // ---- stage 3: dQ = dS K (3xTF32, reduced over the BN keys; key order as in stage 2:
+        // B reads K rows 2t, 2t + 1) ----
+        float acc_dq[NC3][4];
 #pragma unroll
-        for (int r = 0; r < RQ; ++r)
+        for (int c = 0; c < NC3; ++c)
 #pragma unroll
-          for (int c = 0; c < DC; ++c) acc_dq[r][c] = 0.0f;
+          for (int e = 0; e < 4; ++e) acc_dq[c][e] = 0.0f;
 #pragma unroll 1
-        for (int jl4 = 0; jl4 < BN; jl4 += 4) {
-          float4 ds4[RQ];
+        for (int k8 = 0; k8 < BN; k8 += 8) {
+          Tf32Split df[4];
 #pragma unroll
-          for (int r = 0; r < RQ; ++r) ds4[r] = *reinterpret_cast<const float4*>(sdS + (ty + T * r) * DS + jl4);
+          for (int r = 0; r < 4; ++r)
+            df[r] = split_tf32(sdS[(q_tile3 + F::a_row(lane, r)) * DS + k8 + F::pv_key(F::a_col(lane, r))]);
 #pragma unroll
-          for (int jj = 0; jj < 4; ++jj) {
-            float4 kv[DG];
+          for (int c = 0; c < NC3; ++c) {
+            Tf32Split kf[2];
 #pragma unroll
-            for (int g = 0; g < DG; ++g) kv[g] = *reinterpret_cast<const float4*>(sK + (jl4 + jj) * S + 4 * tx + 64 * g);
-#pragma unroll
-            for (int r = 0; r < RQ; ++r) {
-              const float d = jj == 0 ? ds4[r].x : jj == 1 ? ds4[r].y : jj == 2 ? ds4[r].z : ds4[r].w;
-#pragma unroll
-              for (int g = 0; g < DG; ++g) {
-                acc_dq[r][4 * g] = fmaf(d, kv[g].x, acc_dq[r][4 * g]);
-                acc_dq[r][4 * g + 1] = fmaf(d, kv[g].y, acc_dq[r][4 * g + 1]);
-                acc_dq[r][4 * g + 2] = fmaf(d, kv[g].z, acc_dq[r][4 * g + 2]);
-                acc_dq[r][4 * g + 3] = fmaf(d, kv[g].w, acc_dq[r][4 * g + 3]);
-              }
-            }
+            for (int r = 0; r < 2; ++r)
+              kf[r] = split_tf32(sK[(k8 + F::pv_key(F::b_k(lane, r))) * S + col3 + 8 * c + F::b_n(lane)]);
+            mma_3xtf32(acc_dq[c], df, kf);
           }
         }
         int32_t* sema = nullptr;
@@ -352,16 +341,16 @@ __global__ void __launch_bounds__(256, kTile == kF32D64 ? 2 : 1) bwd_f32_kernel(
         }
         float* dq_base = a.ws_dq + (int64_t(h) * a.total_rows + ws_row0) * a.dacc;
 #pragma unroll
-        for (int r = 0; r < RQ; ++r) {
-          const int i = i0 + ty + T * r;
+        for (int hr = 0; hr < 2; ++hr) {
+          const int i = i0 + q_tile3 + F::c_row(lane, 2 * hr);
           if (i >= lq) continue;
           float* row = dq_base + int64_t(i) * a.dacc;
 #pragma unroll
-          for (int g = 0; g < DG; ++g) {
-            // Columns [col, col + 4) lie inside the accumulator row (dacc is a multiple of 8);
+          for (int c = 0; c < NC3; ++c) {
+            // Columns col, col + 1 lie inside the accumulator row (dacc is a multiple of 8);
             // those past d receive exact zeros (K's columns past d are zero).
-            const int col = 4 * tx + 64 * g;
-            if (col < a.dacc) add_quad(row + col, &acc_dq[r][4 * g]);
+            const int col = col3 + 8 * c + F::c_col(lane, 0);
+            if (col < a.dacc) add_pair(row + col, acc_dq[c][2 * hr], acc_dq[c][2 * hr + 1]);
           }
         }
         if (a.deterministic) {
@@ -378,17 +367,19 @@ __global__ void __launch_bounds__(256, kTile == kF32D64 ? 2 : 1) bwd_f32_kernel(
   float* dk = reinterpret_cast<float*>(a.dk_ptr);
   float* dv = reinterpret_cast<float*>(a.dv_ptr);
 #pragma unroll
-  for (int r = 0; r < RK; ++r) {
-    const int j = n0 + ty + T * r;
+  for (int hr = 0; hr < 2; ++hr) {
+    const int j = n0 + key_tile + F::c_row(lane, 2 * hr);
     if (j >= row_limit) continue;
     float* dk_row = dk + a.dk_addr.at(a.seq, b, j, kvh);
     float* dv_row = dv + a.dv_addr.at(a.seq, b, j, kvh);
 #pragma unroll
-    for (int c = 0; c < DC; ++c) {
-      const int col = 4 * tx + 64 * (c / 4) + c % 4;
-      if (col < a.d) dk_row[col] = acc_dk[r][c] * a.scale;
-      if (col < a.dv) dv_row[col] = acc_dv[r][c];
-    }
+    for (int c = 0; c < NC2; ++c)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = col2 + 8 * c + F::c_col(lane, e);
+        if (col < a.d) dk_row[col] = acc_dk[c][2 * hr + e] * a.scale;
+        if (col < a.dv) dv_row[col] = acc_dv[c][2 * hr + e];
+      }
   }
 }
 

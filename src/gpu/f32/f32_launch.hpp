@@ -1,6 +1,6 @@
 // The fp32 kernels of the CUDA backend (README.md here): tile tables, the forward candidate and
-// launch, the backward plan and run. Exact to fp32 rounding: 3xTF32 tensor-core products (forward)
-// and SIMT FFMA products (backward), fp32 softmax and accumulators throughout.
+// launch, the backward plan and run. Exact to fp32 rounding: 3xTF32 tensor-core products, fp32
+// softmax and accumulators throughout.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -16,20 +16,17 @@ namespace flashport::gpu {
 
 // One head-dim bucket of an fp32 kernel: block_m query rows x block_n keys per step; head dims
 // below the bucket run in it with zero-filled columns. Shared tiles are fp32 rows padded by 4
-// floats: conflict-free float4 reads along the reduced dimension (SIMT backward) and fragment
-// reads of the m16n8k8 products (forward).
+// floats: conflict-free fragment reads of the m16n8k8 products.
 struct F32Tile {
   int head_dim, block_m, block_n, threads;
   const char* name;
   constexpr int row_stride() const { return head_dim + 4; }  // Q, K, V, dO rows
-  constexpr int q_stride() const { return block_n + 4; }     // rows of P (fwd), of dS (bwd): per query
-  constexpr int k_stride() const { return block_m + 4; }     // rows of P^T (bwd): per key
+  constexpr int q_stride() const { return block_n + 4; }     // rows of P and dS (bwd): per query
   // Forward: Q, K, V tiles (P stays in registers).
   constexpr int fwd_smem_bytes() const { return (block_m + 2 * block_n) * row_stride() * 4; }
-  // Backward: K, V, Q, dO tiles, P^T, dS, LSE and D of the step's rows.
+  // Backward: K, V, Q, dO tiles, P, dS, LSE and D of the step's rows.
   constexpr int bwd_smem_bytes() const {
-    return ((2 * block_n + 2 * block_m) * row_stride() + block_n * k_stride() + block_m * q_stride() +
-            2 * block_m) * 4;
+    return ((2 * block_n + 2 * block_m) * row_stride() + 2 * block_m * q_stride() + 2 * block_m) * 4;
   }
 };
 
@@ -45,12 +42,12 @@ inline constexpr F32Tile kF32FwdTiles[kNumF32Tiles] = {
     {128, 64, 32, 128, "f32_tf32x3_d128_m64n32"},
     {256, 64, 16, 128, "f32_tf32x3_d256_m64n16"},
 };
-// Backward: 256 threads as 16 x 16 (stage 1: keys x queries; stage 2: keys x columns; stage 3:
-// queries x columns).
+// Backward: 8 warps; stages 1 and 2 split the block's keys into 16-key tiles and the queries
+// (stage 1) or columns (stage 2) among the warps of a key tile; stage 3 splits queries x columns.
 inline constexpr F32Tile kF32BwdTiles[kNumF32Tiles] = {
-    {64, 64, 64, 256, "f32_simt_bwd_d64_m64n64"},
-    {128, 32, 64, 256, "f32_simt_bwd_d128_m32n64"},
-    {256, 32, 32, 256, "f32_simt_bwd_d256_m32n32"},
+    {64, 64, 64, 256, "f32_tf32x3_bwd_d64_m64n64"},
+    {128, 32, 64, 256, "f32_tf32x3_bwd_d128_m32n64"},
+    {256, 32, 32, 256, "f32_tf32x3_bwd_d256_m32n32"},
 };
 
 // Kernel template instances: forward 3 buckets, backward 3 buckets + preprocess + convert.
