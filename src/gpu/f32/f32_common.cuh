@@ -72,7 +72,8 @@ __device__ __forceinline__ void load_rows(float* tile, int cols, int tid, const 
 // ---- 3xTF32 tensor-core products (mma.sync m16n8k8 .tf32, sm_80+) ----
 // An fp32 operand x is split into big = tf32(x) and small = tf32(x - big) (both rounded to nearest,
 // ties away); a*b ~ small_a*big_b + big_a*small_b + big_a*big_b, accumulated in fp32, the small
-// terms first. The dropped small*small term is below 2^-22 |a b|: the error is that of fp32 FMAs.
+// terms first. The dropped small*small term is below 2^-22 |a b|: with the step-wise accumulation
+// of mma_3xtf32 the error is that of fp32 FMAs.
 // Fragments of m16n8k8 (g = lane / 4, t = lane % 4): A (16 x 8, row) a0 (g, t), a1 (g + 8, t),
 // a2 (g, t + 4), a3 (g + 8, t + 4); B (8 x 8, col) b0 (k t, n g), b1 (k t + 4, n g); C (16 x 8)
 // c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1).
@@ -97,11 +98,23 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// d += a * b in 3xTF32: a, b the split A (a0..a3) and B (b0, b1) fragments.
-__device__ __forceinline__ void mma_3xtf32(float (&d)[4], const Tf32Split (&a)[4], const Tf32Split (&b)[2]) {
+// d += a * b in 3xTF32 inside the tensor core: a, b the split A (a0..a3) and B (b0, b1) fragments.
+__device__ __forceinline__ void mma_3xtf32_acc(float (&d)[4], const Tf32Split (&a)[4], const Tf32Split (&b)[2]) {
   mma_tf32(d, a[0].small, a[1].small, a[2].small, a[3].small, b[0].big, b[1].big);
   mma_tf32(d, a[0].big, a[1].big, a[2].big, a[3].big, b[0].small, b[1].small);
   mma_tf32(d, a[0].big, a[1].big, a[2].big, a[3].big, b[0].big, b[1].big);
+}
+
+// d += a * b in 3xTF32, the step's sum added to d by a rounded fp32 add. The tensor core rounds
+// its fp32 additions toward zero: accumulated there over a long reduction the error would grow
+// with the length, biased. So the products of a short chunk of the reduction (one 8-wide step
+// here; callers may use mma_3xtf32_acc over a few steps into a zeroed fragment) are summed in the
+// tensor core, and the chunks are added as an FMA loop adds its products.
+__device__ __forceinline__ void mma_3xtf32(float (&d)[4], const Tf32Split (&a)[4], const Tf32Split (&b)[2]) {
+  float step[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  mma_3xtf32_acc(step, a, b);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) d[e] += step[e];
 }
 
 // dropout_keep (core/philox.hpp: the rule of every backend) with the word of key j picked by

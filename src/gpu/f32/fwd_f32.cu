@@ -207,19 +207,25 @@ __global__ void __launch_bounds__(128, 2) fwd_f32_kernel(const __grid_constant__
       // stands for key 8n + pv_key(k) (A columns t, t + 4 -> keys 2t, 2t + 1), so the A fragment
       // is s[n] reordered by pv_from_c and the B fragment reads V rows 8n + 2t and 8n + 2t + 1
       // (column b_n of each 8-column tile).
+      // The tile's BN keys are one chunk summed in the tensor core (mma_3xtf32), added to O in fp32.
       const float* vb = sV + F::b_n(lane);
+      Tf32Split pf[SN][4];
 #pragma unroll
-      for (int n = 0; n < SN; ++n) {
-        Tf32Split pf[4];
+      for (int n = 0; n < SN; ++n)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) pf[r] = split_tf32(s[n][F::pv_from_c(r)]);
+        for (int r = 0; r < 4; ++r) pf[n][r] = split_tf32(s[n][F::pv_from_c(r)]);
 #pragma unroll
-        for (int c = 0; c < ON; ++c) {
+      for (int c = 0; c < ON; ++c) {
+        float chunk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int n = 0; n < SN; ++n) {
           Tf32Split vf[2];
 #pragma unroll
           for (int r = 0; r < 2; ++r) vf[r] = split_tf32(vb[(8 * n + F::pv_key(F::b_k(lane, r))) * S + 8 * c]);
-          mma_3xtf32(o[c], pf, vf);
+          mma_3xtf32_acc(chunk, pf[n], vf);
         }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[c][e] += chunk[e];
       }
     }
   }
