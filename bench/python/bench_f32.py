@@ -8,7 +8,8 @@ forward+backward, in one process; and the error of each against an fp64 computat
 
 Metric: kernel time per call, torch.profiler's device time of every kernel (and memset/memcpy)
 the call launches, averaged over --reps profiled calls after a warm-up. Shapes: D in {64, 128, 256},
-S in {1k, 4k}, causal or not, B*S = 8k tokens, H*D = 1024 (flashport: also GQA 4:1 decode).
+S in {1k, 4k}, causal or not, B*S = 8k tokens, H*D = 1024; GQA 32/8 D128 causal Sq 1k / Sk 4k; GQA 4:1
+decode (forward only).
 Errors: max |x - x64| / max |x64| of out (forward) and of dq, dk, dv (backward), one call per point
 against the same inputs in float64 (MATH backend).
 """
@@ -131,6 +132,8 @@ def main():
             for causal in (False, True):
                 points.append(dict(b=max(1, 8192 // s), sq=s, sk=s, hq=1024 // d, hkv=1024 // d,
                                    d=d, causal=causal))
+    if not args.quick:  # GQA 32/8 prefill over a longer KV (the issue-18 reference shape, 5.6 ms SIMT fwd)
+        points.append(dict(b=2, sq=1024, sk=4096, hq=32, hkv=8, d=128, causal=True))
     if not args.quick:  # decode: GQA 32/8, one query row, long KV (forward only)
         points.append(dict(b=8, sq=1, sk=8192, hq=32, hkv=8, d=128, causal=False, bwd=False))
     rows = []
