@@ -73,28 +73,29 @@ struct ScoreRules {
 // (int64 in the reference, int in the kernels' hot loops). T: scores (double in natural-log units
 // in the reference; float in log2 units in the kernels, whose exp is exp2).
 //
-// The score constants and the call's rules are held by reference and read where used: a kernel
-// binds them to its __grid_constant__ arguments, so they stay constant-bank operands and the
+// The score constants and the call's rules are held by address and read where used: a kernel
+// points them at its __grid_constant__ arguments, so they stay constant-bank operands and the
 // compiled loops are those of the hand-written rules this replaced (same SASS). The shapes below
 // are chosen for that: a kernel tests one element as `j < vis_lo(i) || j >= vis_hi(i)` at the call
 // (a bool-returning helper costs a select per element), and tile_needs_mask takes the tile index.
 template <typename I, typename T>
 struct SeqScoreRules {
-  const ScoreRules& rules;
-  I lq, lk;
-  I shift;   // row i's diagonal key is i + shift (bottom-right aligned: lk - lq)
-  I wl, wr;  // window left / right; < 0: unbounded (causal: wr = 0)
-  // raw q.k -> score: softcap_out * tanh(raw * softcap_in) with softcap (softcap_in > 0), else
-  // raw * scale. Natural-log units: scale, scale / softcap, softcap.
-  const T& scale;
-  const T& softcap_in;
-  const T& softcap_out;
+  const ScoreRules* rules = nullptr;
+  I lq = 0, lk = 0;
+  I shift = 0;          // row i's diagonal key is i + shift (bottom-right aligned: lk - lq)
+  I wl = -1, wr = -1;   // window left / right; < 0: unbounded (causal: wr = 0)
+  // raw q.k -> score: *softcap_out * tanh(raw * *softcap_in) with softcap (*softcap_in > 0), else
+  // raw * *scale. Natural-log units: scale, scale / softcap, softcap.
+  const T* scale = nullptr;
+  const T* softcap_in = nullptr;
+  const T* softcap_out = nullptr;
 
+  SeqScoreRules() = default;
   FP_HD SeqScoreRules(const ScoreRules& r, I lq_, I lk_, const T& scale_, const T& softcap_in_,
                       const T& softcap_out_)
-      : rules(r), lq(lq_), lk(lk_), shift(r.top_left ? I(0) : lk_ - lq_),
-        wl(static_cast<I>(r.window_left)), wr(static_cast<I>(r.window_right)), scale(scale_),
-        softcap_in(softcap_in_), softcap_out(softcap_out_) {}
+      : rules(&r), lq(lq_), lk(lk_), shift(r.top_left ? I(0) : lk_ - lq_),
+        wl(static_cast<I>(r.window_left)), wr(static_cast<I>(r.window_right)), scale(&scale_),
+        softcap_in(&softcap_in_), softcap_out(&softcap_out_) {}
 
   // ---- visible keys (causal / window / key length) -------------------------------------------
   // Row i sees keys [vis_lo(i), vis_hi(i)) (none when vis_hi <= vis_lo).
@@ -126,21 +127,22 @@ struct SeqScoreRules {
   }
 
   // ---- the score of q.k ----------------------------------------------------------------------
-  FP_HD bool softcapped() const { return softcap_in > T(0); }
-  FP_HD bool alibi() const { return rules.alibi != nullptr; }
+  FP_HD bool softcapped() const { return *softcap_in > T(0); }
+  FP_HD bool alibi() const { return rules->alibi != nullptr; }
+  // (Both test softcap_in, not softcapped(): one inline level less keeps the kernels' SASS.)
   FP_HD T score(T raw) const {
-    return softcapped() ? softcap_out * softcap_tanh(raw * softcap_in) : raw * scale;
+    return *softcap_in > T(0) ? *softcap_out * softcap_tanh(raw * *softcap_in) : raw * *scale;
   }
   // The score and its derivative relative to the plain scale's: 1 - tanh^2 with softcap, else 1.
   struct WithGrad {
     T score, dtanh;
   };
   FP_HD WithGrad score_grad(T raw) const {
-    if (softcap_in > T(0)) {  // not softcapped(): one inline level less keeps the kernels' SASS
-      const T th = softcap_tanh(raw * softcap_in);
-      return {softcap_out * th, T(1) - th * th};
+    if (*softcap_in > T(0)) {
+      const T th = softcap_tanh(raw * *softcap_in);
+      return {*softcap_out * th, T(1) - th * th};
     }
-    return {raw * scale, T(1)};
+    return {raw * *scale, T(1)};
   }
   // ALiBi: the bias of (row i, key j) is -slope |i + shift - j| (neg_slope = -slope, in the
   // score's units). Kernels hoist diagonal(i) - n0 per row and pass each column's distance.

@@ -199,23 +199,16 @@ __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileCo
   if (m0 >= m_rows) return;
   const int64_t q_start = a.seq.q_start(b);
   const int kvh = a.pack > 1 ? head_idx : head_idx / a.group;
-  const int shift = R.top_left ? 0 : lk - lq;
-  const int wl = static_cast<int>(R.window_left), wr = static_cast<int>(R.window_right);
+  const KernelScoreRules S(R, lq, lk, a.scale_log2, a.softcap_in, a.softcap_out);
   // Sequence row i and query head h of packed row m.
   auto row_i = [&](int m) -> int { return a.pack > 1 ? m / a.pack : m; };
   auto row_h = [&](int m) -> int { return a.pack > 1 ? kvh * a.group + m % a.pack : head_idx; };
-  // Visible keys of row i: [lo, hi).
-  auto vis_lo = [&](int i) -> int { const int lo = wl >= 0 ? i + shift - wl : 0; return lo < 0 ? 0 : lo; };
-  auto vis_hi = [&](int i) -> int {
-    const int hi = wr >= 0 ? i + shift + wr + 1 : lk;
-    return hi > lk ? lk : (hi < 0 ? 0 : hi);
-  };
 
   // Key blocks this block visits: the union of its rows' visible ranges, cut to this split.
   const int i_min = row_i(m0);
   const int i_max = row_i((m0 + BM < m_rows ? m0 + BM : m_rows) - 1);
-  const int key_lo = vis_lo(i_min);
-  const int key_hi = vis_hi(i_max);
+  const int key_lo = S.vis_lo(i_min);
+  const int key_hi = S.vis_hi(i_max);
   int n_lo = key_lo / BN;
   int n_hi = key_hi > key_lo ? (key_hi + BN - 1) / BN : n_lo;
   if (a.splits > 1) {
@@ -273,12 +266,11 @@ __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileCo
 
         // Scores to log2 units, then the feature hooks (block-uniform branches).
         const int n0 = nb * BN;
-        const bool need_mask = n0 + BN > lk || (wr >= 0 && n0 + BN - 1 > i_min + shift + wr) ||
-                               (wl >= 0 && n0 < i_max + shift - wl);
+        const bool need_mask = S.tile_needs_mask(nb, BN, i_min, i_max);
         // Plain scores stay raw and the scale folds into the exp2 (one FFMA); transformed scores
         // are already in log2 units (mul = 1).
-        const bool transformed = a.softcap_in > 0.0f || R.alibi != nullptr || !(a.scale_log2 > 0.0f);
-        const float mul = transformed ? 1.0f : a.scale_log2;
+        const bool transformed = S.softcapped() || S.alibi() || !(*S.scale > 0.0f);
+        const float mul = transformed ? 1.0f : *S.scale;
         if (transformed) {
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt)
@@ -286,16 +278,15 @@ __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileCo
             for (int hf = 0; hf < kSlots; ++hf) {
               const int m = lane_row(mt, hf);
               // ALiBi distance |i + shift - j| with j = n0 + col: base - col, base = i + shift - n0.
-              const int base = row_i(m) + shift - n0;
+              const int base = S.diagonal(row_i(m)) - n0;
               const float slope = R.alibi ? -R.alibi_slope(b, row_h(m < m_rows ? m : m0)) * kLog2e : 0.0f;
 #pragma unroll
               for (int t = 0; t < kNTiles; ++t)
 #pragma unroll
                 for (int e2 = 0; e2 < kSlotElems; ++e2) {
                   float& s = acc_s[mt][t].r[hf * kSlotElems + e2];
-                  s = a.softcap_in > 0.0f ? a.softcap_out * tanh_accurate(s * a.softcap_in) : s * a.scale_log2;
-                  const int dist = base - (t * AccLayout::kCols + AccLayout::col(lane, e2));
-                  s += slope * float(dist < 0 ? -dist : dist);
+                  s = S.score(s);
+                  s += S.alibi_bias_at(slope, base - (t * AccLayout::kCols + AccLayout::col(lane, e2)));
                 }
             }
         }
@@ -305,7 +296,7 @@ __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileCo
 #pragma unroll
             for (int hf = 0; hf < kSlots; ++hf) {
               const int i = row_i(lane_row(mt, hf));
-              const int lo = vis_lo(i) - n0, hi = vis_hi(i) - n0;  // relative to the tile
+              const int lo = S.vis_lo(i) - n0, hi = S.vis_hi(i) - n0;  // relative to the tile
 #pragma unroll
               for (int t = 0; t < kNTiles; ++t)
 #pragma unroll
