@@ -25,7 +25,8 @@ struct HopperRows {
   static constexpr int kNTiles = BN / 8;  // 8-key accumulator tiles per step
 
   const FwdArgs& a;
-  int b, head, m0, lq, lk, shift, wl, wr, i_min, i_max, n_lo, n_hi;
+  int b, head, m0, lq, lk, i_min, i_max, n_lo, n_hi;
+  KernelScoreRules rules;  // the score rules of this block's sequence (core/score_rules.hpp)
   int row_loc0, col_base;  // this thread's first row inside the block; its first column in a tile
   int64_t q_start;
   bool transformed;        // softcap / ALiBi / non-positive scale: scores scaled in the hooks
@@ -42,16 +43,16 @@ struct HopperRows {
     if (a.k_rows_cap > 0 && lk64 > a.k_rows_cap - a.seq.k_pad(b)) lk64 = a.k_rows_cap - a.seq.k_pad(b);
     lk = lk64 < 0 ? 0 : static_cast<int>(lk64);
     q_start = a.seq.q_start(b);
-    shift = R.top_left ? 0 : lk - lq;
-    wl = static_cast<int>(R.window_left), wr = static_cast<int>(R.window_right);
+    rules = KernelScoreRules(R, lq, lk, a.scale_log2, a.softcap_in, a.softcap_out);
+    const KernelScoreRules& S = rules;
     i_min = m0;
     i_max = (m0 + block_rows < lq ? m0 + block_rows : lq) - 1;
-    const int key_lo = vis_lo(i_min), key_hi = vis_hi(i_max);
+    const int key_lo = S.vis_lo(i_min), key_hi = S.vis_hi(i_max);
     n_lo = key_lo / BN;
     n_hi = key_hi > key_lo ? (key_hi + BN - 1) / BN : n_lo;
     col_base = (threadIdx.x & 3) * 2;
-    transformed = a.softcap_in > 0.0f || R.alibi != nullptr || !(a.scale_log2 > 0.0f);
-    mul = transformed ? 1.0f : a.scale_log2;
+    transformed = S.softcapped() || S.alibi() || !(*S.scale > 0.0f);
+    mul = transformed ? 1.0f : *S.scale;
     slope = R.alibi ? -R.alibi_slope(b, head) * kLog2e : 0.0f;
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.0f;
@@ -72,34 +73,25 @@ struct HopperRows {
     n_hi = n_hi < s_hi ? n_hi : s_hi;
   }
 
-  __device__ __forceinline__ int vis_lo(int i) const {
-    const int lo = wl >= 0 ? i + shift - wl : 0;
-    return lo < 0 ? 0 : lo;
-  }
-  __device__ __forceinline__ int vis_hi(int i) const {
-    const int hi = wr >= 0 ? i + shift + wr + 1 : lk;
-    return hi > lk ? lk : (hi < 0 ? 0 : hi);
-  }
 
   // Feature hooks, masking and the online softmax of tile nb (base 2): S becomes P (fp32), corr
   // the factor the running O must be scaled by.
   __device__ __forceinline__ void softmax(float (&s)[BN / 2], int nb, float (&corr)[2]) {
     const int n0 = nb * BN;
-    const bool need_mask = n0 + BN > lk || (wr >= 0 && n0 + BN - 1 > i_min + shift + wr) ||
-                           (wl >= 0 && n0 < i_max + shift - wl);
+    const KernelScoreRules& S = rules;
+    const bool need_mask = S.tile_needs_mask(nb, BN, i_min, i_max);
     if (transformed) {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = m0 + row_loc0 + hf * 8;
-        const int base = i + shift - n0;
+        const int base = S.diagonal(i) - n0;
 #pragma unroll
         for (int t = 0; t < kNTiles; ++t)
 #pragma unroll
           for (int e2 = 0; e2 < 2; ++e2) {
             float& v = s[4 * t + 2 * hf + e2];
-            v = a.softcap_in > 0.0f ? a.softcap_out * tanh_accurate(v * a.softcap_in) : v * a.scale_log2;
-            const int dist = base - (t * 8 + col_base + e2);
-            v += slope * float(dist < 0 ? -dist : dist);
+            v = S.score(v);
+            v += S.alibi_bias_at(slope, base - (t * 8 + col_base + e2));
           }
       }
     }
@@ -107,7 +99,7 @@ struct HopperRows {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = m0 + row_loc0 + hf * 8;
-        const int lo = vis_lo(i) - n0, hi = vis_hi(i) - n0;
+        const int lo = S.vis_lo(i) - n0, hi = S.vis_hi(i) - n0;
 #pragma unroll
         for (int t = 0; t < kNTiles; ++t)
 #pragma unroll
