@@ -193,16 +193,10 @@ __device__ __forceinline__ void store_tile_pair(uint16_t* dst_a, uint16_t* dst_b
     }
   }
 }
-// dq_acc += x. The accumulator is in the caller's workspace (device memory, coarse-grained as
-// hipMalloc gives it): the native no-return float add of every target here (global_atomic_add_f32),
-// not atomicAdd's compare-and-swap loop (HIP lowers it so without -munsafe-fp-atomics).
-__device__ __forceinline__ void bwd_atomic_add(float* dst, float x) {
-#if defined(FP_AMD_EMULATION)
-  atomicAdd(dst, x);
-#else
-  __builtin_amdgcn_global_atomic_fadd_f32((__attribute__((address_space(1))) float*)dst, x);
-#endif
-}
+// dq_acc += x. HIP lowers atomicAdd on float to a compare-and-swap loop (no -munsafe-fp-atomics);
+// the native global_atomic_add_f32 (__builtin_amdgcn_global_atomic_fadd_f32) put 20 bytes of
+// scratch into the gfx90a/gfx942 kernels, which the ISA check rejects.
+__device__ __forceinline__ void bwd_atomic_add(float* dst, float x) { atomicAdd(dst, x); }
 __device__ __forceinline__ void bwd_add_pair(float* dst, float x, float y) {
   bwd_atomic_add(dst, x);
   bwd_atomic_add(dst + 1, y);
@@ -220,6 +214,16 @@ __device__ __forceinline__ bool bwd_dropout_keep(uint64_t seed, uint64_t offset,
   const uint32_t word = (j & 2) ? ((j & 1) ? w.x[3] : w.x[2]) : ((j & 1) ? w.x[1] : w.x[0]);
   return word >= threshold;
 }
+#endif
+
+// The loop's lambdas forced inline on MFMA targets: left to the inliner, gfx90a/gfx942 reach
+// their SGPR limit and reserve a 20-byte scratch frame (register scavenging; no scratch access),
+// which the ISA check rejects. On WMMA (wave32) forcing it costs VGPR spills instead; nothing on
+// NVIDIA (ptxas output unchanged) or in the CPU emulation.
+#if defined(FP_AMD_MFMA)
+#define FP_BWD_INLINE __attribute__((always_inline))
+#else
+#define FP_BWD_INLINE
 #endif
 
 // Last key block that visits query block m (deterministic mode adds the key blocks' dQ parts in
@@ -325,7 +329,7 @@ __global__ void FP_LAUNCH_BOUNDS(kBwdTiles[kTile].threads(kWarpSize), kBwdTiles[
         load_chunk(sV + Tile::offset(r, c), j < lk ? a.v + vrows.at(j) : nullptr, c, a.dv, a.vec_ok);
       }
       // Q, dO, LSE, D of step s into buffer `buf`.
-      auto load_step = [&](int s, int buf) {
+      auto load_step = [&](int s, int buf) FP_BWD_INLINE {
         const int h = kvh * a.group + s / nm;
         const int m = m_lo + s % nm;
         uint16_t* q_dst = sQ + buf * BM * RD;
@@ -394,7 +398,7 @@ __global__ void FP_LAUNCH_BOUNDS(kBwdTiles[kTile].threads(kWarpSize), kBwdTiles[
             for (int e = 0; e < kAccElems; ++e) acc_s[kr][t].r[e] = 0.0f, acc_dp[kr][t].r[e] = 0.0f;
         // kFull (head dims filling the bucket, the common case): straight-line loops the scheduler
         // can pipeline; otherwise the steps past d / dv are skipped.
-        auto stage1 = [&](auto full_tag) {
+        auto stage1 = [&](auto full_tag) FP_BWD_INLINE {
           constexpr bool kFull = decltype(full_tag)::value;
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
@@ -468,7 +472,7 @@ __global__ void FP_LAUNCH_BOUNDS(kBwdTiles[kTile].threads(kWarpSize), kBwdTiles[
         __syncthreads();  // P^T, dS^T complete
 
         // ---- stage 2: dV += P^T dO, dK += dS^T Q -------------------------------------------------
-        auto stage2 = [&](auto full_tag) {
+        auto stage2 = [&](auto full_tag) FP_BWD_INLINE {
           constexpr bool kFull = decltype(full_tag)::value;
 #pragma unroll
         for (int ks = 0; ks < BM / 16; ++ks) {
@@ -504,7 +508,7 @@ __global__ void FP_LAUNCH_BOUNDS(kBwdTiles[kTile].threads(kWarpSize), kBwdTiles[
 
         // ---- stage 3: dQ += dS K, over dQ columns [cq * QC, cq * QC + QC) ---------------------
         // (kFirst: the deterministic wait before the first pass's adds; kLast: the step's end.)
-        auto stage3_pass = [&](const int cq, auto first_tag, auto last_tag) {
+        auto stage3_pass = [&](const int cq, auto first_tag, auto last_tag) FP_BWD_INLINE {
           constexpr bool kFirst = decltype(first_tag)::value, kLast = decltype(last_tag)::value;
         FragC acc_dq[QR][QT];
 #pragma unroll
@@ -513,7 +517,7 @@ __global__ void FP_LAUNCH_BOUNDS(kBwdTiles[kTile].threads(kWarpSize), kBwdTiles[
           for (int t = 0; t < QT; ++t)
 #pragma unroll
             for (int e = 0; e < kAccElems; ++e) acc_dq[qr][t].r[e] = 0.0f;
-        auto stage3 = [&](auto full_tag) {
+        auto stage3 = [&](auto full_tag) FP_BWD_INLINE {
           constexpr bool kFull = decltype(full_tag)::value;
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ++ks) {
