@@ -116,13 +116,7 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
   const int lk = lk64 < 0 ? 0 : static_cast<int>(lk64);
   const int64_t q_start = a.seq.q_start(b);
   const int64_t ws_row0 = a.seq.cu_q ? q_start : int64_t(b) * a.seq.sq;  // workspace row of i = 0
-  const int shift = R.top_left ? 0 : lk - lq;
-  const int wl = static_cast<int>(R.window_left), wr = static_cast<int>(R.window_right);
-  auto vis_lo = [&](int i) -> int { const int lo = wl >= 0 ? i + shift - wl : 0; return lo < 0 ? 0 : lo; };
-  auto vis_hi = [&](int i) -> int {
-    const int hi = wr >= 0 ? i + shift + wr + 1 : lk;
-    return hi > lk ? lk : (hi < 0 ? 0 : hi);
-  };
+  const KernelScoreRules S(R, lq, lk, a.scale_log2, a.softcap_in, a.softcap_out);
 
   // This thread's accumulator rows (keys in S^T, dP^T, dK, dV): key_loc0 and key_loc0 + 8.
   const int key_loc0 = wg * 64 + wwarp * 16 + (lane >> 2);
@@ -136,10 +130,7 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
 
   if (n0 < lk && lq > 0) {
     const int n1 = n0 + BN < lk ? n0 + BN : lk;
-    int i_first = wr >= 0 ? n0 - shift - wr : 0;
-    if (i_first < 0) i_first = 0;
-    int i_end = wl >= 0 ? n1 + wl - shift : lq;
-    if (i_end > lq) i_end = lq;
+    const int i_first = S.rows_lo(n0), i_end = S.rows_end(n1);
     const int m_lo = i_first / BM;
     const int m_hi = i_end > i_first ? (i_end + BM - 1) / BM : m_lo;
     const int nm = m_hi - m_lo;
@@ -195,8 +186,7 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
       load_step(0, 0);
       cp_async_commit();
 
-      const bool softcap = a.softcap_in > 0.0f;
-      const bool transformed = softcap || R.alibi != nullptr;
+      const bool transformed = S.softcapped() || S.alibi();
 
       float dq_acc[32];
       const int dq_d_panel = kDqByCols ? wg : 0;
@@ -285,26 +275,17 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
         //      i = i0 + 8t + col_base + e2) ---------------------------------------------------
         const float* tL = sL + buf * BM;
         const float* tD = sDs + buf * BM;
-        const bool need_mask = n0 + BN > lk || (wr >= 0 && n0 + BN - 1 > i0 + shift + wr) ||
-                               (wl >= 0 && n0 < i0 + BM - 1 + shift - wl);
+        const bool need_mask = S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1);
         const float slope_log2 = R.alibi ? -R.alibi_slope(b, h) * kBwdLog2eH : 0.0f;
         // P of one element from its score v (log2 units), and the softcap derivative 1 - th^2.
         auto prob = [&](float v, int t, int hf, int e2, float lse2, float& dtanh) -> float {
-          float sc;
-          if (softcap) {
-            const float th = tanh_accurate(v * a.softcap_in);
-            sc = a.softcap_out * th;
-            dtanh = 1.0f - th * th;
-          } else {
-            sc = v * a.scale_log2;
-          }
+          const auto sg = S.score_grad(v);
+          float sc = sg.score;
+          dtanh = sg.dtanh;
           const int i = i0 + 8 * t + col_base + e2, j = n0 + key_loc0 + 8 * hf;
-          if (R.alibi) {
-            const int dist = i + shift - j;
-            sc += slope_log2 * float(dist < 0 ? -dist : dist);
-          }
+          if (S.alibi()) sc += S.alibi_bias(slope_log2, i, j);
           float p = fast_exp2(sc - lse2);
-          if (need_mask && (j < vis_lo(i) || j >= vis_hi(i))) p = 0.0f;
+          if (need_mask && (j < S.vis_lo(i) || j >= S.vis_hi(i))) p = 0.0f;
           return p;
         };
         // The waits are unconditional (ptxas keeps the products asynchronous only when it sees
@@ -323,10 +304,10 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
 #pragma unroll
               for (int e2 = 0; e2 < 2; ++e2) {
                 float& v = s_acc[4 * t + 2 * hf + e2];
-                v = fast_exp2(fmaf(v, a.scale_log2, -(e2 ? l2.y : l2.x)));
+                v = fast_exp2(fmaf(v, *S.scale, -(e2 ? l2.y : l2.x)));
                 if constexpr (decltype(masked)::value) {
                   const int i = i0 + 8 * t + col_base + e2, j = n0 + key_loc0 + 8 * hf;
-                  if (j < vis_lo(i) || j >= vis_hi(i)) v = 0.0f;
+                  if (j < S.vis_lo(i) || j >= S.vis_hi(i)) v = 0.0f;
                 }
               }
           }
@@ -533,13 +514,7 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
   const int lk = lk64 < 0 ? 0 : static_cast<int>(lk64);
   const int64_t q_start = a.seq.q_start(b);
   const int64_t ws_row0 = a.seq.cu_q ? q_start : int64_t(b) * a.seq.sq;  // workspace row of i = 0
-  const int shift = R.top_left ? 0 : lk - lq;
-  const int wl = static_cast<int>(R.window_left), wr = static_cast<int>(R.window_right);
-  auto vis_lo = [&](int i) -> int { const int lo = wl >= 0 ? i + shift - wl : 0; return lo < 0 ? 0 : lo; };
-  auto vis_hi = [&](int i) -> int {
-    const int hi = wr >= 0 ? i + shift + wr + 1 : lk;
-    return hi > lk ? lk : (hi < 0 ? 0 : hi);
-  };
+  const KernelScoreRules S(R, lq, lk, a.scale_log2, a.softcap_in, a.softcap_out);
 
   // This thread's accumulator rows (keys) in S^T, dP^T, dK, dV: key_loc0 and key_loc0 + 8.
   const int key_loc0 = wwarp * 16 + (lane >> 2);
@@ -554,10 +529,7 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
 
   if (n0 < lk && lq > 0) {
     const int n1 = n0 + BN < lk ? n0 + BN : lk;
-    int i_first = wr >= 0 ? n0 - shift - wr : 0;
-    if (i_first < 0) i_first = 0;
-    int i_end = wl >= 0 ? n1 + wl - shift : lq;
-    if (i_end > lq) i_end = lq;
+    const int i_first = S.rows_lo(n0), i_end = S.rows_end(n1);
     const int m_lo = i_first / BM;
     const int m_hi = i_end > i_first ? (i_end + BM - 1) / BM : m_lo;
     const int nm = m_hi - m_lo;
@@ -611,8 +583,7 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
       load_step(0, 0);
       cp_async_commit();
 
-      const bool softcap = a.softcap_in > 0.0f;
-      const bool transformed = softcap || R.alibi != nullptr;
+      const bool transformed = S.softcapped() || S.alibi();
 
       float dq_acc[kOwnPanels][32];  // dQ: 64 queries x columns [128 wg, +128)
 
@@ -708,25 +679,16 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
         //      i = i0 + q_half0 + 8t + col_base + e2) -------------------------------------------
         const float* tL = sL + buf * BM + q_half0;
         const float* tD = sDs + buf * BM + q_half0;
-        const bool need_mask = n0 + BN > lk || (wr >= 0 && n0 + BN - 1 > i0 + shift + wr) ||
-                               (wl >= 0 && n0 < i0 + BM - 1 + shift - wl);
+        const bool need_mask = S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1);
         const float slope_log2 = R.alibi ? -R.alibi_slope(b, h) * kBwdLog2eH : 0.0f;
         auto prob = [&](float v, int t, int hf, int e2, float lse2, float& dtanh) -> float {
-          float sc;
-          if (softcap) {
-            const float th = tanh_accurate(v * a.softcap_in);
-            sc = a.softcap_out * th;
-            dtanh = 1.0f - th * th;
-          } else {
-            sc = v * a.scale_log2;
-          }
+          const auto sg = S.score_grad(v);
+          float sc = sg.score;
+          dtanh = sg.dtanh;
           const int i = i0 + q_half0 + 8 * t + col_base + e2, j = n0 + key_loc0 + 8 * hf;
-          if (R.alibi) {
-            const int dist = i + shift - j;
-            sc += slope_log2 * float(dist < 0 ? -dist : dist);
-          }
+          if (S.alibi()) sc += S.alibi_bias(slope_log2, i, j);
           float p = fast_exp2(sc - lse2);
-          if (need_mask && (j < vis_lo(i) || j >= vis_hi(i))) p = 0.0f;
+          if (need_mask && (j < S.vis_lo(i) || j >= S.vis_hi(i))) p = 0.0f;
           return p;
         };
         // Unconditional waits (a fixed group structure keeps the products asynchronous); the
@@ -742,10 +704,10 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
 #pragma unroll
               for (int e2 = 0; e2 < 2; ++e2) {
                 float& v = s_acc[4 * t + 2 * hf + e2];
-                v = fast_exp2(fmaf(v, a.scale_log2, -(e2 ? l2.y : l2.x)));
+                v = fast_exp2(fmaf(v, *S.scale, -(e2 ? l2.y : l2.x)));
                 if constexpr (decltype(masked)::value) {
                   const int i = i0 + q_half0 + 8 * t + col_base + e2, j = n0 + key_loc0 + 8 * hf;
-                  if (j < vis_lo(i) || j >= vis_hi(i)) v = 0.0f;
+                  if (j < S.vis_lo(i) || j >= S.vis_hi(i)) v = 0.0f;
                 }
               }
           }
