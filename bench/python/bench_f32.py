@@ -59,9 +59,15 @@ def attention(lib, q, k, v, causal):
     kt, vt = (x.transpose(1, 2) for x in (k, v))
     if rep > 1:
         kt, vt = kt.repeat_interleave(rep, 1), vt.repeat_interleave(rep, 1)
+    sq, sk = q.shape[1], k.shape[1]
     with sdpa_kernel(backend):
-        # SDPA's is_causal is top-left aligned: the same as bottom-right for Sq == Sk.
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), kt, vt, is_causal=causal)
+        if causal and sq != sk:
+            # SDPA's is_causal is top-left aligned; flashport's (flash_attn's) bottom-right: row i
+            # sees keys j <= i + sk - sq. An explicit mask (the fp64 reference runs MATH).
+            mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(diagonal=sk - sq)
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), kt, vt, attn_mask=mask)
+        else:
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), kt, vt, is_causal=causal)
     return o.transpose(1, 2)
 
 
