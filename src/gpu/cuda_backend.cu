@@ -169,7 +169,7 @@ class CudaBackend final : public Backend {
     DeviceInfo dev;
     FP_RETURN_IF_ERROR(check_device(p.device_index, &dev));
     if (p.dtype == FP_F32) {
-      // float32: the fp32 SIMT kernel (f32/), the one candidate of this dtype.
+      // float32: the fp32 kernel (f32/: 3xTF32 mma.sync products), the one candidate of this dtype.
       F32FwdChoice c;
       if (std::string why = f32_fwd_candidate(p, dev.sm_count, dev.smem_optin, &c); !why.empty())
         return unsupported(why);
@@ -259,7 +259,7 @@ class CudaBackend final : public Backend {
     if (p.fwd.device != FP_DEVICE_CUDA) return unsupported("cuda backend: tensors are not on a CUDA device");
     DeviceInfo dev;
     FP_RETURN_IF_ERROR(check_device(p.fwd.device_index, &dev));
-    // float32: the fp32 SIMT backward (f32/bwd_f32.cu), the one candidate of this dtype.
+    // float32: the fp32 backward (f32/bwd_f32.cu, 3xTF32), the one candidate of this dtype.
     if (p.fwd.dtype == FP_F32) return plan_bwd_f32(p, dev.smem_optin, plan);
     if (p.fwd.dtype == FP_F64)
       return unsupported("cuda backend: backward dtype float64 not supported (float16, bfloat16, float32)");

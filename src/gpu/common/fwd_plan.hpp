@@ -21,8 +21,8 @@ enum GpuKernelId : int32_t {
   kKernelMmaBwd = 3,     // mma.sync backward (mma/bwd_kernel.cuh)
   kKernelHopperBwd = 4,  // sm_90a wgmma backward (hopper/bwd_hopper.cu)
   kKernelMerge = 5,      // merge op / split combine (common/aux_kernels.cu)
-  kKernelF32Fwd = 6,     // fp32 SIMT forward (f32/fwd_f32.cu)
-  kKernelF32Bwd = 7,     // fp32 SIMT backward (f32/bwd_f32.cu)
+  kKernelF32Fwd = 6,     // fp32 forward, 3xTF32 mma.sync (f32/fwd_f32.cu)
+  kKernelF32Bwd = 7,     // fp32 backward, 3xTF32 mma.sync (f32/bwd_f32.cu)
 };
 
 // The slots of Plan::backend_args the GPU backends use.
