@@ -171,30 +171,28 @@ void gather_kv(const Problem& p, int64_t b, int64_t hk, int64_t lk, KvRows* kv) 
 struct RowScores {
   int64_t lo = 0, hi = 0;
   std::vector<double> s;         // final scores, s[j - lo]
-  std::vector<double> tanh_val;  // tanh(raw / softcap) when softcap is on (for the backward)
+  std::vector<double> dtanh;     // d score / d (scale q.k): 1 - tanh^2 with softcap, else 1 (backward)
 };
 
 void compute_scores(const Problem& p, const KvRows& kv, const double* qv, int64_t b, int64_t h,
                     int64_t i, int64_t lq, RowScores* rs) {
   const ScoreRules& r = p.rules;
-  const int64_t lk = kv.lk;
-  const int64_t shift = r.shift(lq, lk);
-  rs->lo = r.key_lo(i, shift);
-  rs->hi = r.key_hi(i, shift, lk);
+  // The kernels' rules in fp64 and natural-log units.
+  const double scale = r.scale, softcap = r.softcap;
+  const double softcap_in = softcap > 0.0 ? scale / softcap : 0.0;
+  const SeqScoreRules<int64_t, double> rules(r, lq, kv.lk, scale, softcap_in, softcap);
+  rs->lo = rules.vis_lo(i);
+  rs->hi = rules.vis_hi(i);
   if (rs->hi < rs->lo) rs->hi = rs->lo;
   const int64_t n = rs->hi - rs->lo;
   rs->s.assign(n, 0.0);
-  rs->tanh_val.assign(n, 0.0);
-  const double scale = r.scale, softcap = r.softcap;
-  const double slope = r.alibi ? double(r.alibi_slope(b, h)) : 0.0;
+  rs->dtanh.assign(n, 1.0);
+  const double neg_slope = -double(r.alibi_slope(b, h));
   for (int64_t j = rs->lo; j < rs->hi; ++j) {
-    double s = scale * dot(qv, kv.key(j, p.d), p.d);
-    if (softcap > 0.0) {
-      const double t = std::tanh(s / softcap);
-      rs->tanh_val[j - rs->lo] = t;
-      s = softcap * t;
-    }
-    if (r.alibi) s -= slope * std::fabs(double(i + shift - j));
+    const auto sg = rules.score_grad(dot(qv, kv.key(j, p.d), p.d));
+    double s = sg.score;
+    rs->dtanh[j - rs->lo] = sg.dtanh;
+    if (rules.alibi()) s += rules.alibi_bias(neg_slope, i, j);
     rs->s[j - rs->lo] = s;
   }
 }
@@ -405,10 +403,7 @@ class ReferenceBackend final : public Backend {
                 const double keep = drop.factor(j);
                 const double dP = keep * dot(dout.data(), &kv.v[j * p.dv], p.dv);
                 double dS = P * (dP - D);
-                if (r.softcap > 0.0f) {
-                  const double t = rs.tanh_val[j - rs.lo];
-                  dS *= 1.0 - t * t;
-                }
+                dS *= rs.dtanh[j - rs.lo];  // softcap's derivative (1 without)
                 const double* kj = kv.key(j, p.d);
                 double* dkj = &dK[j * p.d];
                 for (int64_t d = 0; d < p.d; ++d) {
