@@ -70,6 +70,87 @@ __device__ __forceinline__ void fence_regs_u32(uint32_t (&r)[N][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
 }
 
+// P^T and dS^T of one step, in place (s_acc becomes P^T, dp_acc dS^T), as the two product groups
+// land (S^T first, then dP^T). Element (key j, query i) is acc[4t + 2hf + e2] with j = key0 + 8hf,
+// i = q0 + 8t + col_base + e2; tL, tD: LSE2 and D of query q0. The waits are unconditional (ptxas
+// keeps the products asynchronous only when it sees a fixed group structure). The common case (no
+// softcap, no ALiBi) has its own straight-line loops, unswitched on the mask, so it runs without
+// per-element branches; P is computed while dP^T is still running. Softcap / ALiBi take the
+// general loop after dP^T lands (softcap's derivative needs tanh of the score).
+template <int kQTiles>
+__device__ __forceinline__ void p_and_ds(float (&s_acc)[4 * kQTiles], float (&dp_acc)[4 * kQTiles],
+                                         const KernelScoreRules& S, bool transformed, bool need_mask,
+                                         float slope_log2, int q0, int key0, int col_base,
+                                         const float* tL, const float* tD) {
+  // P of one element from its score v (log2 units), and the softcap derivative 1 - th^2.
+  auto prob = [&](float v, int t, int hf, int e2, float lse2, float& dtanh) -> float {
+    const auto sg = S.score_grad(v);
+    float sc = sg.score;
+    dtanh = sg.dtanh;
+    const int i = q0 + 8 * t + col_base + e2, j = key0 + 8 * hf;
+    if (S.alibi()) sc += S.alibi_bias(slope_log2, i, j);
+    float p = fast_exp2(sc - lse2);
+    if (need_mask && (j < S.vis_lo(i) || j >= S.vis_hi(i))) p = 0.0f;
+    return p;
+  };
+  wg_wait<1>();
+  fence_regs(s_acc);
+  auto plain_p = [&](auto masked) {
+#pragma unroll
+    for (int t = 0; t < kQTiles; ++t) {
+      const float2 l2 = *reinterpret_cast<const float2*>(tL + 8 * t + col_base);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+          float& v = s_acc[4 * t + 2 * hf + e2];
+          v = fast_exp2(fmaf(v, *S.scale, -(e2 ? l2.y : l2.x)));
+          if constexpr (decltype(masked)::value) {
+            const int i = q0 + 8 * t + col_base + e2, j = key0 + 8 * hf;
+            if (j < S.vis_lo(i) || j >= S.vis_hi(i)) v = 0.0f;
+          }
+        }
+    }
+  };
+  if (!transformed) {
+    if (need_mask) plain_p(std::true_type{});
+    else plain_p(std::false_type{});
+  }
+  wg_wait<0>();
+  fence_regs(dp_acc);
+  // ---- dS^T = P^T (dP^T - D) (x softcap derivative) -----------------------------------------
+  if (!transformed) {
+#pragma unroll
+    for (int t = 0; t < kQTiles; ++t) {
+      const float2 d2 = *reinterpret_cast<const float2*>(tD + 8 * t + col_base);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+          float& g = dp_acc[4 * t + 2 * hf + e2];
+          g = s_acc[4 * t + 2 * hf + e2] * (g - (e2 ? d2.y : d2.x));
+        }
+    }
+  } else {
+#pragma unroll
+    for (int t = 0; t < kQTiles; ++t) {
+      const float2 d2 = *reinterpret_cast<const float2*>(tD + 8 * t + col_base);
+      const float2 l2 = *reinterpret_cast<const float2*>(tL + 8 * t + col_base);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+          float& v = s_acc[4 * t + 2 * hf + e2];
+          float& g = dp_acc[4 * t + 2 * hf + e2];
+          float dtanh = 1.0f;
+          v = prob(v, t, hf, e2, e2 ? l2.y : l2.x, dtanh);
+          g = v * (g - (e2 ? d2.y : d2.x)) * dtanh;
+        }
+    }
+  }
+}
+
+
 template <int D, typename Elem>
 __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(const __grid_constant__ BwdArgs a) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -271,83 +352,10 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
         // dP^T run.
         if (s > 0) issue_dq(buf ^ 1, dq_h, dq_i0);
 
-        // ---- P^T (element (key j, query i): s_acc[4t + 2hf + e2], j = n0 + key_loc0 + 8hf,
-        //      i = i0 + 8t + col_base + e2) ---------------------------------------------------
-        const float* tL = sL + buf * BM;
-        const float* tD = sDs + buf * BM;
-        const bool need_mask = S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1);
-        const float slope_log2 = R.alibi ? -R.alibi_slope(b, h) * kBwdLog2eH : 0.0f;
-        // P of one element from its score v (log2 units), and the softcap derivative 1 - th^2.
-        auto prob = [&](float v, int t, int hf, int e2, float lse2, float& dtanh) -> float {
-          const auto sg = S.score_grad(v);
-          float sc = sg.score;
-          dtanh = sg.dtanh;
-          const int i = i0 + 8 * t + col_base + e2, j = n0 + key_loc0 + 8 * hf;
-          if (S.alibi()) sc += S.alibi_bias(slope_log2, i, j);
-          float p = fast_exp2(sc - lse2);
-          if (need_mask && (j < S.vis_lo(i) || j >= S.vis_hi(i))) p = 0.0f;
-          return p;
-        };
-        // The waits are unconditional (ptxas keeps the products asynchronous only when it sees
-        // a fixed group structure). The common case (no softcap, no ALiBi) has its own straight-
-        // line loops, unswitched on the mask, so it runs without per-element branches; P is
-        // computed while dP^T is still running. Softcap / ALiBi take the general loop after dP^T
-        // lands (softcap's derivative needs tanh of the score).
-        wg_wait<1>();
-        fence_regs(s_acc);
-        auto plain_p = [&](auto masked) {
-#pragma unroll
-          for (int t = 0; t < kQTiles; ++t) {
-            const float2 l2 = *reinterpret_cast<const float2*>(tL + 8 * t + col_base);
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-              for (int e2 = 0; e2 < 2; ++e2) {
-                float& v = s_acc[4 * t + 2 * hf + e2];
-                v = fast_exp2(fmaf(v, *S.scale, -(e2 ? l2.y : l2.x)));
-                if constexpr (decltype(masked)::value) {
-                  const int i = i0 + 8 * t + col_base + e2, j = n0 + key_loc0 + 8 * hf;
-                  if (j < S.vis_lo(i) || j >= S.vis_hi(i)) v = 0.0f;
-                }
-              }
-          }
-        };
-        if (!transformed) {
-          if (need_mask) plain_p(std::true_type{});
-          else plain_p(std::false_type{});
-        }
-        wg_wait<0>();
-        fence_regs(dp_acc);
-        // ---- dS^T = P^T (dP^T - D) (x softcap derivative) -----------------------------------
-        if (!transformed) {
-#pragma unroll
-          for (int t = 0; t < kQTiles; ++t) {
-            const float2 d2 = *reinterpret_cast<const float2*>(tD + 8 * t + col_base);
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-              for (int e2 = 0; e2 < 2; ++e2) {
-                float& g = dp_acc[4 * t + 2 * hf + e2];
-                g = s_acc[4 * t + 2 * hf + e2] * (g - (e2 ? d2.y : d2.x));
-              }
-          }
-        } else {
-#pragma unroll
-          for (int t = 0; t < kQTiles; ++t) {
-            const float2 d2 = *reinterpret_cast<const float2*>(tD + 8 * t + col_base);
-            const float2 l2 = *reinterpret_cast<const float2*>(tL + 8 * t + col_base);
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-              for (int e2 = 0; e2 < 2; ++e2) {
-                float& v = s_acc[4 * t + 2 * hf + e2];
-                float& g = dp_acc[4 * t + 2 * hf + e2];
-                float dtanh = 1.0f;
-                v = prob(v, t, hf, e2, e2 ? l2.y : l2.x, dtanh);
-                g = v * (g - (e2 ? d2.y : d2.x)) * dtanh;
-              }
-          }
-        }
+        // ---- P^T, dS^T (s_acc[4t + 2hf + e2] is key n0 + key_loc0 + 8hf, query i0 + 8t + col_base + e2)
+        p_and_ds<kQTiles>(s_acc, dp_acc, S, transformed, S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1),
+                          R.alibi ? -R.alibi_slope(b, h) * kBwdLog2eH : 0.0f, i0, n0 + key_loc0, col_base,
+                          sL + buf * BM, sDs + buf * BM);
         uint32_t pa[kQSteps][4], da[kQSteps][4];
 #pragma unroll
         for (int ks = 0; ks < kQSteps; ++ks)
@@ -675,79 +683,11 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
         }
         if (s > 0) issue_dq(buf ^ 1, dq_h, dq_i0);  // step s-1's dQ, while S^T and dP^T run
 
-        // ---- P^T (element (key j, query i): s_acc[4t + 2hf + e2], j = n0 + key_loc0 + 8hf,
-        //      i = i0 + q_half0 + 8t + col_base + e2) -------------------------------------------
-        const float* tL = sL + buf * BM + q_half0;
-        const float* tD = sDs + buf * BM + q_half0;
-        const bool need_mask = S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1);
-        const float slope_log2 = R.alibi ? -R.alibi_slope(b, h) * kBwdLog2eH : 0.0f;
-        auto prob = [&](float v, int t, int hf, int e2, float lse2, float& dtanh) -> float {
-          const auto sg = S.score_grad(v);
-          float sc = sg.score;
-          dtanh = sg.dtanh;
-          const int i = i0 + q_half0 + 8 * t + col_base + e2, j = n0 + key_loc0 + 8 * hf;
-          if (S.alibi()) sc += S.alibi_bias(slope_log2, i, j);
-          float p = fast_exp2(sc - lse2);
-          if (need_mask && (j < S.vis_lo(i) || j >= S.vis_hi(i))) p = 0.0f;
-          return p;
-        };
-        // Unconditional waits (a fixed group structure keeps the products asynchronous); the
-        // common case runs branch-free loops unswitched on the mask, P while dP^T still runs.
-        wg_wait<1>();
-        fence_regs(s_acc);
-        auto plain_p = [&](auto masked) {
-#pragma unroll
-          for (int t = 0; t < kQTiles; ++t) {
-            const float2 l2 = *reinterpret_cast<const float2*>(tL + 8 * t + col_base);
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-              for (int e2 = 0; e2 < 2; ++e2) {
-                float& v = s_acc[4 * t + 2 * hf + e2];
-                v = fast_exp2(fmaf(v, *S.scale, -(e2 ? l2.y : l2.x)));
-                if constexpr (decltype(masked)::value) {
-                  const int i = i0 + q_half0 + 8 * t + col_base + e2, j = n0 + key_loc0 + 8 * hf;
-                  if (j < S.vis_lo(i) || j >= S.vis_hi(i)) v = 0.0f;
-                }
-              }
-          }
-        };
-        if (!transformed) {
-          if (need_mask) plain_p(std::true_type{});
-          else plain_p(std::false_type{});
-        }
-        wg_wait<0>();
-        fence_regs(dp_acc);
-        // ---- dS^T = P^T (dP^T - D) (x softcap derivative) -----------------------------------
-        if (!transformed) {
-#pragma unroll
-          for (int t = 0; t < kQTiles; ++t) {
-            const float2 d2 = *reinterpret_cast<const float2*>(tD + 8 * t + col_base);
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-              for (int e2 = 0; e2 < 2; ++e2) {
-                float& g = dp_acc[4 * t + 2 * hf + e2];
-                g = s_acc[4 * t + 2 * hf + e2] * (g - (e2 ? d2.y : d2.x));
-              }
-          }
-        } else {
-#pragma unroll
-          for (int t = 0; t < kQTiles; ++t) {
-            const float2 d2 = *reinterpret_cast<const float2*>(tD + 8 * t + col_base);
-            const float2 l2 = *reinterpret_cast<const float2*>(tL + 8 * t + col_base);
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-              for (int e2 = 0; e2 < 2; ++e2) {
-                float& v = s_acc[4 * t + 2 * hf + e2];
-                float& g = dp_acc[4 * t + 2 * hf + e2];
-                float dtanh = 1.0f;
-                v = prob(v, t, hf, e2, e2 ? l2.y : l2.x, dtanh);
-                g = v * (g - (e2 ? d2.y : d2.x)) * dtanh;
-              }
-          }
-        }
+        // ---- P^T, dS^T (s_acc[4t + 2hf + e2] is key n0 + key_loc0 + 8hf, query
+        //      i0 + q_half0 + 8t + col_base + e2)
+        p_and_ds<kQTiles>(s_acc, dp_acc, S, transformed, S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1),
+                          R.alibi ? -R.alibi_slope(b, h) * kBwdLog2eH : 0.0f, i0 + q_half0, n0 + key_loc0,
+                          col_base, sL + buf * BM + q_half0, sDs + buf * BM + q_half0);
         // P^T, dS^T to shared memory: (key, queries q_half0 + 8t + col_base, +1) -> one 32-bit
         // store each; the 16-byte chunk of query 8t' is chunk t' of the single 64-query panel.
 #pragma unroll
