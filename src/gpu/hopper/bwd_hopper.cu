@@ -70,6 +70,65 @@ __device__ __forceinline__ void fence_regs_u32(uint32_t (&r)[N][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
 }
 
+// The block's K and V rows [n0, n0 + BN) into their swizzled 64-column panels (rows past lk:
+// zeros); this thread copies chunk ld_chunk of rows ld_row + k kRowStep.
+template <int BN, int kRowStep>
+__device__ __forceinline__ void load_kv_block(const BwdArgs& a, int b, int kvh, int n0, int lk, int ld_row,
+                                              int ld_chunk, uint16_t* sK, uint16_t* sV) {
+  const bool kpacked = a.k_addr.layout == KvLayout::Packed;
+  const int64_t k_base = (kpacked ? a.seq.k_start(b) * a.k_addr.s0 : int64_t(b) * a.k_addr.s0) + kvh * a.k_addr.s2;
+  const int64_t v_base = (a.v_addr.layout == KvLayout::Packed ? a.seq.k_start(b) * a.v_addr.s0
+                                                              : int64_t(b) * a.v_addr.s0) + kvh * a.v_addr.s2;
+  const int64_t k_rs = kpacked ? a.k_addr.s0 : a.k_addr.s1;
+  const int64_t v_rs = a.v_addr.layout == KvLayout::Packed ? a.v_addr.s0 : a.v_addr.s1;
+  const int soff = panel_offset(BN, ld_row, ld_chunk);
+#pragma unroll
+  for (int k = 0; k < BN / kRowStep; ++k) {
+    const int j = n0 + ld_row + k * kRowStep;
+    const bool in = j < lk;
+    const int64_t jj = in ? j : 0;
+    cp_async_16(sK + soff + k * kRowStep * 64, a.k + k_base + jj * k_rs + ld_chunk * 8, in ? 16 : 0);
+    cp_async_16(sV + soff + k * kRowStep * 64, a.v + v_base + jj * v_rs + ld_chunk * 8, in ? 16 : 0);
+  }
+}
+
+// Epilogue: dK = scale * acc and dV of this thread's keys key0 and key0 + 8, 64-column panels
+// [panel0, panel0 + kPanels); rows past Lk of a batched tensor get 0.
+template <int kPanels, typename Elem>
+__device__ __forceinline__ void store_dk_dv(const BwdArgs& a, int b, int kvh, int lk, int key0, int panel0,
+                                            int col_base, const float (&dk_acc)[kPanels][32],
+                                            const float (&dv_acc)[kPanels][32]) {
+  const int row_limit = a.k_rows_cap > 0 ? static_cast<int>(a.k_rows_cap) : lk;
+  using T = typename Elem::T;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int j = key0 + 8 * hf;
+    if (j >= row_limit) continue;
+    const bool kpacked = a.dk_addr.layout == KvLayout::Packed, vpacked = a.dv_addr.layout == KvLayout::Packed;
+    T* dk_row = reinterpret_cast<T*>(a.dk_ptr) +
+                (kpacked ? (a.seq.k_start(b) + j) * a.dk_addr.s0 : int64_t(b) * a.dk_addr.s0 + int64_t(j) * a.dk_addr.s1) +
+                kvh * a.dk_addr.s2;
+    T* dv_row = reinterpret_cast<T*>(a.dv_ptr) +
+                (vpacked ? (a.seq.k_start(b) + j) * a.dv_addr.s0 : int64_t(b) * a.dv_addr.s0 + int64_t(j) * a.dv_addr.s1) +
+                kvh * a.dv_addr.s2;
+#pragma unroll
+    for (int p = 0; p < kPanels; ++p)
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        const int col = (panel0 + p) * 64 + t * 8 + col_base;
+        const float k0 = dk_acc[p][4 * t + 2 * hf] * a.scale, k1 = dk_acc[p][4 * t + 2 * hf + 1] * a.scale;
+        const float v0 = dv_acc[p][4 * t + 2 * hf], v1 = dv_acc[p][4 * t + 2 * hf + 1];
+        if (a.kv_out_vec_ok) {
+          *reinterpret_cast<uint32_t*>(dk_row + col) = Elem::pack(k0, k1);
+          *reinterpret_cast<uint32_t*>(dv_row + col) = Elem::pack(v0, v1);
+        } else {
+          dk_row[col] = Elem::from_float(k0), dk_row[col + 1] = Elem::from_float(k1);
+          dv_row[col] = Elem::from_float(v0), dv_row[col + 1] = Elem::from_float(v1);
+        }
+      }
+  }
+}
+
 // P^T and dS^T of one step, in place (s_acc becomes P^T, dp_acc dS^T), as the two product groups
 // land (S^T first, then dP^T). Element (key j, query i) is acc[4t + 2hf + e2] with j = key0 + 8hf,
 // i = q0 + 8t + col_base + e2; tL, tD: LSE2 and D of query q0. The waits are unconditional (ptxas
@@ -223,23 +282,7 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
       constexpr int kRowStep = NT / kChunks;
       static_assert(kRowStep % 8 == 0 && BN % kRowStep == 0 && BM % kRowStep == 0, "load mapping");
       const int ld_row = tid / kChunks, ld_chunk = tid % kChunks;
-      {
-        const bool kpacked = a.k_addr.layout == KvLayout::Packed;
-        const int64_t k_base = (kpacked ? a.seq.k_start(b) * a.k_addr.s0 : int64_t(b) * a.k_addr.s0) + kvh * a.k_addr.s2;
-        const int64_t v_base = (a.v_addr.layout == KvLayout::Packed ? a.seq.k_start(b) * a.v_addr.s0
-                                                                    : int64_t(b) * a.v_addr.s0) + kvh * a.v_addr.s2;
-        const int64_t k_rs = kpacked ? a.k_addr.s0 : a.k_addr.s1;
-        const int64_t v_rs = a.v_addr.layout == KvLayout::Packed ? a.v_addr.s0 : a.v_addr.s1;
-        const int soff = panel_offset(BN, ld_row, ld_chunk);
-#pragma unroll
-        for (int k = 0; k < BN / kRowStep; ++k) {
-          const int j = n0 + ld_row + k * kRowStep;
-          const bool in = j < lk;
-          const int64_t jj = in ? j : 0;
-          cp_async_16(sK + soff + k * kRowStep * 64, a.k + k_base + jj * k_rs + ld_chunk * 8, in ? 16 : 0);
-          cp_async_16(sV + soff + k * kRowStep * 64, a.v + v_base + jj * v_rs + ld_chunk * 8, in ? 16 : 0);
-        }
-      }
+      load_kv_block<BN, kRowStep>(a, b, kvh, n0, lk, ld_row, ld_chunk, sK, sV);
       // Q, dO, LSE2, D of step s into buffer `buf` (rows past Lq: zeros, LSE2 0, D 0 -- their P
       // is finite and their dS, dV contributions exactly 0, as in the mma.sync loop).
       const int qsoff = panel_offset(BM, ld_row, ld_chunk);
@@ -431,36 +474,8 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
     }
   }
 
-  // ---- epilogue: dK = scale * acc, dV; rows past Lk of a batched tensor get 0 -----------------
-  const int row_limit = a.k_rows_cap > 0 ? static_cast<int>(a.k_rows_cap) : lk;
-  using T = typename Elem::T;
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int j = n0 + key_loc0 + 8 * hf;
-    if (j >= row_limit) continue;
-    const bool kpacked = a.dk_addr.layout == KvLayout::Packed, vpacked = a.dv_addr.layout == KvLayout::Packed;
-    T* dk_row = reinterpret_cast<T*>(a.dk_ptr) +
-                (kpacked ? (a.seq.k_start(b) + j) * a.dk_addr.s0 : int64_t(b) * a.dk_addr.s0 + int64_t(j) * a.dk_addr.s1) +
-                kvh * a.dk_addr.s2;
-    T* dv_row = reinterpret_cast<T*>(a.dv_ptr) +
-                (vpacked ? (a.seq.k_start(b) + j) * a.dv_addr.s0 : int64_t(b) * a.dv_addr.s0 + int64_t(j) * a.dv_addr.s1) +
-                kvh * a.dv_addr.s2;
-#pragma unroll
-    for (int p = 0; p < kPanels; ++p)
-#pragma unroll
-      for (int t = 0; t < 8; ++t) {
-        const int col = p * 64 + t * 8 + col_base;
-        const float k0 = dk_acc[p][4 * t + 2 * hf] * a.scale, k1 = dk_acc[p][4 * t + 2 * hf + 1] * a.scale;
-        const float v0 = dv_acc[p][4 * t + 2 * hf], v1 = dv_acc[p][4 * t + 2 * hf + 1];
-        if (a.kv_out_vec_ok) {
-          *reinterpret_cast<uint32_t*>(dk_row + col) = Elem::pack(k0, k1);
-          *reinterpret_cast<uint32_t*>(dv_row + col) = Elem::pack(v0, v1);
-        } else {
-          dk_row[col] = Elem::from_float(k0), dk_row[col + 1] = Elem::from_float(k1);
-          dv_row[col] = Elem::from_float(v0), dv_row[col + 1] = Elem::from_float(v1);
-        }
-      }
-  }
+  // ---- epilogue ---------------------------------------------------------------------------------
+  store_dk_dv<kPanels, Elem>(a, b, kvh, lk, n0 + key_loc0, 0, col_base, dk_acc, dv_acc);
 #else
   if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0)
     printf("flashport: the Hopper backward kernel needs sm_90a\n");
@@ -547,23 +562,7 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
       constexpr int kRowStep = NT / kChunks;
       static_assert(kRowStep % 8 == 0 && BN % kRowStep == 0 && BM % kRowStep == 0, "load mapping");
       const int ld_row = tid / kChunks, ld_chunk = tid % kChunks;
-      {
-        const bool kpacked = a.k_addr.layout == KvLayout::Packed;
-        const int64_t k_base = (kpacked ? a.seq.k_start(b) * a.k_addr.s0 : int64_t(b) * a.k_addr.s0) + kvh * a.k_addr.s2;
-        const int64_t v_base = (a.v_addr.layout == KvLayout::Packed ? a.seq.k_start(b) * a.v_addr.s0
-                                                                    : int64_t(b) * a.v_addr.s0) + kvh * a.v_addr.s2;
-        const int64_t k_rs = kpacked ? a.k_addr.s0 : a.k_addr.s1;
-        const int64_t v_rs = a.v_addr.layout == KvLayout::Packed ? a.v_addr.s0 : a.v_addr.s1;
-        const int soff = panel_offset(BN, ld_row, ld_chunk);
-#pragma unroll
-        for (int k = 0; k < BN / kRowStep; ++k) {
-          const int j = n0 + ld_row + k * kRowStep;
-          const bool in = j < lk;
-          const int64_t jj = in ? j : 0;
-          cp_async_16(sK + soff + k * kRowStep * 64, a.k + k_base + jj * k_rs + ld_chunk * 8, in ? 16 : 0);
-          cp_async_16(sV + soff + k * kRowStep * 64, a.v + v_base + jj * v_rs + ld_chunk * 8, in ? 16 : 0);
-        }
-      }
+      load_kv_block<BN, kRowStep>(a, b, kvh, n0, lk, ld_row, ld_chunk, sK, sV);
       // Q, dO, LSE2, D of step s into buffer `buf` (rows past Lq: zeros, LSE2 0, D 0: their P is
       // finite and their dS, dV contributions exactly 0).
       const int qsoff = panel_offset(BM, ld_row, ld_chunk);
@@ -756,37 +755,8 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
     }
   }
 
-  // ---- epilogue: dK = scale * acc, dV; columns [128 wg, +128); rows past Lk of a batched tensor
-  //      get 0 ------------------------------------------------------------------------------------
-  const int row_limit = a.k_rows_cap > 0 ? static_cast<int>(a.k_rows_cap) : lk;
-  using T = typename Elem::T;
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int j = n0 + key_loc0 + 8 * hf;
-    if (j >= row_limit) continue;
-    const bool kpacked = a.dk_addr.layout == KvLayout::Packed, vpacked = a.dv_addr.layout == KvLayout::Packed;
-    T* dk_row = reinterpret_cast<T*>(a.dk_ptr) +
-                (kpacked ? (a.seq.k_start(b) + j) * a.dk_addr.s0 : int64_t(b) * a.dk_addr.s0 + int64_t(j) * a.dk_addr.s1) +
-                kvh * a.dk_addr.s2;
-    T* dv_row = reinterpret_cast<T*>(a.dv_ptr) +
-                (vpacked ? (a.seq.k_start(b) + j) * a.dv_addr.s0 : int64_t(b) * a.dv_addr.s0 + int64_t(j) * a.dv_addr.s1) +
-                kvh * a.dv_addr.s2;
-#pragma unroll
-    for (int p = 0; p < kOwnPanels; ++p)
-#pragma unroll
-      for (int t = 0; t < 8; ++t) {
-        const int col = (wg * kOwnPanels + p) * 64 + t * 8 + col_base;
-        const float k0 = dk_acc[p][4 * t + 2 * hf] * a.scale, k1 = dk_acc[p][4 * t + 2 * hf + 1] * a.scale;
-        const float v0 = dv_acc[p][4 * t + 2 * hf], v1 = dv_acc[p][4 * t + 2 * hf + 1];
-        if (a.kv_out_vec_ok) {
-          *reinterpret_cast<uint32_t*>(dk_row + col) = Elem::pack(k0, k1);
-          *reinterpret_cast<uint32_t*>(dv_row + col) = Elem::pack(v0, v1);
-        } else {
-          dk_row[col] = Elem::from_float(k0), dk_row[col + 1] = Elem::from_float(k1);
-          dv_row[col] = Elem::from_float(v0), dv_row[col + 1] = Elem::from_float(v1);
-        }
-      }
-  }
+  // ---- epilogue: columns [128 wg, +128) -----------------------------------------------------------
+  store_dk_dv<kOwnPanels, Elem>(a, b, kvh, lk, n0 + key_loc0, wg * kOwnPanels, col_base, dk_acc, dv_acc);
 #else
   if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0)
     printf("flashport: the Hopper backward kernel needs sm_90a\n");
