@@ -113,6 +113,17 @@ struct KvTileLoader {
 // kGuard = false: all D/16 steps, one straight-line block the scheduler can pipeline (the common
 // case); true: head dims below the bucket, the tail steps skipped (where the layer does:
 // kSkipTailSteps; otherwise the tail runs on the zero-filled columns).
+// Every accumulator of an [M][N] array of tiles to 0.
+template <int M, int N>
+__device__ __forceinline__ void zero_acc(FragC (&acc)[M][N]) {
+#pragma unroll
+  for (int mt = 0; mt < M; ++mt)
+#pragma unroll
+    for (int t = 0; t < N; ++t)
+#pragma unroll
+      for (int e = 0; e < kAccElems; ++e) acc[mt][t].r[e] = 0.0f;
+}
+
 template <int D, int BN, int MT, typename Elem, bool kGuard>
 __device__ __forceinline__ void gemm_qk(FragC (&acc)[MT][BN / AccLayout::kCols], const uint16_t* sQ,
                                         const uint16_t* sK, int warp_row0, int lane, int ksteps) {
@@ -220,12 +231,7 @@ __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileCo
   }
 
   FragC acc_o[MT][kDTiles];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int t = 0; t < kDTiles; ++t)
-#pragma unroll
-      for (int e = 0; e < kAccElems; ++e) acc_o[mt][t].r[e] = 0.0f;
+  zero_acc(acc_o);
   float row_max[MT][kSlots], row_sum[MT][kSlots];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -253,12 +259,7 @@ __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileCo
 
     // The tile body, in two halves so the schedules below can put the V wait between them.
     auto scores = [&](FragC (&acc_s)[MT][kNTiles], const uint16_t* sK, int nb) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int t = 0; t < kNTiles; ++t)
-#pragma unroll
-          for (int e = 0; e < kAccElems; ++e) acc_s[mt][t].r[e] = 0.0f;
+      zero_acc(acc_s);
       if (warp_active) {
         // S = Q K^T
         if (!kSkipTailSteps || q_ksteps == D / 16) gemm_qk<D, BN, MT, Elem, false>(acc_s, sQ, sK, warp_row0, lane, q_ksteps);
