@@ -113,6 +113,15 @@ struct KvTileLoader {
 // kGuard = false: all D/16 steps, one straight-line block the scheduler can pipeline (the common
 // case); true: head dims below the bucket, the tail steps skipped (where the layer does:
 // kSkipTailSteps; otherwise the tail runs on the zero-filled columns).
+// The output columns of elements e2 and e2 + 1 of accumulator tile t in this lane.
+struct OutCols {
+  int col, col1;
+};
+__device__ __forceinline__ OutCols out_cols(int t, int e2, int lane) {
+  const int col = t * AccLayout::kCols + AccLayout::col(lane, e2);
+  return {col, AccLayout::kAdjacentPairs ? col + 1 : t * AccLayout::kCols + AccLayout::col(lane, e2 + 1)};
+}
+
 // Every accumulator of an [M][N] array of tiles to 0.
 template <int M, int N>
 __device__ __forceinline__ void zero_acc(FragC (&acc)[M][N]) {
@@ -480,8 +489,7 @@ __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileCo
         for (int t = 0; t < kDTiles; ++t)
 #pragma unroll
           for (int e2 = 0; e2 < kSlotElems; e2 += 2) {
-            const int col = t * AccLayout::kCols + AccLayout::col(lane, e2);
-            const int col1 = AccLayout::kAdjacentPairs ? col + 1 : t * AccLayout::kCols + AccLayout::col(lane, e2 + 1);
+            const auto [col, col1] = out_cols(t, e2, lane);
             if (col < a.dv) dst[col] = acc_o[mt][t].r[hf * kSlotElems + e2] * inv;
             if (col1 < a.dv) dst[col1] = acc_o[mt][t].r[hf * kSlotElems + e2 + 1] * inv;
           }
@@ -493,8 +501,7 @@ __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileCo
         for (int t = 0; t < kDTiles; ++t)
 #pragma unroll
           for (int e2 = 0; e2 < kSlotElems; e2 += 2) {
-            const int col = t * AccLayout::kCols + AccLayout::col(lane, e2);
-            const int col1 = AccLayout::kAdjacentPairs ? col + 1 : t * AccLayout::kCols + AccLayout::col(lane, e2 + 1);
+            const auto [col, col1] = out_cols(t, e2, lane);
             const float v0 = acc_o[mt][t].r[hf * kSlotElems + e2] * inv;
             const float v1 = acc_o[mt][t].r[hf * kSlotElems + e2 + 1] * inv;
             if (AccLayout::kAdjacentPairs && a.out_vec_ok && col + 1 < a.dv) {
