@@ -1,7 +1,7 @@
 // Hopper (sm_90a) backward main loop: FlashAttention-3's structure on wgmma (HGMMA). Compiled
 // only for sm_90a (its own object library in CMakeLists.txt); scope and capability check in
 // bwd_hopper.hpp. The preprocess (D = rowsum(dO * O), LSE in log2 units, zeroed dq accumulator)
-// and the dq conversion (with d_sinks) are the mma.sync backward's kernels (bwd_aux.cu), on the
+// and the dq conversion (with d_sinks) are the mma.sync backward's kernels (mma/bwd_aux_kernels.cuh), on the
 // same workspace layout.
 //
 // One block owns BN = 128 keys of one kv head (grid: key blocks x kv heads x batch) and walks
@@ -808,7 +808,7 @@ const char* hopper_bwd_name(int d) {
 
 bool hopper_bwd_plan(const BwdProblem& bp, Plan* plan) {
   const Problem& p = bp.fwd;
-  // The workspace layout of the mma.sync backward (bwd_aux.cu), without semaphores (atomic dQ).
+  // The workspace layout of the mma.sync backward (mma/bwd_launch.hpp), without semaphores (atomic dQ).
   *plan = Plan{};
   plan->workspace_bytes = bwd_workspace(p, 0).total;
   std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:%s:atomic-dq", hopper_bwd_name(int(p.d)),

@@ -2,7 +2,7 @@
 // (bwd_hopper.cu) is compiled only when 90 is among CMAKE_CUDA_ARCHITECTURES
 // (FLASHPORT_WITH_HOPPER_BWD). A peer of the mma.sync backward in cuda_backend.cu's plan_bwd: asked
 // first; when hopper_bwd_check passes, hopper_bwd_plan plans it (the preprocess and dq conversion
-// kernels of bwd_aux.cu and their workspace layout are shared); otherwise the mma.sync backward
+// kernels of mma/bwd_aux_kernels.cuh and their workspace layout (mma/bwd_launch.hpp) are shared); otherwise the mma.sync backward
 // plans the call.
 //
 // Scope (everything else declined here, never ignored): fp16/bf16, D == Dv in {64, 128, 256}, batched
@@ -129,9 +129,9 @@ inline std::string hopper_bwd_check(const BwdProblem& bp, int arch, int smem_opt
 }
 
 // The Hopper plan of a call hopper_bwd_check accepted: the mma.sync backward's workspace layout
-// (bwd_aux.cu, without semaphores), the Hopper kernel's name and id.
+// (mma/bwd_launch.hpp, without semaphores), the Hopper kernel's name and id.
 bool hopper_bwd_plan(const BwdProblem& bp, Plan* plan);
-// Preprocess (bwd_aux.cu), the Hopper main loop, dq conversion (bwd_aux.cu), on `stream`.
+// Preprocess, the Hopper main loop, dq conversion (mma/bwd_aux_kernels.cuh), on `stream`.
 Status run_bwd_hopper(const BwdProblem& bp, const Plan& plan, void* workspace, gpuStream_t stream);
 
 // Kernel template instances: D64/D128/D256 x fp16/bf16.
