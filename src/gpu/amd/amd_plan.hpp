@@ -124,16 +124,8 @@ inline std::string amd_bwd_refusal(const BwdProblem& bp) {
   const Problem& p = bp.fwd;
   if (p.dtype != FP_F16 && p.dtype != FP_BF16) return "backward dtype must be float16 or bfloat16";
   if (!p.has_lse) return "lse: required by the backward";
-  if (p.lse_dtype != FP_F32) return "lse must be float32";
-  if (p.d > 256 || p.dv > 256) return "head dim > 256";
-  if (p.seq.snew > 0 || p.rotary_dim > 0) return "no backward for append-then-attend (k_new, rotary)";
-  if (p.seq.kv_layout == KvLayout::Paged || p.seq.cache_batch_idx != nullptr)
-    return "backward over a paged cache or cache_batch_idx is not supported";
-  if (p.seq.sq > 0x3fffffff || p.seq.sk > 0x3fffffff) return "sequence lengths must fit int32";
-  const BwdLayout l = bwd_layout(bp);
-  if (l.key_blocks > 0x7fffffff || p.hkv > 65535 || p.seq.batch > 65535)
-    return "backward grid too large (batch <= 65535, kv heads <= 65535)";
-  return "";
+  if (std::string why = bwd_shape_refusal(p); !why.empty()) return why;
+  return bwd_grid_refusal(p, bwd_layout(bp).key_blocks);
 }
 
 // The plan's kernel string: "hip:<tile row>:<dtype>:<matrix unit>:<gfx arch>:<dQ mode>".

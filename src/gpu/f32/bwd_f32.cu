@@ -443,12 +443,7 @@ Status plan_bwd_f32(const BwdProblem& bp, int smem_optin, Plan* plan) {
   const Problem& p = bp.fwd;
   if (p.dtype != FP_F32) return unsupported("cuda backend: the fp32 backward takes float32 calls");
   if (!p.has_lse) return invalid("lse: required by the backward");
-  if (p.lse_dtype != FP_F32) return unsupported("cuda backend: lse must be float32");
-  if (p.d > 256 || p.dv > 256) return unsupported("cuda backend: head dim > 256");
-  if (p.seq.snew > 0 || p.rotary_dim > 0)
-    return unsupported("cuda backend: no backward for append-then-attend (k_new, rotary)");
-  if (p.seq.kv_layout == KvLayout::Paged || p.seq.cache_batch_idx != nullptr)
-    return unsupported("cuda backend: backward over a paged cache or cache_batch_idx is not supported");
+  if (const std::string why = bwd_shape_refusal(p); !why.empty()) return unsupported("cuda backend: " + why);
   const F32BwdLayout l = f32_bwd_layout(bp);
   const F32Tile& C = kF32BwdTiles[l.tile];
   if (C.bwd_smem_bytes() > smem_optin)
@@ -458,10 +453,8 @@ Status plan_bwd_f32(const BwdProblem& bp, int smem_optin, Plan* plan) {
   if (ki.status != gpuSuccess)
     return unsupported(std::string("cuda backend: kernel ") + C.name + " is not usable on this device (built archs: " FLASHPORT_GPU_ARCHS "): " +
                        gpuGetErrorString(ki.status));
-  if (l.key_blocks > 0x7fffffff || p.hkv > 65535 || p.seq.batch > 65535)
-    return unsupported("cuda backend: backward grid too large (batch <= 65535, kv heads <= 65535)");
-  if (p.seq.sq > 0x3fffffff || p.seq.sk > 0x3fffffff)
-    return unsupported("cuda backend: sequence lengths must fit int32");
+  if (const std::string why = bwd_grid_refusal(p, l.key_blocks); !why.empty())
+    return unsupported("cuda backend: " + why);
   *plan = Plan{};
   std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:fp32%s", C.name,
                 bp.deterministic ? ":deterministic" : ":atomic-dq");

@@ -62,12 +62,7 @@ Status plan_bwd_cuda(const BwdProblem& bp, int smem_optin, Plan* plan) {
     return unsupported(std::string("cuda backend: backward dtype ") +
                        (p.dtype == FP_F32 ? "float32" : "float64") + " not supported (float16, bfloat16)");
   if (!p.has_lse) return invalid("lse: required by the backward");
-  if (p.lse_dtype != FP_F32) return unsupported("cuda backend: lse must be float32");
-  if (p.d > 256 || p.dv > 256) return unsupported("cuda backend: head dim > 256");
-  if (p.seq.snew > 0 || p.rotary_dim > 0)
-    return unsupported("cuda backend: no backward for append-then-attend (k_new, rotary)");
-  if (p.seq.kv_layout == KvLayout::Paged || p.seq.cache_batch_idx != nullptr)
-    return unsupported("cuda backend: backward over a paged cache or cache_batch_idx is not supported");
+  if (const std::string why = bwd_shape_refusal(p); !why.empty()) return unsupported("cuda backend: " + why);
   const BwdLayout l = bwd_layout(bp);
   const BwdTile& C = kBwdTiles[l.tile];
   if (C.smem_bytes() > smem_optin)
@@ -77,10 +72,8 @@ Status plan_bwd_cuda(const BwdProblem& bp, int smem_optin, Plan* plan) {
   if (ki.status != gpuSuccess)
     return unsupported(std::string("cuda backend: kernel ") + C.name + " is not usable on this device (built archs: " FLASHPORT_GPU_ARCHS "): " +
                        gpuGetErrorString(ki.status));
-  if (l.key_blocks > 0x7fffffff || p.hkv > 65535 || p.seq.batch > 65535)
-    return unsupported("cuda backend: backward grid too large (batch <= 65535, kv heads <= 65535)");
-  if (p.seq.sq > 0x3fffffff || p.seq.sk > 0x3fffffff)
-    return unsupported("cuda backend: sequence lengths must fit int32");
+  if (const std::string why = bwd_grid_refusal(p, l.key_blocks); !why.empty())
+    return unsupported("cuda backend: " + why);
   *plan = Plan{};
   std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:%s%s", C.name,
                 p.dtype == FP_BF16 ? "bf16" : "fp16", bp.deterministic ? ":deterministic" : ":atomic-dq");

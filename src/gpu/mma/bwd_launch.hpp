@@ -15,6 +15,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "core/backend.hpp"
 #include "core/problem.hpp"
@@ -211,6 +212,25 @@ inline bool bwd_vec_ok(const BwdProblem& bp) {
          mult8(p.q.row_stride) && mult8(p.q.head_stride) && mult8(p.q.batch_stride) &&
          mult8(bp.dout.row_stride) && mult8(bp.dout.head_stride) && mult8(bp.dout.batch_stride) &&
          mult8(p.k.s0) && mult8(p.k.s1) && mult8(p.k.s2) && mult8(p.v.s0) && mult8(p.v.s1) && mult8(p.v.s2);
+}
+
+// The call shapes every GPU backward takes (the mma.sync one on CUDA and HIP, the fp32 one): ""
+// or why not, without the backend's prefix. A missing lse is an invalid call, the caller's to
+// report; dtype, tile and shared memory are each kernel family's own checks.
+inline std::string bwd_shape_refusal(const Problem& p) {
+  if (p.lse_dtype != FP_F32) return "lse must be float32";
+  if (p.d > 256 || p.dv > 256) return "head dim > 256";
+  if (p.seq.snew > 0 || p.rotary_dim > 0) return "no backward for append-then-attend (k_new, rotary)";
+  if (p.seq.kv_layout == KvLayout::Paged || p.seq.cache_batch_idx != nullptr)
+    return "backward over a paged cache or cache_batch_idx is not supported";
+  return "";
+}
+// The limits of a backward grid (key blocks x kv heads x batch) and of its int32 positions.
+inline std::string bwd_grid_refusal(const Problem& p, int64_t key_blocks) {
+  if (key_blocks > 0x7fffffff || p.hkv > 65535 || p.seq.batch > 65535)
+    return "backward grid too large (batch <= 65535, kv heads <= 65535)";
+  if (p.seq.sq > 0x3fffffff || p.seq.sk > 0x3fffffff) return "sequence lengths must fit int32";
+  return "";
 }
 
 FP_TARGET_NS_BEGIN
