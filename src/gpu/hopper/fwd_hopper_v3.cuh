@@ -122,7 +122,28 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
 
   // Both roles walk the same work tiles (blockIdx.x, + gridDim.x, ...: one per block unless the
   // grid were persistent) and the same key tiles, so the ring position `it` and the Q round `qr`
-  // (work tiles with keys) advance identically on both sides.
+  // (work tiles with keys) advance identically on both sides. The producer's roles (the copies,
+  // the tail zeroing) visit only the tiles with keys: body(rows, m0, head, b), rows clipped to
+  // the tile's split.
+  auto for_each_tile_with_keys = [&](auto&& body) {
+    for (int w = blockIdx.x; w < P.work_tiles; w += gridDim.x) {
+      int m0, head, b, split;
+      decode(w, m0, head, b, split);
+      Rows rows(a, b, head, m0, BM, 0);
+      if (rows.empty()) continue;
+      rows.clip_to_split(split, a.splits);
+      if (rows.n_hi - rows.n_lo <= 0) continue;
+      body(rows, m0, head, b);
+    }
+  };
+  // The Q block of a work tile (one thread issues; the caller has waited for the Q buffer).
+  auto issue_q = [&](const Rows& rows, int m0, int head, int b) {
+    const bool q_packed = a.q_addr.packed;
+    const int q_row = q_packed ? int(rows.q_start) + m0 : m0, q_batch = q_packed ? 0 : b;
+    mbar_arrive_expect_tx(full_q, kQBytes);
+#pragma unroll
+    for (int p = 0; p < kPanels; ++p) tma_load_4d(sQ + p * (BM * 128), &P.tq, full_q, p * 64, q_row, head, q_batch);
+  };
   if (wg == 0) {
     // ---- producer ----
     regs_dec<T::kProducerRegs>();
@@ -143,14 +164,8 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
       };
       if (tid == 0) tma_prefetch_desc(&P.tq);
       uint32_t it = 0, qr = 0;
-      for (int w = blockIdx.x; w < P.work_tiles; w += gridDim.x) {
-        int m0, head, b, split;
-        decode(w, m0, head, b, split);
-        Rows rows(a, b, head, m0, BM, 0);
-        if (rows.empty()) continue;
-        rows.clip_to_split(split, a.splits);
+      for_each_tile_with_keys([&](const Rows& rows, int m0, int head, int b) {
         const int n_hi = rows.n_hi, count = n_hi - rows.n_lo;
-        if (count <= 0) continue;
         const int kvh = head / a.group;
         for (int t = 0; t < count; ++t, ++it) {
           const int s = int(it & (S - 1));
@@ -164,13 +179,8 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
           cp_async_arrive(full_k(s));  // arrives when this thread's rows have landed; no wait here
           if (t == 0) {
             if (tid == 0) {
-              const bool q_packed = a.q_addr.packed;
-              const int q_row = q_packed ? int(rows.q_start) + m0 : m0, q_batch = q_packed ? 0 : b;
               mbar_wait(empty_q, (qr & 1) ^ 1);
-              mbar_arrive_expect_tx(full_q, kQBytes);
-#pragma unroll
-              for (int p = 0; p < kPanels; ++p)
-                tma_load_4d(sQ + p * (BM * 128), &P.tq, full_q, p * 64, q_row, head, q_batch);
+              issue_q(rows, m0, head, b);
             }
             ++qr;
           }
@@ -178,7 +188,7 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
           copy_row(sV + s * kTileBytes, v_src, valid, a.dv);
           cp_async_arrive(full_v(s));
         }
-      }
+      });
     } else if (tid < 32) {
       // Warp 0: lane 0 issues every copy; the warp reads a tile's page ids at once (paged).
       if (lane == 0) {
@@ -187,25 +197,13 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
         tma_prefetch_desc(&P.tv);
       }
       uint32_t it = 0, qr = 0;
-      for (int w = blockIdx.x; w < P.work_tiles; w += gridDim.x) {
-        int m0, head, b, split;
-        decode(w, m0, head, b, split);
-        Rows rows(a, b, head, m0, BM, 0);
-        if (rows.empty()) continue;
-        rows.clip_to_split(split, a.splits);
+      for_each_tile_with_keys([&](const Rows& rows, int m0, int head, int b) {
         const int n_hi = rows.n_hi, count = n_hi - rows.n_lo;
-        if (count <= 0) continue;
         const int kvh = head / a.group;
         // Q after the first K: the Q buffer frees when the previous work tile's last S is done.
         auto load_q = [&] {
-          const bool q_packed = a.q_addr.packed;
-          const int q_row = q_packed ? int(rows.q_start) + m0 : m0, q_batch = q_packed ? 0 : b;
           mbar_wait(empty_q, (qr & 1) ^ 1);
-          if (lane == 0) {
-            mbar_arrive_expect_tx(full_q, kQBytes);
-#pragma unroll
-            for (int p = 0; p < kPanels; ++p) tma_load_4d(sQ + p * (BM * 128), &P.tq, full_q, p * 64, q_row, head, q_batch);
-          }
+          if (lane == 0) issue_q(rows, m0, head, b);
           ++qr;
         };
         // Key j of the sequence: packed, row k_start + j; batched or a contiguous cache, row
@@ -272,20 +270,14 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
         };
         if (a.k_addr.layout == KvLayout::Paged) produce(std::true_type{});
         else produce(std::false_type{});
-      }
+      });
     } else if (tid >= 32 && tid < 64 && P.zero_v_tail) {
       // Warp 1: zero the V rows past the keys in each work tile's first tile (the highest: the
       // only one that reaches past them), once it has landed, then release it to the consumers
       // through v_tail_zeroed. Whole 128-byte rows: the swizzle permutes chunks within a row.
       uint32_t it = 0;
-      for (int w = blockIdx.x; w < P.work_tiles; w += gridDim.x) {
-        int m0, head, b, split;
-        decode(w, m0, head, b, split);
-        Rows rows(a, b, head, m0, BM, 0);
-        if (rows.empty()) continue;
-        rows.clip_to_split(split, a.splits);
+      for_each_tile_with_keys([&](const Rows& rows, int, int, int) {
         const int count = rows.n_hi - rows.n_lo;
-        if (count <= 0) continue;
         const int first_tail_row = rows.lk - (rows.n_hi - 1) * BN;
         if (first_tail_row < BN) {
           const int s = int(it & (S - 1));
@@ -301,7 +293,7 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
           if (lane == 0) mbar_arrive(v_tail_zeroed);
         }
         it += uint32_t(count);
-      }
+      });
     }
   } else {
     // ---- consumers ----
