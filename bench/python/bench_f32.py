@@ -28,26 +28,18 @@ except ImportError:  # pragma: no cover
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
     import flashport.torch as fa
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_api import time_kernels  # noqa: E402  (the benchmark of record's device-time timer)
+
 LIBS = ("flashport", "sdpa_efficient", "sdpa_math")
 
 
 def kernel_us(fn, reps):
-    """µs of device time per call (torch.profiler, every CUDA activity of `reps` calls, averaged)
-    after two warm-up calls."""
-    from torch.autograd import DeviceType
+    """µs of device time per call (bench_api.time_kernels: torch.profiler, every CUDA activity of
+    `reps` calls, averaged) after two warm-up calls."""
     for _ in range(2):
         fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    total = 0.0
-    for e in prof.events():
-        if e.device_type == DeviceType.CUDA:
-            total += getattr(e, "self_device_time_total", None) or e.self_cuda_time_total
-    return total / reps
+    return time_kernels(fn, reps)
 
 
 def attention(lib, q, k, v, causal):
