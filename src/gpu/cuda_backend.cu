@@ -183,14 +183,15 @@ class CudaBackend final : public Backend {
       return Status::ok();
     }
     // Peer candidates, fastest first: the sm_90a kernel, then the mma.sync kernel.
-    int hopper_splits = 1;
-    const std::string hopper_why = hopper_fwd_candidate(p, dev.arch, dev.sm_count, dev.smem_optin, &hopper_splits);
+    int hopper_splits = 1, hopper_grid = 0;
+    const std::string hopper_why =
+        hopper_fwd_candidate(p, dev.arch, dev.sm_count, dev.smem_optin, &hopper_splits, &hopper_grid);
     if (hopper_why.empty()) {
       hopper_kernel_name(plan->kernel, sizeof(plan->kernel), p, hopper_splits);
       plan->workspace_bytes = fwd_workspace(p, hopper_splits).total;  // 0: no split
       plan->num_splits = hopper_splits;
       plan->kernel_id = kKernelHopperFwd;
-      PlanArgs::set(plan, 0, 1);
+      PlanArgs::set(plan, 0, 1, hopper_grid);
       return Status::ok();
     }
     if (dev.arch == 900) std::snprintf(plan->passed_over, sizeof(plan->passed_over), "%s", hopper_why.c_str());
@@ -235,7 +236,7 @@ class CudaBackend final : public Backend {
       }
     } else if (hopper) {
 #if defined(FLASHPORT_WITH_HOPPER_FWD)
-      if (const gpuError_t e = hopper_launch(p, a, stream); e != gpuSuccess)
+      if (const gpuError_t e = hopper_launch(p, a, PlanArgs::grid(plan), stream); e != gpuSuccess)
         return {FP_ERR_RUNTIME, std::string("cuda backend: sm90 wgmma prefill launch: ") + gpuGetErrorString(e)};
 #else
       return {FP_ERR_RUNTIME, "cuda backend: plan names the Hopper kernel, which is not built"};

@@ -14,6 +14,7 @@
 #include "core/config.hpp"
 #include "core/heuristics.hpp"
 #include "gpu/common/tile_config.hpp"
+#include "gpu/hopper/fwd_hopper.hpp"
 #include "gpu_harness.hpp"
 
 namespace gputest {
@@ -264,6 +265,26 @@ TEST(CudaHopperFwd, LongKeysManyTiles) {
   }
 }
 
+// Calls whose work tiles all cost the same run on a persistent grid (one block per resident slot,
+// each walking several tiles: hopper_persistent_grid): more tiles than an H100's 132 slots, odd
+// lengths (a partial last query block and key tile), GQA, every head-dim bucket and its padded
+// dims, LSE and sinks; then the same shapes causal and windowed (one block per tile).
+TEST(CudaHopperFwd, PersistentGridWalksEveryTile) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t d : {64, 128, 256, 80}) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.batch = 3, c.hq = 24, c.hkv = 8, c.d = d, c.dv = d == 80 ? 48 : d;
+    c.sq = 401, c.sk = 333;  // D64: 3 x 24 x 3 = 216 query blocks of 192 rows; D128/D256: 4 x 72 = 288
+    c.sinks = d == 128;
+    check_hopper(c, true);
+    c.causal = true;
+    check_hopper(c, true);
+    c.causal = false, c.wl = 100, c.wr = 7;
+    check_hopper(c, true);
+  }
+}
+
 TEST(CudaHopperFwd, RandomizedMix) {
   SKIP_WITHOUT_GPU();
   for (int it = 0; it < 24; ++it) {
@@ -483,8 +504,9 @@ TEST(CudaHopperFwd, SplitKvAutoLongKeys) {
     c.batch = 1, c.hq = sh.hq, c.hkv = sh.hkv, c.d = sh.d, c.dv = sh.d, c.sq = sh.sq, c.sk = sh.sk;
     c.splits = 0;
     if (hopper_here()) {
-      const int64_t bn = sh.d == 256 ? 64 : 128;
-      const int want = flashport::resolve_num_splits(0, (sh.sq + 127) / 128 * sh.hq, (sh.sk + bn - 1) / bn, sms,
+      using flashport::gpu::HopperTileV3;
+      const int64_t bm = HopperTileV3::block_m(int(sh.d)), bn = HopperTileV3::block_n(int(sh.d));
+      const int want = flashport::resolve_num_splits(0, (sh.sq + bm - 1) / bm * sh.hq, (sh.sk + bn - 1) / bn, sms,
                                                      flashport::gpu::kMaxSplits);
       ASSERT_GT(want, 1) << "the shape should split";
       check_hopper_split(c, want);

@@ -29,9 +29,13 @@ enum GpuKernelId : int32_t {
 struct PlanArgs {
   static int32_t tile(const Plan& p) { return p.backend_args[0]; }
   static int32_t pack(const Plan& p) { return p.backend_args[1] < 1 ? 1 : p.backend_args[1]; }
-  static void set(Plan* p, int32_t tile, int32_t pack) {
+  // Blocks to launch when the kernel walks its work tiles with a persistent grid; 0: one block
+  // per work tile.
+  static int32_t grid(const Plan& p) { return p.backend_args[2]; }
+  static void set(Plan* p, int32_t tile, int32_t pack, int32_t grid = 0) {
     p->backend_args[0] = tile;
     p->backend_args[1] = pack;
+    p->backend_args[2] = grid;
   }
 };
 

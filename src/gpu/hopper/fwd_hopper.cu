@@ -102,7 +102,7 @@ std::string make_v3_maps(const Problem& p, const FwdArgs& a, HopperV3Params* prm
   const int box = kv_box_rows(p);
   const V3View q = q_view(p, a.q_addr), k = kv_view(p, p.k), v = kv_view(p, p.v);
   std::string why = encode_rows_map(&prm->tq, a.q, p.d, q.rows, q.heads, q.batch, q.row_stride, q.head_stride,
-                                    q.batch_stride, HopperTileV3::kBlockM);
+                                    q.batch_stride, HopperTileV3::block_m(hopper_head_bucket(p)));
   if (!why.empty() || kv_by_rows(p)) return why;  // rows by threads: no K/V maps
   why = encode_rows_map(&prm->tk, p.k_ptr, p.d, k.rows, k.heads, k.batch, k.row_stride, k.head_stride,
                         k.batch_stride, box);
@@ -118,8 +118,8 @@ std::string make_v3_maps(const Problem& p, const FwdArgs& a, HopperV3Params* prm
 // the candidate checked). Checked here without encoding, so a call encodes its three maps once,
 // at the launch.
 std::string hopper_tma_reason(const Problem& p, int splits) {
-  const int64_t tiles =
-      (p.seq.sq + HopperTileV3::kBlockM - 1) / HopperTileV3::kBlockM * p.hq * p.seq.batch * std::max(splits, 1);
+  const int64_t bm = HopperTileV3::block_m(hopper_head_bucket(p));
+  const int64_t tiles = (p.seq.sq + bm - 1) / bm * p.hq * p.seq.batch * std::max(splits, 1);
   if (tiles > int64_t(INT32_MAX)) return "hopper path: more than 2^31 work tiles";
   if (tensor_map_encoder() == nullptr) return "hopper path: the driver has no cuTensorMapEncodeTiled";
   // q as the kernel reads it: with rotary, the rotated copy in the workspace (its layout only).
@@ -146,14 +146,15 @@ std::string hopper_tma_reason(const Problem& p, int splits) {
 template <int D, bool kBf16>
 KernelInfo hopper_fwd_kernel_info(int device) {
   using Elem = std::conditional_t<kBf16, BFloat16, Half>;
-  return cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem>>(device, HopperTileV3::kThreads,
+  return cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem>>(device, HopperTileV3::threads(D),
                                                                 HopperTileV3::smem_bytes(D));
 }
 
 template <int D, bool kBf16>
-gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, gpuStream_t stream) {
+gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, gpuStream_t stream) {
   using Elem = std::conditional_t<kBf16, BFloat16, Half>;
-  const int64_t m_blocks = (p.seq.sq + HopperTileV3::kBlockM - 1) / HopperTileV3::kBlockM;
+  constexpr int64_t kBlockM = HopperTileV3::block_m(D);
+  const int64_t m_blocks = (p.seq.sq + kBlockM - 1) / kBlockM;
   if (m_blocks == 0 || p.seq.batch == 0) return gpuSuccess;
   HopperV3Params prm;
   prm.a = a;
@@ -162,16 +163,18 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, gpuStream_t str
   prm.kv_by_rows = kv_by_rows(p);
   prm.zero_v_tail = is_kv_cache_call(p) && !prm.kv_by_rows;  // the row copies zero-fill
   prm.m_blocks = int32_t(m_blocks);
-  // One block per work tile: query block x split x head x sequence (the candidate bounds it).
+  // Work tiles: query block x split x head x sequence (the candidate bounds them); one block
+  // each, or the plan's persistent grid walking them.
   prm.work_tiles = int32_t(m_blocks * p.hq * p.seq.batch * std::max(a.splits, 1));
-  sm90::fwd_hopper_v3_kernel<D, Elem><<<unsigned(prm.work_tiles), HopperTileV3::kThreads,
+  const unsigned blocks = grid > 0 && grid < prm.work_tiles ? unsigned(grid) : unsigned(prm.work_tiles);
+  sm90::fwd_hopper_v3_kernel<D, Elem><<<blocks, HopperTileV3::threads(D),
                                         HopperTileV3::smem_bytes(D), stream>>>(prm);
   return gpuGetLastError();
 }
 
 #define FP_INSTANTIATE_HOPPER(D, bf16)                       \
   template KernelInfo hopper_fwd_kernel_info<D, bf16>(int); \
-  template gpuError_t launch_hopper_fwd<D, bf16>(const Problem&, const FwdArgs&, gpuStream_t);
+  template gpuError_t launch_hopper_fwd<D, bf16>(const Problem&, const FwdArgs&, int, gpuStream_t);
 #define FP_INSTANTIATE_HOPPER_D(D) FP_INSTANTIATE_HOPPER(D, false) FP_INSTANTIATE_HOPPER(D, true)
 FP_INSTANTIATE_HOPPER_D(64)
 FP_INSTANTIATE_HOPPER_D(128)

@@ -1,27 +1,29 @@
 // The Hopper forward kernel: warp-specialised, FA3's structure in our own code.
 // Included by fwd_hopper.cu only (sm_90a object).
 //
-// Block = 3 warpgroups, BM = 128 query rows:
+// Block = a producer warpgroup and 2 or 3 consumer warpgroups of 64 query rows (HopperTileV3:
+// BM = 128 at D128/D256, 192 at D64):
 //   warpgroup 0, the producer: drops to 24 registers (setmaxnreg); one thread issues every copy
 //     as TMA (cp.async.bulk.tensor, 64-column boxes, 128B swizzle: the panel layout wgmma reads):
 //     Q once, then K(t), V(t) for the tiles in consumer order, each into its ring slot once the
 //     slot's `empty` mbarrier says both consumers are done with it; the copy engine signals the
 //     slot's `full` mbarrier (transaction bytes). Rows past the tensor are zero-filled by TMA;
 //     rows past a sequence inside the tensor (varlen) are masked by the softmax (P = 0).
-//   warpgroups 1, 2, the consumers: rise to 240 registers; 64 query rows each. Per tile t:
-//     [my turn] S(t+1) = Q K(t+1)^T and O += P(t) V(t) issued back to back [other's turn];
-//     softmax of S(t+1) runs while the tensor cores do P(t) V(t) (intra-warpgroup overlap) and
-//     while the other warpgroup's GEMMs run (ping-pong through two named barriers).
+//   warpgroups 1.., the consumers: rise to 240 registers (160 with three); 64 query rows each.
+//     Per tile t: [my turn] S(t+1) = Q K(t+1)^T and O += P(t) V(t) issued back to back
+//     [other's turn]; softmax of S(t+1) runs while the tensor cores do P(t) V(t) (intra-warpgroup
+//     overlap) and, with two consumers, while the other warpgroup's GEMMs run (ping-pong through
+//     two named barriers). Three consumers (D64) share the tensor cores without turns.
 //   K and V have separate rings: K(t) frees as soon as S(t) is done, V(t) after P V(t), so the
 //   producer refills each a whole step ahead of its use with 2 slots.
 // Split-KV (a.splits > 1): a work tile is (query block, split, head,
 //   sequence); each covers a contiguous range of the sequence's key tiles (HopperRows::
 //   clip_to_split) and stores its normalised fp32 partial and LSE in the workspace, every row,
 //   empty ranges too (LSE = -inf); the combine kernel merges them. Tiles stay independent.
-// Grid: one block per work tile (query block x [split x] head x sequence). (A persistent grid, one
-//   block per SM walking the tiles, was faster on short non-causal calls and much slower on causal
-//   ones: bench/results/HISTORY.md.) The loops below walk w = blockIdx.x, + gridDim.x, ..., so the
-//   ring and Q-round bookkeeping stays right for any grid.
+// Grid: one block per work tile (query block x [split x] head x sequence), or, for calls of short,
+//   equal tiles, one block per resident slot (hopper_persistent_grid in fwd_hopper.hpp). The loops
+//   below walk w = blockIdx.x, + gridDim.x, ..., so the ring and Q-round bookkeeping stays right
+//   for any grid, and the producer runs into the next tile while the consumers finish this one.
 #pragma once
 #include <cuda.h>
 
@@ -59,11 +61,13 @@ struct HopperV3Params {
 namespace sm90 {
 
 template <int D, typename Elem>
-__global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
+__global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
     fwd_hopper_v3_kernel(const __grid_constant__ HopperV3Params P) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = HopperTileV3;
-  constexpr int BM = T::kBlockM, BN = T::block_n(D), S = T::kStages;
+  constexpr int BM = T::block_m(D), BN = T::block_n(D), S = T::kStages;
+  constexpr int kConsumers = T::consumers(D);
+  constexpr bool kPingPong = kConsumers == 2;  // two consumers take turns at the tensor cores
   constexpr int kPanels = D / 64;
   constexpr bool kBf16 = Elem::kIsBf16;
   constexpr uint32_t kTileBytes = uint32_t(BN) * D * 2;
@@ -87,7 +91,7 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
   const uint32_t v_tail_zeroed = bars + 8u * uint32_t(2 + 4 * S);
 
   const int tid = threadIdx.x, lane = tid & 31;
-  const int wg = tid >> 7;           // 0: producer; 1, 2: consumers
+  const int wg = tid >> 7;           // 0: producer; 1..kConsumers: consumers
   const int wwarp = (tid >> 5) & 3;
   const int row_loc = (wg > 0 ? (wg - 1) * 64 : 0) + wwarp * 16 + (lane >> 2);
   // Work tile w: query block fastest, then head, then sequence, so the
@@ -106,15 +110,15 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
 
   if (tid == 0) {
     mbar_init(full_q, 1);
-    mbar_init(empty_q, 4 * T::kConsumers);
+    mbar_init(empty_q, 4 * kConsumers);
     mbar_init(v_tail_zeroed, 1);
     const uint32_t kv_arrivals = P.kv_by_rows ? 128u : 1u;  // the producer's threads, or the TMA issuer
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       mbar_init(full_k(s), kv_arrivals);
       mbar_init(full_v(s), kv_arrivals);
-      mbar_init(empty_k(s), 4 * T::kConsumers);  // one arrival per consumer warp
-      mbar_init(empty_v(s), 4 * T::kConsumers);
+      mbar_init(empty_k(s), 4 * kConsumers);  // one arrival per consumer warp
+      mbar_init(empty_v(s), 4 * kConsumers);
     }
     mbar_init_fence();
   }
@@ -297,11 +301,15 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
     }
   } else {
     // ---- consumers ----
-    regs_inc<T::kConsumerRegs>();
+    regs_inc<T::consumer_regs(D)>();
     const int cwg = wg - 1;
     const int my_bar = 1 + cwg, other_bar = 2 - cwg;
-    auto my_turn = [&] { named_sync<256>(my_bar); };
-    auto your_turn = [&] { named_arrive<256>(other_bar); };
+    auto my_turn = [&] {
+      if constexpr (kPingPong) named_sync<256>(my_bar);
+    };
+    auto your_turn = [&] {
+      if constexpr (kPingPong) named_arrive<256>(other_bar);
+    };
     // Every thread of the warp has passed its wgmma wait: the warp's reads of the buffer are done.
     auto release = [&](uint32_t bar) {
       __syncwarp();
@@ -332,7 +340,7 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
         // tensor cores) and, once its GEMMs are issued, arrives on the other's. Consumer 0 goes
         // first. Both issue count + 1 GEMM batches; consumer 1 skips its last arrive, so every
         // barrier generation of the tile completes inside it.
-        if (cwg == 1) named_arrive<256>(1);
+        if (kPingPong && cwg == 1) named_arrive<256>(1);
 
         auto issue_s = [&](float (&s)[BN / 2], int slot) {
           issue_qk<D, BM, BN, kBf16>(s, sQ + cwg * (64 * 128), sK + slot * kTileBytes);
@@ -386,7 +394,7 @@ __global__ void __launch_bounds__(HopperTileV3::kThreads, 1)
         my_turn();
         wg_fence();
         issue_pv(pa, slot);
-        if (cwg == 0) named_arrive<256>(other_bar);
+        if (kPingPong && cwg == 0) named_arrive<256>(other_bar);
         wg_wait<0>();
 #pragma unroll
         for (int p = 0; p < kPanels; ++p) fence_regs(o_acc[p]);
