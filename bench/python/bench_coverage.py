@@ -6,7 +6,9 @@ shape (flash_attn_func over the same keys, which the Hopper kernel runs on an H1
 
 Time: CUDA events around a batch of back-to-back calls (the kernels are milliseconds long, so
 host time is hidden), median of rounds. "vs featureless" = featureless time / feature time
-(1.0 = as fast; the issue's target is >= 0.9 on the Hopper path). Writes <out>/gpu_coverage.md.
+(1.0 = as fast; the issue's target is >= 0.9 on the Hopper path). The backward rows time
+forward + backward (torch.autograd.grad) and compare with the featureless forward + backward of the
+Hopper backward instance the call runs in (D128 or D256, same shape). Writes <out>/gpu_coverage.md.
 """
 import argparse
 import os
@@ -162,6 +164,29 @@ def main():
     q32, k32, v32 = q.float(), k.float(), v.float()
     add("float32", lambda: fa.flash_attn_func(q32, k32, v32, causal=True))
 
+    # Forward + backward: head dims padded inside the Hopper backward's 128/256 instances, against
+    # the featureless call of that instance's head dim (ratio column: that call's time / this one's).
+    def fwd_bwd(d, dv):
+        qd = torch.randn(B, Sq, Hq, d, device=dev, dtype=dt, generator=g).requires_grad_()
+        kd = torch.randn(B, Sk, Hkv, d, device=dev, dtype=dt, generator=g).requires_grad_()
+        vd = torch.randn(B, Sk, Hkv, dv, device=dev, dtype=dt, generator=g).requires_grad_()
+        do = torch.randn(B, Sq, Hq, dv, device=dev, dtype=dt, generator=g)
+        return lambda: torch.autograd.grad(fa.flash_attn_func(qd, kd, vd, causal=True), (qd, kd, vd), do)
+
+    bwd_base = {}
+    for d in (128, 256):
+        fn = fwd_bwd(d, d)
+        bwd_base[d] = device_ms(fn)
+        rows.append((f"fwd+bwd featureless, head dim {d}", plan_of(fn), bwd_base[d], bwd_base[d]))
+    for d, dv in ((96, 96), (192, 192), (192, 128)):
+        ref = 128 if max(d, dv) <= 128 else 256
+        name = f"fwd+bwd head dim {d}/{dv} (vs the D{ref} fwd+bwd; FLOPs x{(d + dv) / (2 * ref):.2f} of it)"
+        try:
+            fn = fwd_bwd(d, dv)
+            rows.append((name, plan_of(fn), device_ms(fn), bwd_base[ref]))
+        except Exception as e:
+            rows.append((name, "error: " + str(e).splitlines()[0][:80], None))
+
     name = torch.cuda.get_device_name()
     cmd = "FLASHPORT_LOG=1 python " + " ".join(sys.argv)
     lines = ["# Fast-path coverage: which kernel runs each feature, and its speed", "",
@@ -171,8 +196,8 @@ def main():
              "- vs featureless = featureless time / this call's time (>= 0.9 is the issue's target on the "
              "Hopper path); device time by CUDA events over back-to-back calls", "",
              "| call | kernel (plan) | ms | vs featureless |", "|---|---|---|---|"]
-    for n, kern, t in rows:
-        ratio = f"{t_base / t:.2f}" if t else "-"
+    for n, kern, t, *ref in rows:  # ref: the row's own featureless time (backward rows)
+        ratio = f"{(ref[0] if ref else t_base) / t:.2f}" if t else "-"
         lines.append(f"| {n} | {kern} | {t:.3f} | {ratio} |" if t else f"| {n} | {kern} | - | - |")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "gpu_coverage.md"), "w") as f:

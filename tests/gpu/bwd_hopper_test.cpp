@@ -1,17 +1,19 @@
 // The sm_90a wgmma backward (src/gpu/hopper/bwd_hopper.cu) against the fp64 reference backward: head
-// dims 64/128/256 in both dtypes (D256: its own kernel, 64-key blocks), odd lengths (tails in both directions), several query blocks per key
+// dims 64/128/256 in both dtypes (D256: its own kernel, 64-key blocks), other head dims (multiples
+// of 8) and Dq != Dv padded inside the 64/128/256 instances, odd lengths (tails in both directions), several query blocks per key
 // block (the double-buffered Q/dO ring), causal in both alignments, windows, GQA (dK/dV summed over
 // the group), varlen, seqused_k, softcap (with its derivative), ALiBi, sinks with d_sinks, rows
 // without keys, graph capture on the caller's stream; poisoned outputs, sentinels, NaN checks. Each
 // case also checks which kernel ran: the Hopper kernel on an sm_90 device where the capability
 // check allows it, the mma.sync backward (still correct) where it declines: dropout, deterministic
-// mode, other head dims, unaligned dout, FLASHPORT_HOPPER_BWD=0, and D256 when built with
+// mode, head dims that are not multiples of 8, unaligned dout, FLASHPORT_HOPPER_BWD=0, and D256 when built with
 // FLASHPORT_HOPPER_BWD_D256=0 (then every D256 case expects the mma.sync kernel). Skipped without a
 // CUDA device.
 //
 // The call helpers (BwdCall, DeviceBwd, run_reference_bwd, check_bwd) are bwd_harness.hpp.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -25,8 +27,14 @@ using flashport::test::close;
 
 constexpr const char* kHopperBwdName = "sm90_wgmma_bwd";
 
-// Whether the Hopper backward takes head dim d (D == Dv) at all: 64, 128 and 256.
-bool hopper_takes(int64_t d) { return d == 64 || d == 128 || d == 256; }
+// Whether the Hopper backward takes head dims (d, dv) at all: up to 256, multiples of 8.
+bool hopper_takes(int64_t d, int64_t dv) { return d <= 256 && dv <= 256 && d % 8 == 0 && dv % 8 == 0; }
+bool hopper_takes(int64_t d) { return hopper_takes(d, d); }
+// The Hopper backward's instance for head dims (d, dv): 64, 128 or 256 (smaller dims run padded).
+int64_t hopper_bucket(int64_t d, int64_t dv) {
+  const int64_t m = std::max(d, dv);
+  return m <= 64 ? 64 : m <= 128 ? 128 : 256;
+}
 
 // Runs the case on the CUDA backend against the reference; checks which kernel ran.
 void check_hopper_bwd(const Case& cs, bool expect_hopper, bool det = false) {
@@ -36,6 +44,12 @@ void check_hopper_bwd(const Case& cs, bool expect_hopper, bool det = false) {
   SCOPED_TRACE(cs.describe() + (det ? " deterministic" : ""));
   const bool took = std::string(sel.kernel).find(kHopperBwdName) != std::string::npos;
   EXPECT_EQ(took, expect_hopper && device_is_sm90() && hopper_built()) << "ran " << sel.kernel;
+  if (took) {  // a padded call's plan names its dims
+    const int64_t bucket = hopper_bucket(cs.d, cs.dv);
+    const std::string dims = ":d" + std::to_string(cs.d) + "_dv" + std::to_string(cs.dv) + ":";
+    EXPECT_EQ(std::string(sel.kernel).find(dims) != std::string::npos, cs.d != bucket || cs.dv != bucket)
+        << "ran " << sel.kernel;
+  }
 }
 
 TEST(CudaHopperBwd, HeadDimsDtypesAndOddLengths) {
@@ -167,9 +181,9 @@ TEST(CudaHopperBwd, DeclinesToMmaSync) {
   check_hopper_bwd(c, false);
   c.dropout = 0.0f;
   check_hopper_bwd(c, false, /*det=*/true);
-  for (int64_t d : {96, 32}) {
+  for (int64_t d : {96, 32}) {  // padded in the 128 / 64 instance
     c.d = d, c.dv = d;
-    check_hopper_bwd(c, false);
+    check_hopper_bwd(c, hopper_takes(d));
   }
   c.d = 256, c.dv = 256;
   check_hopper_bwd(c, hopper_takes(256));  // FLASHPORT_HOPPER_BWD_D256=0: "D256 Hopper backward disabled"
@@ -181,8 +195,10 @@ TEST(CudaHopperBwd, DeclinesToMmaSync) {
   check_hopper_bwd(c, false);
   c.strided = false;
   c.d = 256, c.dv = 128;
-  check_hopper_bwd(c, false);
+  check_hopper_bwd(c, hopper_takes(256, 128));
   c.d = 128, c.dv = 64;
+  check_hopper_bwd(c, hopper_takes(128, 64));
+  c.d = 36, c.dv = 36;  // not a multiple of 8 (and head strides of 36: not 16-byte aligned)
   check_hopper_bwd(c, false);
   c.d = 64, c.dv = 64;
   c.strided = true;  // dout copies out's padded rows: not 16-byte aligned
@@ -194,6 +210,56 @@ TEST(CudaHopperBwd, DeclinesToMmaSync) {
   unsetenv("FLASHPORT_HOPPER_BWD");
   flashport::reload_runtime_config();
   check_hopper_bwd(c, true);
+}
+
+// Head dims other than the instances' 64/128/256 run padded inside the next instance (the copies
+// zero-fill the columns past D and Dv, the dK/dV/dQ stores skip them), and Dq != Dv both ways
+// (192/128 as DeepSeek-V3 prefill): awkward lengths, causal in both alignments, windows, GQA,
+// varlen, seqused_k, softcap, ALiBi, sinks.
+TEST(CudaHopperBwd, AnyHeadDim) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t d : {32, 40, 80, 96, 112, 160, 192, 224, 256}) {
+    SCOPED_TRACE("d " + std::to_string(d));
+    Case c;
+    c.dtype = rand_dtype();
+    c.batch = 2, c.hq = 2, c.hkv = 2, c.d = d, c.dv = d, c.sq = 129, c.sk = 257;
+    check_hopper_bwd(c, true);
+    c.sq = 300, c.sk = 113, c.hq = 4, c.hkv = 1;
+    c.causal = true, c.top_left = d % 16 == 0;
+    check_hopper_bwd(c, true);
+    c.causal = false, c.wl = 37, c.wr = 5;
+    c.softcap = 20.0f, c.input_std = 2.0, c.sinks = true;
+    check_hopper_bwd(c, true);
+    Case v;
+    v.dtype = rand_dtype();
+    v.varlen = true, v.lq = {1, 200, 77}, v.lk = {65, 3, 300};
+    v.hq = 4, v.hkv = 2, v.d = d, v.dv = d;
+    v.causal = true, v.alibi = true;
+    check_hopper_bwd(v, true);
+  }
+  const std::pair<int64_t, int64_t> pairs[] = {{192, 128}, {128, 64}, {64, 128}, {128, 192}, {256, 64}, {96, 32}};
+  for (auto [d, dv] : pairs) {
+    SCOPED_TRACE("d " + std::to_string(d) + " dv " + std::to_string(dv));
+    Case c;
+    c.dtype = rand_dtype();
+    c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = dv, c.sq = 200, c.sk = 333;
+    check_hopper_bwd(c, true);
+    c.causal = true, c.sinks = true, c.sq = 333, c.sk = 200;
+    check_hopper_bwd(c, true);
+    c.causal = false, c.sinks = false, c.hkv = 1, c.wl = 64, c.wr = 0, c.softcap = 30.0f, c.input_std = 3.0;
+    check_hopper_bwd(c, true);
+    Case v;
+    v.dtype = rand_dtype();
+    v.varlen = true, v.lq = {130, 1, 257}, v.lk = {300, 77, 400};
+    v.hq = 2, v.hkv = 1, v.d = d, v.dv = dv;
+    v.causal = true, v.top_left = true;
+    check_hopper_bwd(v, true);
+    Case k;
+    k.dtype = rand_dtype();
+    k.batch = 3, k.hq = 4, k.hkv = 2, k.d = d, k.dv = dv, k.sq = 20, k.sk = 190;
+    k.cache = true, k.causal = true;  // rows past seqused_k[b] must get dk = dv = 0
+    check_hopper_bwd(k, true);
+  }
 }
 
 // Captured into a CUDA graph on a non-blocking stream (no allocation, sync or host read inside
@@ -233,6 +299,7 @@ TEST(CudaHopperBwd, GraphCaptureOnCallerStream) {
   SKIP_WITHOUT_GPU();
   check_graph_capture(128);
   check_graph_capture(256);
+  check_graph_capture(96);  // padded in the 128 instance
 }
 
 }  // namespace

@@ -70,11 +70,24 @@ __device__ __forceinline__ void fence_regs_u32(uint32_t (&r)[N][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
 }
 
+// This thread's 16-byte column chunk (8 columns) of the Q/K rows (the call's D columns) and of
+// the V/dO rows (Dv columns): whether it is inside the row (head dims are multiples of 8:
+// hopper_bwd_check) and its first column (0 past the row, so the address stays inside the row).
+// A call whose head dims are below the instance's (64/128/256) runs padded: the chunks past D and
+// Dv land as zeros, so S^T = K Q^T and dP^T = V dO^T are exact and the padded columns of dQ, dK,
+// dV come out 0 (not stored).
+struct RowChunk {
+  bool qk_in, vo_in;
+  int qk_col, vo_col;
+  __device__ __forceinline__ RowChunk(int chunk, int d, int dv)
+      : qk_in(8 * chunk < d), vo_in(8 * chunk < dv), qk_col(qk_in ? 8 * chunk : 0), vo_col(vo_in ? 8 * chunk : 0) {}
+};
+
 // The block's K and V rows [n0, n0 + BN) into their swizzled 64-column panels (rows past lk:
-// zeros); this thread copies chunk ld_chunk of rows ld_row + k kRowStep.
+// zeros); this thread copies chunk ld_chunk (columns: rc) of rows ld_row + k kRowStep.
 template <int BN, int kRowStep>
 __device__ __forceinline__ void load_kv_block(const BwdArgs& a, int b, int kvh, int n0, int lk, int ld_row,
-                                              int ld_chunk, uint16_t* sK, uint16_t* sV) {
+                                              int ld_chunk, const RowChunk& rc, uint16_t* sK, uint16_t* sV) {
   const bool kpacked = a.k_addr.layout == KvLayout::Packed;
   const int64_t k_base = (kpacked ? a.seq.k_start(b) * a.k_addr.s0 : int64_t(b) * a.k_addr.s0) + kvh * a.k_addr.s2;
   const int64_t v_base = (a.v_addr.layout == KvLayout::Packed ? a.seq.k_start(b) * a.v_addr.s0
@@ -87,46 +100,53 @@ __device__ __forceinline__ void load_kv_block(const BwdArgs& a, int b, int kvh, 
     const int j = n0 + ld_row + k * kRowStep;
     const bool in = j < lk;
     const int64_t jj = in ? j : 0;
-    cp_async_16(sK + soff + k * kRowStep * 64, a.k + k_base + jj * k_rs + ld_chunk * 8, in ? 16 : 0);
-    cp_async_16(sV + soff + k * kRowStep * 64, a.v + v_base + jj * v_rs + ld_chunk * 8, in ? 16 : 0);
+    cp_async_16(sK + soff + k * kRowStep * 64, a.k + k_base + jj * k_rs + rc.qk_col, in && rc.qk_in ? 16 : 0);
+    cp_async_16(sV + soff + k * kRowStep * 64, a.v + v_base + jj * v_rs + rc.vo_col, in && rc.vo_in ? 16 : 0);
   }
 }
 
 // Epilogue: dK = scale * acc and dV of this thread's keys key0 and key0 + 8, 64-column panels
-// [panel0, panel0 + kPanels); rows past Lk of a batched tensor get 0.
+// [panel0, panel0 + kPanels); rows past Lk of a batched tensor get 0. Only the call's D columns
+// of dK and Dv columns of dV are stored: a padded instance's others hold zeros (head dims are
+// multiples of 8, so an 8-column chunk is all in or all out).
 template <int kPanels, typename Elem>
 __device__ __forceinline__ void store_dk_dv(const BwdArgs& a, int b, int kvh, int lk, int key0, int panel0,
                                             int col_base, const float (&dk_acc)[kPanels][32],
                                             const float (&dv_acc)[kPanels][32]) {
   const int row_limit = a.k_rows_cap > 0 ? static_cast<int>(a.k_rows_cap) : lk;
   using T = typename Elem::T;
+  // vec: one 32-bit store per column pair (4-byte aligned pairs); unswitched, outside the loops.
+  auto store_rows = [&](auto vec) {
 #pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int j = key0 + 8 * hf;
-    if (j >= row_limit) continue;
-    const bool kpacked = a.dk_addr.layout == KvLayout::Packed, vpacked = a.dv_addr.layout == KvLayout::Packed;
-    T* dk_row = reinterpret_cast<T*>(a.dk_ptr) +
-                (kpacked ? (a.seq.k_start(b) + j) * a.dk_addr.s0 : int64_t(b) * a.dk_addr.s0 + int64_t(j) * a.dk_addr.s1) +
-                kvh * a.dk_addr.s2;
-    T* dv_row = reinterpret_cast<T*>(a.dv_ptr) +
-                (vpacked ? (a.seq.k_start(b) + j) * a.dv_addr.s0 : int64_t(b) * a.dv_addr.s0 + int64_t(j) * a.dv_addr.s1) +
-                kvh * a.dv_addr.s2;
+    for (int hf = 0; hf < 2; ++hf) {
+      const int j = key0 + 8 * hf;
+      if (j >= row_limit) continue;
+      const bool kpacked = a.dk_addr.layout == KvLayout::Packed, vpacked = a.dv_addr.layout == KvLayout::Packed;
+      T* dk_row = reinterpret_cast<T*>(a.dk_ptr) +
+                  (kpacked ? (a.seq.k_start(b) + j) * a.dk_addr.s0 : int64_t(b) * a.dk_addr.s0 + int64_t(j) * a.dk_addr.s1) +
+                  kvh * a.dk_addr.s2;
+      T* dv_row = reinterpret_cast<T*>(a.dv_ptr) +
+                  (vpacked ? (a.seq.k_start(b) + j) * a.dv_addr.s0 : int64_t(b) * a.dv_addr.s0 + int64_t(j) * a.dv_addr.s1) +
+                  kvh * a.dv_addr.s2;
 #pragma unroll
-    for (int p = 0; p < kPanels; ++p)
+      for (int p = 0; p < kPanels; ++p)
 #pragma unroll
-      for (int t = 0; t < 8; ++t) {
-        const int col = (panel0 + p) * 64 + t * 8 + col_base;
-        const float k0 = dk_acc[p][4 * t + 2 * hf] * a.scale, k1 = dk_acc[p][4 * t + 2 * hf + 1] * a.scale;
-        const float v0 = dv_acc[p][4 * t + 2 * hf], v1 = dv_acc[p][4 * t + 2 * hf + 1];
-        if (a.kv_out_vec_ok) {
-          *reinterpret_cast<uint32_t*>(dk_row + col) = Elem::pack(k0, k1);
-          *reinterpret_cast<uint32_t*>(dv_row + col) = Elem::pack(v0, v1);
-        } else {
-          dk_row[col] = Elem::from_float(k0), dk_row[col + 1] = Elem::from_float(k1);
-          dv_row[col] = Elem::from_float(v0), dv_row[col + 1] = Elem::from_float(v1);
+        for (int t = 0; t < 8; ++t) {
+          const int chunk_col = (panel0 + p) * 64 + t * 8, col = chunk_col + col_base;
+          const float k0 = dk_acc[p][4 * t + 2 * hf] * a.scale, k1 = dk_acc[p][4 * t + 2 * hf + 1] * a.scale;
+          const float v0 = dv_acc[p][4 * t + 2 * hf], v1 = dv_acc[p][4 * t + 2 * hf + 1];
+          if constexpr (decltype(vec)::value) {
+            if (chunk_col < a.d) *reinterpret_cast<uint32_t*>(dk_row + col) = Elem::pack(k0, k1);
+            if (chunk_col < a.dv) *reinterpret_cast<uint32_t*>(dv_row + col) = Elem::pack(v0, v1);
+          } else {
+            if (chunk_col < a.d) dk_row[col] = Elem::from_float(k0), dk_row[col + 1] = Elem::from_float(k1);
+            if (chunk_col < a.dv) dv_row[col] = Elem::from_float(v0), dv_row[col + 1] = Elem::from_float(v1);
+          }
         }
-      }
-  }
+    }
+  };
+  if (a.kv_out_vec_ok) store_rows(std::true_type{});
+  else store_rows(std::false_type{});
 }
 
 // P^T and dS^T of one step, in place (s_acc becomes P^T, dp_acc dS^T), as the two product groups
@@ -282,7 +302,8 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
       constexpr int kRowStep = NT / kChunks;
       static_assert(kRowStep % 8 == 0 && BN % kRowStep == 0 && BM % kRowStep == 0, "load mapping");
       const int ld_row = tid / kChunks, ld_chunk = tid % kChunks;
-      load_kv_block<BN, kRowStep>(a, b, kvh, n0, lk, ld_row, ld_chunk, sK, sV);
+      const RowChunk rc(ld_chunk, a.d, a.dv);
+      load_kv_block<BN, kRowStep>(a, b, kvh, n0, lk, ld_row, ld_chunk, rc, sK, sV);
       // Q, dO, LSE2, D of step s into buffer `buf` (rows past Lq: zeros, LSE2 0, D 0 -- their P
       // is finite and their dS, dV contributions exactly 0, as in the mma.sync loop).
       const int qsoff = panel_offset(BM, ld_row, ld_chunk);
@@ -295,9 +316,9 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
           const bool in = i < lq;
           const int ii = in ? i : 0;
           cp_async_16(sQ + buf * BM * D + qsoff + k * kRowStep * 64,
-                      a.q + a.q_addr.at(b, q_start, ii, h) + ld_chunk * 8, in ? 16 : 0);
+                      a.q + a.q_addr.at(b, q_start, ii, h) + rc.qk_col, in && rc.qk_in ? 16 : 0);
           cp_async_16(sdO + buf * BM * D + qsoff + k * kRowStep * 64,
-                      a.dout + a.dout_addr.at(b, q_start, ii, h) + ld_chunk * 8, in ? 16 : 0);
+                      a.dout + a.dout_addr.at(b, q_start, ii, h) + rc.vo_col, in && rc.vo_in ? 16 : 0);
         }
         if (tid < BM) {
           const int i = m * BM + tid;
@@ -330,8 +351,9 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
       };
       // After a block barrier: lane l < BM / 8 of warp w adds row w * BM / 8 + l of
       // staging buffer `sbuf` (the dQ of step (hh, ii0)) into the workspace, rows past Lq
-      // skipped. Spread over all 8 warps: the copy engine takes the operands from uniform
-      // registers, so each warp issues its rows one at a time.
+      // skipped; the workspace row's dacc = D columns (a padded instance's others are zeros).
+      // Spread over all 8 warps: the copy engine takes the operands from uniform registers, so
+      // each warp issues its rows one at a time.
       constexpr int kDqRowsPerWarp = BM / 8;
       const bool dq_issuer = lane < kDqRowsPerWarp;
       const int dq_issue_row = (tid >> 5) * kDqRowsPerWarp + lane;
@@ -340,7 +362,7 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
           const int i = ii0 + dq_issue_row;
           if (i < lq)
             bulk_reduce_add_f32(a.ws_dq + (int64_t(hh) * a.total_rows + ws_row0 + i) * a.dacc,
-                                smem_u32(sDq + (sbuf * BM + dq_issue_row) * kDqStride), D * 4);
+                                smem_u32(sDq + (sbuf * BM + dq_issue_row) * kDqStride), a.dacc * 4);
           bulk_commit();
         }
       };
@@ -562,7 +584,8 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
       constexpr int kRowStep = NT / kChunks;
       static_assert(kRowStep % 8 == 0 && BN % kRowStep == 0 && BM % kRowStep == 0, "load mapping");
       const int ld_row = tid / kChunks, ld_chunk = tid % kChunks;
-      load_kv_block<BN, kRowStep>(a, b, kvh, n0, lk, ld_row, ld_chunk, sK, sV);
+      const RowChunk rc(ld_chunk, a.d, a.dv);
+      load_kv_block<BN, kRowStep>(a, b, kvh, n0, lk, ld_row, ld_chunk, rc, sK, sV);
       // Q, dO, LSE2, D of step s into buffer `buf` (rows past Lq: zeros, LSE2 0, D 0: their P is
       // finite and their dS, dV contributions exactly 0).
       const int qsoff = panel_offset(BM, ld_row, ld_chunk);
@@ -575,9 +598,9 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
           const bool in = i < lq;
           const int ii = in ? i : 0;
           cp_async_16(sQ + buf * kBufStride + qsoff + k * kRowStep * 64,
-                      a.q + a.q_addr.at(b, q_start, ii, h) + ld_chunk * 8, in ? 16 : 0);
+                      a.q + a.q_addr.at(b, q_start, ii, h) + rc.qk_col, in && rc.qk_in ? 16 : 0);
           cp_async_16(sdO + buf * kBufStride + qsoff + k * kRowStep * 64,
-                      a.dout + a.dout_addr.at(b, q_start, ii, h) + ld_chunk * 8, in ? 16 : 0);
+                      a.dout + a.dout_addr.at(b, q_start, ii, h) + rc.vo_col, in && rc.vo_in ? 16 : 0);
         }
         if (tid < BM) {
           const int i = m * BM + tid;
@@ -624,7 +647,8 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
         }
       };
       // issue_dq, after a block barrier: lane l < BM / 8 of warp w adds row 8w + l of staging
-      // buffer `sbuf` (the dQ of step (hh, ii0)) into the workspace, rows past Lq skipped.
+      // buffer `sbuf` (the dQ of step (hh, ii0)) into the workspace, rows past Lq skipped; the
+      // workspace row's dacc = D columns (a padded instance's others are zeros).
       constexpr int kDqRowsPerWarp = BM / 8;
       const bool dq_issuer = lane < kDqRowsPerWarp;
       const int dq_issue_row = (tid >> 5) * kDqRowsPerWarp + lane;
@@ -633,7 +657,7 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
           const int i = ii0 + dq_issue_row;
           if (i < lq)
             bulk_reduce_add_f32(a.ws_dq + (int64_t(hh) * a.total_rows + ws_row0 + i) * a.dacc,
-                                sQ_u32 + sbuf * (kBufStride * 2) + dq_issue_row * (D * 4), D * 4);
+                                sQ_u32 + sbuf * (kBufStride * 2) + dq_issue_row * (D * 4), a.dacc * 4);
           bulk_commit();
         }
       };
@@ -811,8 +835,11 @@ bool hopper_bwd_plan(const BwdProblem& bp, Plan* plan) {
   // The workspace layout of the mma.sync backward (mma/bwd_launch.hpp), without semaphores (atomic dQ).
   *plan = Plan{};
   plan->workspace_bytes = bwd_workspace(p, 0).total;
-  std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:%s:atomic-dq", hopper_bwd_name(int(p.d)),
-                p.dtype == FP_BF16 ? "bf16" : "fp16");
+  const int bucket = hopper_head_bucket(p);
+  char dims[32] = "";
+  if (p.d != bucket || p.dv != bucket) std::snprintf(dims, sizeof(dims), ":d%d_dv%d", int(p.d), int(p.dv));
+  std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:%s%s:atomic-dq", hopper_bwd_name(bucket),
+                p.dtype == FP_BF16 ? "bf16" : "fp16", dims);
   plan->num_splits = 1;
   plan->kernel_id = kKernelHopperBwd;
   return true;
@@ -829,17 +856,18 @@ Status run_bwd_hopper(const BwdProblem& bp, const Plan& plan, void* workspace, g
 
   if (gpuError_t e = launch_bwd_preprocess(a, stream); e != gpuSuccess)
     return {FP_ERR_RUNTIME, std::string("cuda backend: backward preprocess launch: ") + gpuGetErrorString(e)};
-  const int block_n = hopper_bwd_block_n(int(p.d));
+  const int bucket = hopper_head_bucket(p);  // the instance; smaller head dims run padded
+  const int block_n = hopper_bwd_block_n(bucket);
   const int64_t key_blocks = (p.seq.sk + block_n - 1) / block_n;
   if (key_blocks > 0 && p.hkv > 0) {
     const dim3 grid(unsigned(key_blocks), unsigned(p.hkv), unsigned(p.seq.batch));
     const bool bf16 = a.bf16;
     const gpuError_t e =
-        p.d == 64    ? (bf16 ? launch_hopper_bwd<64, true>(a, grid, stream) : launch_hopper_bwd<64, false>(a, grid, stream))
-        : p.d == 128 ? (bf16 ? launch_hopper_bwd<128, true>(a, grid, stream) : launch_hopper_bwd<128, false>(a, grid, stream))
+        bucket == 64    ? (bf16 ? launch_hopper_bwd<64, true>(a, grid, stream) : launch_hopper_bwd<64, false>(a, grid, stream))
+        : bucket == 128 ? (bf16 ? launch_hopper_bwd<128, true>(a, grid, stream) : launch_hopper_bwd<128, false>(a, grid, stream))
                      : (bf16 ? launch_hopper_bwd<256, true>(a, grid, stream) : launch_hopper_bwd<256, false>(a, grid, stream));
     if (e != gpuSuccess)
-      return {FP_ERR_RUNTIME, std::string("cuda backend: ") + hopper_bwd_name(int(p.d)) + " launch: " + gpuGetErrorString(e)};
+      return {FP_ERR_RUNTIME, std::string("cuda backend: ") + hopper_bwd_name(bucket) + " launch: " + gpuGetErrorString(e)};
   }
   if (gpuError_t e = launch_bwd_convert(a, stream); e != gpuSuccess)
     return {FP_ERR_RUNTIME, std::string("cuda backend: backward dq conversion launch: ") + gpuGetErrorString(e)};

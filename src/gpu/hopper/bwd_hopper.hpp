@@ -5,12 +5,16 @@
 // kernels of mma/bwd_aux_kernels.cuh and their workspace layout (mma/bwd_launch.hpp) are shared); otherwise the mma.sync backward
 // plans the call.
 //
-// Scope (everything else declined here, never ignored): fp16/bf16, D == Dv in {64, 128, 256}, batched
-// or varlen q/k/v/dout with 16-byte aligned rows and strides, seqused_k, causal (both
-// alignments), sliding windows, softcap (with its derivative), ALiBi, sinks (d_sinks by the shared
-// conversion step), GQA/MQA (dK/dV summed over the group in registers), atomic dQ.
-// D256 has its own kernel (HopperBwdTileD256).
-// Declined: FLASHPORT_HOPPER_BWD=0 (the user's kill switch), other head dims, dropout (the philox replay
+// Scope (everything else declined here, never ignored): fp16/bf16, head dims D, Dv <= 256 in
+// multiples of 8 (any pair: instances for 64, 128, 256 as the forward's hopper_head_bucket picks
+// them, smaller dims padded inside the kernel: its copies zero-fill the columns past D and Dv, its
+// stores skip them), batched or varlen q/k/v/dout with 16-byte aligned rows and strides,
+// seqused_k, causal (both alignments), sliding windows, softcap (with its derivative), ALiBi,
+// sinks (d_sinks by the shared conversion step), GQA/MQA (dK/dV summed over the group in
+// registers), atomic dQ.
+// The 256 instance is its own kernel (HopperBwdTileD256).
+// Declined: FLASHPORT_HOPPER_BWD=0 (the user's kill switch), head dims above 256 or not multiples
+// of 8 (rows of such dims have 16-byte strides only in padded layouts), dropout (the philox replay
 // lives in the mma.sync loop), deterministic mode (the mma.sync path orders the dQ adds with
 // semaphores), unaligned tensors, devices other than sm_90.
 #pragma once
@@ -21,6 +25,7 @@
 #include "core/backend.hpp"
 #include "core/config.hpp"
 #include "gpu/common/fwd_plan.hpp"
+#include "gpu/hopper/fwd_hopper.hpp"
 #include "gpu/mma/bwd_launch.hpp"
 #include "core/problem.hpp"
 #include "core/status.hpp"
@@ -103,8 +108,9 @@ inline std::string hopper_bwd_check(const BwdProblem& bp, int arch, int smem_opt
   if (!runtime_config().hopper_bwd) return "hopper backward: disabled by FLASHPORT_HOPPER_BWD=0";
   if (arch != 900) return "hopper backward: device is not sm_90";
   if (p.dtype != FP_F16 && p.dtype != FP_BF16) return "hopper backward: dtype";
-  if (p.d != p.dv || (p.d != 64 && p.d != 128 && p.d != 256))
-    return "hopper backward: head dim must be 64, 128 or 256 (D == Dv)";
+  if (p.d > 256 || p.dv > 256) return "hopper backward: head dim above 256";
+  // The kernel copies and stores whole 16-byte chunks of 8 columns.
+  if ((p.d & 7) != 0 || (p.dv & 7) != 0) return "hopper backward: head dims must be multiples of 8";
   if (p.rules.has_dropout()) return "hopper backward: dropout (replayed by the mma.sync backward)";
   if (bp.deterministic) return "hopper backward: deterministic mode (the mma.sync backward orders the dQ adds)";
   if (p.seq.kv_layout == KvLayout::Paged || p.seq.cache_batch_idx != nullptr || p.seq.snew > 0 ||
@@ -120,8 +126,9 @@ inline std::string hopper_bwd_check(const BwdProblem& bp, int arch, int smem_opt
   if (!aligned) return "hopper backward: q/k/v/dout rows or strides not 16-byte aligned";
   if (p.seq.batch > 65535 || p.hkv > 65535) return "hopper backward: grid too large (batch, kv heads <= 65535)";
   if (p.seq.sq > 0x3fffffff || p.seq.sk > 0x3fffffff) return "hopper backward: sequence lengths must fit int32";
-  if (hopper_bwd_smem_bytes(int(p.d)) > smem_optin) return "hopper backward: shared memory";
-  const BwdKernelInfo ki = hopper_bwd_info_for(int(p.d), p.dtype == FP_BF16, p.device_index);
+  const int bucket = hopper_head_bucket(p);
+  if (hopper_bwd_smem_bytes(bucket) > smem_optin) return "hopper backward: shared memory";
+  const BwdKernelInfo ki = hopper_bwd_info_for(bucket, p.dtype == FP_BF16, p.device_index);
   if (ki.status != gpuSuccess) return std::string("hopper backward: no kernel image: ") + gpuGetErrorString(ki.status);
   if (ki.blocks_per_sm < 1) return "hopper backward: kernel does not fit an SM";
   return std::string();
@@ -129,7 +136,8 @@ inline std::string hopper_bwd_check(const BwdProblem& bp, int arch, int smem_opt
 }
 
 // The Hopper plan of a call hopper_bwd_check accepted: the mma.sync backward's workspace layout
-// (mma/bwd_launch.hpp, without semaphores), the Hopper kernel's name and id.
+// (mma/bwd_launch.hpp, without semaphores), the Hopper kernel's name (with ":d<D>_dv<Dv>" when
+// the call runs padded in a larger instance, as the forward's) and id.
 bool hopper_bwd_plan(const BwdProblem& bp, Plan* plan);
 // Preprocess, the Hopper main loop, dq conversion (mma/bwd_aux_kernels.cuh), on `stream`.
 Status run_bwd_hopper(const BwdProblem& bp, const Plan& plan, void* workspace, gpuStream_t stream);
