@@ -125,6 +125,17 @@ struct SeqScoreRules {
     const I i = wl >= 0 ? n1 + wl - shift : lq;
     return i > lq ? lq : i;
   }
+  // The last key block (bn keys each) that some row of query block m (rows [m bm, m bm + bm) cut
+  // to lq) sees. The blocks seen by a query block are a contiguous range (both ends of a key
+  // block's row range grow with it): a backward's deterministic dQ order counts down to here.
+  FP_HD I last_key_block(I m, I bm, I bn) const {
+    const I last = (lk - 1) / bn;
+    if (wr < 0) return last;
+    const I top = (m + 1) * bm < lq ? (m + 1) * bm : lq;  // rows_lo(n bn) < top
+    const I x = top + shift + wr;                          // n bn < x
+    const I n = x <= 0 ? I(-1) : (x + bn - 1) / bn - 1;
+    return n < last ? n : last;
+  }
 
   // ---- the score of q.k ----------------------------------------------------------------------
   FP_HD bool softcapped() const { return *softcap_in > T(0); }

@@ -73,17 +73,6 @@ __global__ void __launch_bounds__(kAuxWarps * 32) bwd_f32_convert(const __grid_c
   for (int c = lane; c < a.d; c += 32) dst[c] = acc[c] * a.scale;
 }
 
-// Last key block that visits query block m (deterministic mode adds the key blocks' dQ parts in
-// descending key order; the visitors of a query block are a contiguous range of key blocks).
-__device__ __forceinline__ int last_key_block(int m, int bm, int bn, int lq, int lk, int shift, int wr) {
-  const int last = (lk - 1) / bn;
-  if (wr < 0) return last;
-  const int top = (m + 1) * bm < lq ? (m + 1) * bm : lq;
-  const int x = top + shift + wr;
-  const int n = x <= 0 ? -1 : (x + bn - 1) / bn - 1;
-  return n < last ? n : last;
-}
-
 // dq_acc[0..1] += v0, v1: one vector reduction on sm_90, two scalar ones before.
 __device__ __forceinline__ void add_pair(float* dst, float v0, float v1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -150,8 +139,7 @@ __global__ void __launch_bounds__(256, kTile == kF32D64 ? 2 : 1) bwd_f32_kernel(
   const int lk = lk64 < 0 ? 0 : static_cast<int>(lk64);
   const int64_t q_start = a.seq.q_start(b);
   const int64_t ws_row0 = a.seq.cu_q ? q_start : int64_t(b) * a.seq.sq;  // workspace row of i = 0
-  const int shift = static_cast<int>(R.shift(lq, lk));
-  const int wl = static_cast<int>(R.window_left), wr = static_cast<int>(R.window_right);
+  const KernelScoreRules seq_rules(R, lq, lk, a.scale_log2, a.softcap_in, a.softcap_out);
 
   // dK, dV of keys key_tile + c_row(lane, e), columns col2 + 8c + c_col(lane, e).
   float acc_dk[NC2][4], acc_dv[NC2][4];
@@ -162,10 +150,7 @@ __global__ void __launch_bounds__(256, kTile == kF32D64 ? 2 : 1) bwd_f32_kernel(
 
   if (n0 < lk && lq > 0) {
     const int n1 = n0 + BN < lk ? n0 + BN : lk;
-    int i_first = wr >= 0 ? n0 - shift - wr : 0;
-    if (i_first < 0) i_first = 0;
-    int i_end = wl >= 0 ? n1 + wl - shift : lq;
-    if (i_end > lq) i_end = lq;
+    const int i_first = seq_rules.rows_lo(n0), i_end = seq_rules.rows_end(n1);
     const int m_lo = i_first / BM;
     const int m_hi = i_end > i_first ? (i_end + BM - 1) / BM : m_lo;
     const int nm = m_hi - m_lo;
@@ -181,7 +166,6 @@ __global__ void __launch_bounds__(256, kTile == kF32D64 ? 2 : 1) bwd_f32_kernel(
         return j < lk ? v + a.v_addr.at(a.seq, b, j, kvh) : nullptr;
       });
       const float keep_scale = R.dropout_p > 0.0f ? 1.0f / (1.0f - R.dropout_p) : 1.0f;
-      const bool softcap = a.softcap_in > 0.0f;
       const int d_steps = (a.d + 7) / 8, dv_steps = (a.dv + 7) / 8;
 
       for (int s = 0; s < steps; ++s) {
@@ -240,8 +224,7 @@ __global__ void __launch_bounds__(256, kTile == kF32D64 ? 2 : 1) bwd_f32_kernel(
 
         // ---- P and dS: element e of tile n is (key key_tile + c_row(lane, e), query q_tile1 + 8n +
         // c_col(lane, e)); both stored per query row ----
-        const bool need_mask = n0 + BN > lk || (wr >= 0 && n0 + BN - 1 > i0 + shift + wr) ||
-                               (wl >= 0 && n0 < i0 + BM - 1 + shift - wl);
+        const bool need_mask = seq_rules.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1);
         const float slope = R.alibi ? -R.alibi_slope(b, h) * kLog2e : 0.0f;
         uint32_t keep_bits = 0xffffffffu;  // bit 4n + e: element e of tile n kept
         if (R.dropout_p > 0.0f) {
@@ -259,23 +242,13 @@ __global__ void __launch_bounds__(256, kTile == kF32D64 ? 2 : 1) bwd_f32_kernel(
           for (int e = 0; e < 4; ++e) {
             const int jl = key_tile + F::c_row(lane, e), il = q_tile1 + 8 * n + F::c_col(lane, e);
             const int j = n0 + jl, i = i0 + il;
-            float x = sc[n][e];
-            float dtanh = 1.0f;
-            if (softcap) {
-              const float th = tanh_accurate(x * a.softcap_in);
-              x = a.softcap_out * th;
-              dtanh = 1.0f - th * th;
-            } else {
-              x *= a.scale_log2;
-            }
-            if (R.alibi) {
-              const int dist = i + shift - j;
-              x += slope * float(dist < 0 ? -dist : dist);
-            }
+            const auto sg = seq_rules.score_grad(sc[n][e]);
+            float x = sg.score;
+            if (seq_rules.alibi()) x += seq_rules.alibi_bias(slope, i, j);
             float p = fast_exp2(x - sL[il]);
-            if (need_mask && (j < R.key_lo(i, shift) || j >= R.key_hi(i, shift, lk))) p = 0.0f;
+            if (need_mask && (j < seq_rules.vis_lo(i) || j >= seq_rules.vis_hi(i))) p = 0.0f;
             const float keep = ((keep_bits >> (4 * n + e)) & 1u) ? keep_scale : 0.0f;
-            sdS[il * DS + jl] = p * (dp[n][e] * keep - sDs[il]) * dtanh;
+            sdS[il * DS + jl] = p * (dp[n][e] * keep - sDs[il]) * sg.dtanh;
             sP[il * DS + jl] = p * keep;
           }
         __syncthreads();  // P, dS complete
@@ -333,7 +306,7 @@ __global__ void __launch_bounds__(256, kTile == kF32D64 ? 2 : 1) bwd_f32_kernel(
           // Wait until the key blocks after this one added their dQ part.
           sema = a.ws_sema + (int64_t(b) * a.hq + h) * a.m_blocks + m;
           if (tid == 0) {
-            const int target = last_key_block(m, BM, BN, lq, lk, shift, wr) - n_blk;
+            const int target = seq_rules.last_key_block(m, BM, BN) - n_blk;
             while (atomicAdd(sema, 0) != target) __nanosleep(64);
             __threadfence();
           }

@@ -58,11 +58,13 @@ __global__ void __launch_bounds__(128, 2) fwd_f32_kernel(const __grid_constant__
   if (m0 >= lq) return;
   const int64_t q_start = a.seq.q_start(b);
   const int kvh = h / a.group;
-  const int shift = static_cast<int>(R.shift(lq, lk));
-  // Visible keys of the block's rows, cut to this split.
+  const KernelScoreRules seq_rules(R, lq, lk, a.scale_log2, a.softcap_in, a.softcap_out);
+  // Visible keys of the block's rows, cut to this split. Computed in 64 bits: in 32 bits the
+  // compiler ties the key range to the loop's per-row mask bounds and D256's loop spills (ptxas).
   const int i_last = (m0 + BM < lq ? m0 + BM : lq) - 1;
-  const int key_lo = static_cast<int>(R.key_lo(m0, shift));
-  const int key_hi = static_cast<int>(R.key_hi(i_last, shift, lk));
+  const SeqScoreRules<int64_t, float> block_rules(R, lq, lk, a.scale_log2, a.softcap_in, a.softcap_out);
+  const int key_lo = static_cast<int>(block_rules.vis_lo(m0));
+  const int key_hi = static_cast<int>(block_rules.vis_hi(i_last));
   int n_lo = key_lo / BN;
   int n_hi = key_hi > key_lo ? (key_hi + BN - 1) / BN : n_lo;
   if (a.splits > 1) {
@@ -80,10 +82,9 @@ __global__ void __launch_bounds__(128, 2) fwd_f32_kernel(const __grid_constant__
 #pragma unroll
   for (int n = 0; n < ON; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   // Score transforms (block-uniform): plain scores stay raw and the scale folds into exp2.
-  const bool transformed = a.softcap_in > 0.0f || R.alibi != nullptr || !(a.scale_log2 > 0.0f);
-  const float mul = transformed ? 1.0f : a.scale_log2;
+  const bool transformed = seq_rules.softcapped() || seq_rules.alibi() || !(*seq_rules.scale > 0.0f);
+  const float mul = transformed ? 1.0f : *seq_rules.scale;
   const float slope = R.alibi ? -R.alibi_slope(b, h) * kLog2e : 0.0f;
-  const int wl = static_cast<int>(R.window_left), wr = static_cast<int>(R.window_right);
   const int d_steps = (a.d + 7) / 8;   // 8-column steps of q.k that hold real columns
   const int dv_cols = a.dv;
 
@@ -130,31 +131,30 @@ __global__ void __launch_bounds__(128, 2) fwd_f32_kernel(const __grid_constant__
       }
 
       const int n0 = nb * BN;
-      const bool need_mask = n0 + BN > lk || (wr >= 0 && n0 + BN - 1 > m0 + shift + wr) ||
-                             (wl >= 0 && n0 < i_last + shift - wl);
+      const bool need_mask = seq_rules.tile_needs_mask(nb, BN, m0, i_last);
       // Element e of s[n]: row 16 warp + c_row(lane, e) = row0 + 8 (e / 2), key n0 + 8n +
       // c_col(lane, e) = n0 + 8n + 2t + e % 2.
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int i = m0 + row0 + 8 * hr;
         if (transformed) {
+          const int base = seq_rules.diagonal(i) - n0;  // ALiBi distance of tile column c: base - c
 #pragma unroll
           for (int n = 0; n < SN; ++n)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               float& x = s[n][2 * hr + e];
-              x = a.softcap_in > 0.0f ? a.softcap_out * tanh_accurate(x * a.softcap_in) : x * a.scale_log2;
-              const int dist = i + shift - (n0 + 8 * n + F::c_col(lane, e));
-              x += slope * float(dist < 0 ? -dist : dist);
+              x = seq_rules.score(x);
+              x += seq_rules.alibi_bias_at(slope, base - (8 * n + F::c_col(lane, e)));
             }
         }
         if (need_mask) {
-          const int lo = static_cast<int>(R.key_lo(i, shift)), hi = static_cast<int>(R.key_hi(i, shift, lk));
+          const int lo = seq_rules.vis_lo(i) - n0, hi = seq_rules.vis_hi(i) - n0;  // relative to the tile
 #pragma unroll
           for (int n = 0; n < SN; ++n)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const int j = n0 + 8 * n + F::c_col(lane, e);
+              const int j = 8 * n + F::c_col(lane, e);
               if (j < lo || j >= hi) s[n][2 * hr + e] = -INFINITY;
             }
         }
