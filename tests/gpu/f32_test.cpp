@@ -9,11 +9,16 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
+#include <limits>
+#include <random>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "bwd_harness.hpp"
+#include "core/score_rules.hpp"
 #include "gpu/f32/tf32_frag.hpp"
 
 namespace gputest {
@@ -185,6 +190,101 @@ TEST(CudaF32Fragments, BackwardProductsMatchThePtxLayout) {
   EXPECT_EQ(bwd_fragment_errors([](int k) { return F::pv_key(k); }), 0);
   // The check can fail: B rows in plain order while A is reordered.
   EXPECT_GT(bwd_fragment_errors([](int k) { return k; }), 0);
+}
+
+// ---- the 3xTF32 split and the deterministic dQ order, on the host ----------------------------
+// x rounded to tf32 (10 explicit mantissa bits), nearest, ties away from zero: cvt.rna.tf32.f32,
+// written independently of the kernels' bit arithmetic (fp64 scaling; overflow gives inf).
+uint32_t tf32_rna_reference(float x) {
+  using flashport::gpu::f32::bits_of;
+  if (x == 0.0f) return bits_of(x);
+  int e = 0;
+  std::frexp(std::fabs(double(x)), &e);  // |x| in [2^(e-1), 2^e)
+  const double ulp = std::ldexp(1.0, e - 11);
+  const double r = std::floor(std::fabs(double(x)) / ulp + 0.5) * ulp;
+  return bits_of(static_cast<float>(std::copysign(r, double(x))));
+}
+
+// fp32 values from random bits, plus ties, carries into the exponent and the largest values; all
+// of magnitude >= 2^-100, so that the rest x - big is a normal number (the kernels flush denormal
+// rests to zero: --use_fast_math).
+std::vector<float> split_samples() {
+  using flashport::gpu::f32::float_of;
+  std::vector<float> xs;
+  std::mt19937 rng(static_cast<uint32_t>(test_rng()()));
+  while (xs.size() < 200000) {
+    const float x = float_of(static_cast<uint32_t>(rng()));
+    if (std::isfinite(x) && std::fabs(x) >= 0x1p-100f) xs.push_back(x);
+  }
+  for (uint32_t exp_bits : {0x0d800000u, 0x3f800000u, 0x42000000u, 0x7f000000u})
+    for (uint32_t low : {0x0u, 0xfffu, 0x1000u, 0x1001u, 0x1fffu, 0x7fe000u, 0x7ff000u, 0x7fffffu, 0x3ff000u})
+      for (uint32_t sign : {0x0u, 0x80000000u}) xs.push_back(float_of(sign | exp_bits | low));
+  xs.push_back(std::numeric_limits<float>::max());
+  xs.push_back(-std::numeric_limits<float>::max());
+  xs.push_back(0.0f);
+  xs.push_back(-0.0f);
+  return xs;
+}
+
+TEST(CudaF32Split, OperandsAreTheCvtRnaRoundings) {
+  using namespace flashport::gpu::f32;
+  int64_t wrong_big = 0, wrong_small = 0;
+  double worst = 0.0;  // |x - big - small| / |x|
+  for (const float x : split_samples()) {
+    const Tf32Split s = split_tf32(x);
+    const uint32_t big = s.big & kTf32Bits, small = s.small & kTf32Bits;  // what the mma reads
+    wrong_big += big != tf32_rna_reference(x);
+    const float rest = x - float_of(big);
+    wrong_small += small != tf32_rna_reference(rest);
+    if (std::isfinite(float_of(big)) && x != 0.0f)
+      worst = std::max(worst, std::fabs(double(x) - double(float_of(big)) - double(float_of(small))) / std::fabs(double(x)));
+  }
+  EXPECT_EQ(wrong_big, 0);
+  EXPECT_EQ(wrong_small, 0);
+  EXPECT_LE(worst, std::ldexp(1.0, -22));  // big + small carries 22 bits of x
+  // The check can fail: truncation (no half ulp) is not the rounding.
+  EXPECT_NE(bits_of(1.0f + std::ldexp(1.0f, -11)) & kTf32Bits, tf32_rna_reference(1.0f + std::ldexp(1.0f, -11)));
+}
+
+TEST(CudaF32Split, NonFiniteInputsKeepANanSmallPart) {
+  using namespace flashport::gpu::f32;
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const uint32_t x_bits : {bits_of(inf), bits_of(-inf), 0x7fc00000u, 0xffc00000u, 0x7fffffffu, 0xffffffffu,
+                                0x7f800001u}) {
+    const float x = float_of(x_bits);
+    const Tf32Split s = split_tf32(x);
+    // Every product 3xTF32 forms with x holds small * big_b: NaN whatever b is.
+    EXPECT_TRUE(std::isnan(float_of(s.small & kTf32Bits))) << std::hex << x_bits;
+    if (std::isinf(x)) EXPECT_EQ(s.big & kTf32Bits, x_bits);
+  }
+}
+
+// The deterministic backward counts each query block's dQ parts down to last_key_block: the last
+// key block with a key that some row of the query block sees (brute force over rows and keys).
+TEST(CudaF32Rules, LastKeyBlockIsTheLastVisitor) {
+  using flashport::KernelScoreRules;
+  using flashport::ScoreRules;
+  int checked = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    ScoreRules r;
+    r.window_left = rand_int(-1, 40);
+    r.window_right = rand_int(-1, 40);
+    r.top_left = rand_int(0, 1);
+    const int lq = static_cast<int>(rand_int(1, 150)), lk = static_cast<int>(rand_int(1, 150));
+    const float one = 1.0f, zero = 0.0f;
+    const KernelScoreRules s(r, lq, lk, one, zero, zero);
+    const int bm = 16 << rand_int(0, 2), bn = 16 << rand_int(0, 2);
+    for (int m = 0; m * bm < lq; ++m) {
+      int last = -1;
+      for (int i = m * bm; i < std::min(lq, m * bm + bm); ++i)
+        if (s.vis_hi(i) > s.vis_lo(i)) last = std::max(last, (s.vis_hi(i) - 1) / bn);
+      if (last < 0) continue;  // no key block visits it, none waits for it
+      EXPECT_EQ(s.last_key_block(m, bm, bn), last) << "lq " << lq << " lk " << lk << " wl " << r.window_left
+                                                   << " wr " << r.window_right << " m " << m;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 400);
 }
 
 // ---- forward ---------------------------------------------------------------------------------

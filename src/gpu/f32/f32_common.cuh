@@ -7,6 +7,7 @@
 #include "core/philox.hpp"
 #include "core/problem.hpp"
 #include "gpu/common/tile_io.cuh"
+#include "gpu/f32/tf32_frag.hpp"
 
 namespace flashport::gpu::f32 {
 
@@ -69,25 +70,10 @@ __device__ __forceinline__ void load_rows(float* tile, int cols, int tid, const 
   }
 }
 
-// ---- 3xTF32 tensor-core products (mma.sync m16n8k8 .tf32, sm_80+) ----
-// An fp32 operand x is split into big = tf32(x) and small = tf32(x - big) (both rounded to nearest,
-// ties away); a*b ~ small_a*big_b + big_a*small_b + big_a*big_b, accumulated in fp32, the small
-// terms first. The dropped small*small term is below 2^-22 |a b|: with the step-wise accumulation
-// of mma_3xtf32 the error is that of fp32 FMAs.
+// ---- 3xTF32 tensor-core products (mma.sync m16n8k8 .tf32, sm_80+; the split: tf32_frag.hpp) ----
 // Fragments of m16n8k8 (g = lane / 4, t = lane % 4): A (16 x 8, row) a0 (g, t), a1 (g + 8, t),
 // a2 (g, t + 4), a3 (g + 8, t + 4); B (8 x 8, col) b0 (k t, n g), b1 (k t + 4, n g); C (16 x 8)
 // c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1).
-struct Tf32Split {
-  uint32_t big, small;
-};
-
-__device__ __forceinline__ Tf32Split split_tf32(float x) {
-  Tf32Split r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r.big) : "f"(x));
-  const float rest = x - __uint_as_float(r.big);
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r.small) : "f"(rest));
-  return r;
-}
 
 // d += a * b, one m16n8k8 tf32 product with fp32 accumulation.
 __device__ __forceinline__ void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
