@@ -268,7 +268,7 @@ TEST(CudaHopperFwd, LongKeysManyTiles) {
 // Calls whose work tiles all cost the same run on a persistent grid (one block per resident slot,
 // each walking several tiles: hopper_persistent_grid): more tiles than an H100's 132 slots, odd
 // lengths (a partial last query block and key tile), GQA, every head-dim bucket and its padded
-// dims, LSE and sinks; then the same shapes causal and windowed (one block per tile).
+// dims, LSE and sinks; then the same shapes causal, windowed and varlen (one block per tile).
 TEST(CudaHopperFwd, PersistentGridWalksEveryTile) {
   SKIP_WITHOUT_GPU();
   for (int64_t d : {64, 128, 256, 80}) {
@@ -282,7 +282,24 @@ TEST(CudaHopperFwd, PersistentGridWalksEveryTile) {
     check_hopper(c, true);
     c.causal = false, c.wl = 100, c.wr = 7;
     check_hopper(c, true);
+    check_case_garbage_ws(c);
+    c.wl = c.wr = -1, c.causal = true, c.varlen = true, c.batch = 4;
+    c.lq = {401, 17, 260, 388}, c.lk = {333, 500, 1, 290};
+    check_hopper(c, true);
   }
+}
+
+// The persistent grid under CUDA-graph replay (every replay walks every tile again).
+TEST(CudaHopperFwd, PersistentGridGraphReplay) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.dtype = FP_BF16;
+  c.batch = 2, c.hq = 40, c.hkv = 8, c.d = 128, c.dv = 128, c.sq = 600, c.sk = 600;
+  Call call(c);
+  DeviceCall direct(call);
+  const Outputs want = run_cuda(call, direct);
+  ASSERT_TRUE(want.ok) << want.error;
+  expect_graph_replay_equals(call, want, /*garbage_workspace=*/true);
 }
 
 TEST(CudaHopperFwd, RandomizedMix) {
