@@ -9,8 +9,8 @@
 // accumulator elements a lane holds), SmemTile (the shared tile: padded rows here, XOR-swizzled
 // on NVIDIA), QFrag/KFrag/PFrag/VFrag with load_q/load_k/load_v, mma_qk/mma_pv, mma_fence,
 // p_frag (P from the score accumulators), query_max/query_sum/query_leader (reductions over the
-// lanes that share a query) and cp_async_* (plain copies here), so the shared forward main loop
-// (fwd_kernel.cuh) compiles for every target unchanged.
+// lanes that share a query), cp_async_* (plain copies here) and LoopScalar, so the shared forward
+// main loop (fwd_kernel.cuh) compiles for every target unchanged.
 // Products are taken transposed on AMD (S^T = K Q^T, O^T = V^T P^T): a lane then owns one query
 // (accumulator column) and S^T's accumulator is P^T's operand register for register (see
 // amd_layouts.hpp). Nothing here is NVIDIA's mma.sync layout.
@@ -330,6 +330,24 @@ template <int N>
 __device__ __forceinline__ void mma_fence(FragC (&row)[N], int col16) {
   pin(row[col16]);
 }
+
+// A kernel-argument float the main loop tests per element (the softcap switch of the score). On
+// MFMA targets it gets a scalar register of its own: clang loads the arguments in 8- and 16-dword
+// SGPR tuples, and the forward keeps 100+ SGPRs live there, so the allocator spills tuples to VGPR
+// lanes and reloads a whole tuple (8 v_readlane) in every element's branch that reads one member
+// (gfx90a forward tile 0 fp16: +618 v_readlane, +13.8% instructions). Elsewhere it is read in
+// place: on the wave32 WMMA targets the copy made tile 1 longer (+7-10% instructions).
+struct LoopScalar {
+#if defined(FP_AMD_MFMA)
+  float value;
+  __device__ __forceinline__ explicit LoopScalar(const float& arg) : value(arg) {
+    asm volatile("" : "+s"(value));  // an SGPR of its own, not a member of the arguments' tuple
+  }
+#else
+  const float& value;
+  __device__ __forceinline__ explicit LoopScalar(const float& arg) : value(arg) {}
+#endif
+};
 
 FP_TARGET_NS_END
 }  // namespace flashport::gpu

@@ -6,8 +6,8 @@
 // m16n8k16 with fp16/bf16 inputs and fp32 accumulate, ldmatrix, cp.async); tile_mma_amd.hpp has
 // the AMD one (MFMA on CDNA, WMMA on RDNA). Both provide the same "main-loop view" (AccLayout,
 // SmemTile, QFrag/KFrag/PFrag/VFrag, load_q/load_k/load_v, mma_qk/mma_pv, mma_fence, p_frag,
-// query_max/query_sum/query_leader, cp_async_*), which is all the shared forward main loop
-// (fwd_kernel.cuh) knows about the matrix unit. The backward and the Hopper kernels use this
+// query_max/query_sum/query_leader, cp_async_*, LoopScalar), which is all the shared forward main
+// loop (fwd_kernel.cuh) knows about the matrix unit. The backward and the Hopper kernels use this
 // file's NVIDIA names directly.
 #pragma once
 #include <cstdint>
@@ -231,5 +231,13 @@ template <int N>
 __device__ __forceinline__ void mma_fence(FragC (&)[N]) {}
 template <int N>
 __device__ __forceinline__ void mma_fence(FragC (&)[N], int /*col16*/) {}
+
+// A kernel-argument float the main loop tests per element (the softcap switch of the score),
+// read in place: a constant-bank operand of the __grid_constant__ arguments. (The AMD layer copies
+// it into a register of its own on MFMA targets: why there.)
+struct LoopScalar {
+  const float& value;
+  __device__ __forceinline__ explicit LoopScalar(const float& arg) : value(arg) {}
+};
 
 }  // namespace flashport::gpu

@@ -219,7 +219,8 @@ __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileCo
   if (m0 >= m_rows) return;
   const int64_t q_start = a.seq.q_start(b);
   const int kvh = a.pack > 1 ? head_idx : head_idx / a.group;
-  const KernelScoreRules S(R, lq, lk, a.scale_log2, a.softcap_in, a.softcap_out);
+  const LoopScalar softcap_in(a.softcap_in);  // tested per score element (tile layer: where it lives)
+  const KernelScoreRules S(R, lq, lk, a.scale_log2, softcap_in.value, a.softcap_out);
   // Sequence row i and query head h of packed row m.
   auto row_i = [&](int m) -> int { return a.pack > 1 ? m / a.pack : m; };
   auto row_h = [&](int m) -> int { return a.pack > 1 ? kvh * a.group + m % a.pack : head_idx; };
