@@ -45,17 +45,17 @@ __global__ void __launch_bounds__(kProbsThreads) probs_kernel(const FP_GRID_CONS
     int64_t lk = seq.k_len(b);
     if (a.k_rows_cap > 0 && lk > a.k_rows_cap - seq.k_pad(b)) lk = a.k_rows_cap - seq.k_pad(b);
     if (i < lq && j < lk) {
-      const int64_t shift = R.shift(lq, lk);
-      if (j >= R.key_lo(i, shift) && j < R.key_hi(i, shift, lk)) {
+      // The forward's rules in natural-log units (lse is natural-log).
+      const SeqScoreRules<int64_t, float> S(R, lq, lk, R.scale, a.softcap_in, a.softcap_out);
+      if (j >= S.vis_lo(i) && j < S.vis_hi(i)) {
         const int64_t q0 = seq.q_start(b);
         const float lse = a.lse[a.lse_addr.at(b, q0, h, i)];
         if (lse != -INFINITY) {
           const int64_t qo = a.q_addr.at(b, q0, i, h), ko = key_offset(a, b, j, h / a.group);
           float s = 0.0f;
           for (int x = 0; x < a.d; ++x) s += load_elem(a.q, a.bf16, a.f32, qo + x) * load_elem(a.k, a.bf16, a.f32, ko + x);
-          s *= R.scale;
-          if (R.softcap > 0.0f) s = R.softcap * tanhf(s / R.softcap);
-          if (R.alibi) s -= R.alibi_slope(b, h) * fabsf(float(i + shift - j));
+          s = S.score(s);
+          if (S.alibi()) s += S.alibi_bias(-R.alibi_slope(b, h), i, j);
           val = expf(s - lse);
           if (R.has_dropout() &&
               !dropout_keep(R.rng_seed(), R.rng_offset(), R.dropout_threshold, b, a.hq, h, i, j))

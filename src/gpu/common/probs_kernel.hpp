@@ -1,7 +1,8 @@
 // fp_attn_probs on CUDA (a testing aid): the arguments of the one probs kernel, built on the host
 // from a validated ProbsProblem, and its launch. One thread per element of probs [B, Hq, Sq, Sk];
 // scores from the shared addressing (SeqInfo/KvAddr: varlen, paged, cache_batch_idx, left pad) and
-// the shared score rules (ScoreRules: window/causal range, ALiBi, softcap, dropout).
+// the shared score rules (SeqScoreRules over ScoreRules: window/causal range, ALiBi, softcap;
+// ScoreRules: dropout).
 #pragma once
 #include <cstdint>
 
@@ -20,6 +21,8 @@ struct ProbsArgs {
   KvAddr k_addr;
   LseAddr lse_addr;
   ScoreRules rules;
+  float softcap_in = 0.0f;   // scale / softcap (0: no softcap), natural-log units as rules.scale
+  float softcap_out = 0.0f;  // softcap
   int64_t probs_stride[4] = {0, 0, 0, 0};  // (b, h, i, j)
   bool bf16 = false;         // q/k dtype: bf16, else fp16 (unless f32)
   bool f32 = false;          // q/k dtype: fp32
@@ -41,6 +44,8 @@ inline ProbsArgs probs_args(const ProbsProblem& pp) {
   a.k_addr = p.k;
   a.lse_addr = p.lse;
   a.rules = p.rules;
+  a.softcap_in = p.rules.softcap > 0.0f ? p.rules.scale / p.rules.softcap : 0.0f;
+  a.softcap_out = p.rules.softcap;
   for (int i = 0; i < 4; ++i) a.probs_stride[i] = pp.probs_stride[i];
   a.bf16 = p.dtype == FP_BF16;
   a.f32 = p.dtype == FP_F32;
