@@ -1,6 +1,6 @@
-// Device pieces shared by the fp32 forward and backward kernels (fwd_f32.cu, bwd_f32.cu): the
-// 4-byte asynchronous copy of one fp32 element, the shared-tile loader of rows of a q-like or
-// k-like tensor, and the score of one (row, key) element from the shared score rules.
+// Device pieces shared by the fp32 forward and backward kernels (fwd_f32.cu, bwd_f32.cu): 4- and
+// 16-byte asynchronous copies of fp32 elements, the shared-tile row loader, the paged key offset,
+// the 3xTF32 mma products (the split itself: tf32_frag.hpp) and the dropout keep rule.
 #pragma once
 #include <cstdint>
 
