@@ -184,6 +184,36 @@ struct FwdUse {
   bool out_required = true;
 };
 
+// Addressing of a validated q-like tensor: [B, S, H, D] (batch, row, head strides) or, packed
+// by cu_q / cu_k, [T, H, D] (row, head strides).
+RowAddr row_addr_of(const fp_tensor& t, bool packed) {
+  RowAddr a;
+  a.packed = packed;
+  if (packed) {
+    a.row_stride = t.stride[0];
+    a.head_stride = t.stride[1];
+  } else {
+    a.batch_stride = t.stride[0];
+    a.row_stride = t.stride[1];
+    a.head_stride = t.stride[2];
+  }
+  return a;
+}
+
+// Addressing of a validated k-like tensor: its first three strides, or two when packed [T, H, D].
+KvAddr kv_addr_of(const fp_tensor& t, KvLayout layout) {
+  KvAddr a;
+  a.layout = layout;
+  a.s0 = t.stride[0];
+  if (layout == KvLayout::Packed) {
+    a.s2 = t.stride[1];
+  } else {
+    a.s1 = t.stride[1];
+    a.s2 = t.stride[2];
+  }
+  return a;
+}
+
 Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, FwdUse use) {
   Problem r;
   r.raw = &p;
@@ -545,36 +575,10 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, FwdUse use) {
   r.seq.cache_leftpad =
       given(p.cache_leftpad) ? static_cast<const int32_t*>(p.cache_leftpad.data) : nullptr;
 
-  auto row_addr = [&](const fp_tensor& t, bool packed) {
-    RowAddr a;
-    a.packed = packed;
-    if (packed) {
-      a.row_stride = t.stride[0];
-      a.head_stride = t.stride[1];
-    } else {
-      a.batch_stride = t.stride[0];
-      a.row_stride = t.stride[1];
-      a.head_stride = t.stride[2];
-    }
-    return a;
-  };
-  auto kv_addr = [&](const fp_tensor& t) {
-    KvAddr a;
-    a.layout = s.kv;
-    if (s.kv == KvLayout::Packed) {
-      a.s0 = t.stride[0];
-      a.s2 = t.stride[1];
-    } else {
-      a.s0 = t.stride[0];
-      a.s1 = t.stride[1];
-      a.s2 = t.stride[2];
-    }
-    return a;
-  };
-  r.q = row_addr(p.q, s.q_varlen);
-  if (has_out) r.out = row_addr(p.out, s.q_varlen);
-  r.k = kv_addr(p.k);
-  r.v = kv_addr(p.v);
+  r.q = row_addr_of(p.q, s.q_varlen);
+  if (has_out) r.out = row_addr_of(p.out, s.q_varlen);
+  r.k = kv_addr_of(p.k, s.kv);
+  r.v = kv_addr_of(p.v, s.kv);
   r.has_lse = given(p.lse);
   if (r.has_lse) {
     r.lse_dtype = p.lse.dtype;
@@ -618,8 +622,8 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, FwdUse use) {
   }
 
   if (given(p.k_new)) {
-    r.k_new = row_addr(p.k_new, false);
-    r.v_new = row_addr(p.v_new, false);
+    r.k_new = row_addr_of(p.k_new, false);
+    r.v_new = row_addr_of(p.v_new, false);
   }
   if (given(p.rotary_cos)) {
     r.rotary_dim = 2 * p.rotary_cos.shape[1];
@@ -750,36 +754,10 @@ Status resolve_bwd(const fp_attn_bwd_params& params, BwdProblem* out) {
   r.dq_ptr = params.dq.data;
   r.dk_ptr = params.dk.data;
   r.dv_ptr = params.dv.data;
-  const bool q_packed = r.fwd.q.packed;
-  auto row_addr = [&](const fp_tensor& t) {
-    RowAddr a;
-    a.packed = q_packed;
-    if (q_packed) {
-      a.row_stride = t.stride[0];
-      a.head_stride = t.stride[1];
-    } else {
-      a.batch_stride = t.stride[0];
-      a.row_stride = t.stride[1];
-      a.head_stride = t.stride[2];
-    }
-    return a;
-  };
-  auto kv_addr = [&](const fp_tensor& t) {
-    KvAddr a;
-    a.layout = r.fwd.k.layout;
-    a.s0 = t.stride[0];
-    if (a.layout == KvLayout::Packed) {
-      a.s2 = t.stride[1];
-    } else {
-      a.s1 = t.stride[1];
-      a.s2 = t.stride[2];
-    }
-    return a;
-  };
-  r.dout = row_addr(params.dout);
-  r.dq = row_addr(params.dq);
-  r.dk = kv_addr(params.dk);
-  r.dv = kv_addr(params.dv);
+  r.dout = row_addr_of(params.dout, r.fwd.q.packed);
+  r.dq = row_addr_of(params.dq, r.fwd.q.packed);
+  r.dk = kv_addr_of(params.dk, r.fwd.k.layout);
+  r.dv = kv_addr_of(params.dv, r.fwd.k.layout);
   r.d_sinks = given(params.d_sinks) ? static_cast<float*>(params.d_sinks.data) : nullptr;
   r.deterministic = params.deterministic != 0;
   r.fwd.raw = &params.fwd;
