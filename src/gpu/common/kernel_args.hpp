@@ -136,6 +136,17 @@ inline AppendArgs append_args(const Problem& p, uint16_t* q_rot, int64_t q_rot_r
   return ap;
 }
 
+// The clamps of device-resident key lengths and page ids (the kernels don't fault on bad tables):
+// cache rows a sequence may address (batched: sk; paged: pages x page size; packed: 0 = none) and
+// the pages of the pool (paged: k.shape[0]; else 0).
+inline int64_t kv_rows_cap(const Problem& p) {
+  return p.seq.kv_layout == KvLayout::Batched ? p.seq.sk
+         : p.seq.kv_layout == KvLayout::Paged ? p.seq.max_blocks * p.seq.page_size : 0;
+}
+inline int64_t kv_num_pages(const Problem& p) {
+  return p.seq.kv_layout == KvLayout::Paged ? p.raw->k.shape[0] : 0;
+}
+
 // The main loop's arguments for q at (q, q_addr): the caller's q or its rotated workspace copy.
 // The split-KV workspace areas (ws_o, ws_lse, ws_rows) are the caller's to set (fwd_plan.hpp).
 inline FwdArgs fwd_args(const Problem& p, const uint16_t* q, const RowAddr& q_addr, int pack, int splits) {
@@ -155,9 +166,8 @@ inline FwdArgs fwd_args(const Problem& p, const uint16_t* q, const RowAddr& q_ad
   a.v_addr = p.v;
   a.lse_addr = p.lse;
   a.rules = p.rules;
-  a.k_rows_cap = p.seq.kv_layout == KvLayout::Batched ? p.seq.sk
-                 : p.seq.kv_layout == KvLayout::Paged ? p.seq.max_blocks * p.seq.page_size : 0;
-  a.num_pages = p.seq.kv_layout == KvLayout::Paged ? p.raw->k.shape[0] : 0;
+  a.k_rows_cap = kv_rows_cap(p);
+  a.num_pages = kv_num_pages(p);
   a.hq = int32_t(p.hq), a.hkv = int32_t(p.hkv), a.d = int32_t(p.d), a.dv = int32_t(p.dv);
   a.group = int32_t(p.group);
   a.pack = pack;

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/problem.hpp"
+#include "gpu/common/kernel_args.hpp"
 #include "gpu/common/vendor.hpp"
 
 namespace flashport::gpu {
@@ -50,9 +51,8 @@ inline ProbsArgs probs_args(const ProbsProblem& pp) {
   a.bf16 = p.dtype == FP_BF16;
   a.f32 = p.dtype == FP_F32;
   a.probs_f32 = pp.probs_dtype == FP_F32;
-  a.k_rows_cap = p.seq.kv_layout == KvLayout::Batched ? p.seq.sk
-                 : p.seq.kv_layout == KvLayout::Paged ? p.seq.max_blocks * p.seq.page_size : 0;
-  a.num_pages = p.seq.kv_layout == KvLayout::Paged ? p.raw->k.shape[0] : 0;
+  a.k_rows_cap = kv_rows_cap(p);
+  a.num_pages = kv_num_pages(p);
   a.hq = int32_t(p.hq), a.group = int32_t(p.group), a.d = int32_t(p.d);
   return a;
 }
