@@ -5,7 +5,7 @@
 // the group), varlen, seqused_k, softcap (with its derivative), ALiBi, sinks with d_sinks, rows
 // without keys, graph capture on the caller's stream; poisoned outputs, sentinels, NaN checks. Each
 // case also checks which kernel ran: the Hopper kernel on an sm_90 device where the capability
-// check allows it, the mma.sync backward (still correct) where it declines: dropout, deterministic
+// check allows it, the mma.sync backward (still correct) where it declines: deterministic
 // mode, head dims that are not multiples of 8, unaligned dout, FLASHPORT_HOPPER_BWD=0, and D256 when built with
 // FLASHPORT_HOPPER_BWD_D256=0 (then every D256 case expects the mma.sync kernel). Skipped without a
 // CUDA device.
@@ -177,8 +177,8 @@ TEST(CudaHopperBwd, DeclinesToMmaSync) {
   Case c;
   c.dtype = rand_dtype();
   c.batch = 2, c.hq = 4, c.hkv = 2, c.d = 128, c.dv = 128, c.sq = 130, c.sk = 260;
-  c.dropout = 0.2f;
-  check_hopper_bwd(c, false);
+  c.dropout = 0.2f;  // dropout: the Hopper backward replays it (dropout_hopper_test.cpp)
+  check_hopper_bwd(c, true);
   c.dropout = 0.0f;
   check_hopper_bwd(c, false, /*det=*/true);
   for (int64_t d : {96, 32}) {  // padded in the 128 / 64 instance
@@ -188,7 +188,7 @@ TEST(CudaHopperBwd, DeclinesToMmaSync) {
   c.d = 256, c.dv = 256;
   check_hopper_bwd(c, hopper_takes(256));  // FLASHPORT_HOPPER_BWD_D256=0: "D256 Hopper backward disabled"
   c.dropout = 0.2f;
-  check_hopper_bwd(c, false);
+  check_hopper_bwd(c, hopper_takes(256));
   c.dropout = 0.0f;
   check_hopper_bwd(c, false, /*det=*/true);
   c.strided = true;

@@ -34,6 +34,7 @@
 
 #include "gpu/hopper/bwd_hopper.hpp"
 #include "gpu/hopper/bwd_hopper_wgmma.hpp"
+#include "gpu/hopper/dropout_hopper.cuh"
 #include "gpu/hopper/hopper_smem.hpp"
 #include "gpu/common/kernel_info.cuh"
 #include "gpu/common/tile_io.cuh"
@@ -156,11 +157,14 @@ __device__ __forceinline__ void store_dk_dv(const BwdArgs& a, int b, int kvh, in
 // softcap, no ALiBi) has its own straight-line loops, unswitched on the mask, so it runs without
 // per-element branches; P is computed while dP^T is still running. Softcap / ALiBi take the
 // general loop after dP^T lands (softcap's derivative needs tanh of the score).
-template <int kQTiles>
+// kDropout: the call's dropout replayed with this thread's keep bits (bwd_keep_bits):
+// dS^T = P^T (dP^T Z / (1 - p) - D), and s_acc becomes P^T Z / (1 - p) (for dV), Z the keep mask.
+template <int kQTiles, bool kDropout>
 __device__ __forceinline__ void p_and_ds(float (&s_acc)[4 * kQTiles], float (&dp_acc)[4 * kQTiles],
                                          const KernelScoreRules& S, bool transformed, bool need_mask,
                                          float slope_log2, int q0, int key0, int col_base,
-                                         const float* tL, const float* tD) {
+                                         const float* tL, const float* tD,
+                                         const uint32_t (&keep)[(4 * kQTiles + 31) / 32]) {
   // P of one element from its score v (log2 units), and the softcap derivative 1 - th^2.
   auto prob = [&](float v, int t, int hf, int e2, float lse2, float& dtanh) -> float {
     const auto sg = S.score_grad(v);
@@ -172,6 +176,9 @@ __device__ __forceinline__ void p_and_ds(float (&s_acc)[4 * kQTiles], float (&dp
     if (need_mask && (j < S.vis_lo(i) || j >= S.vis_hi(i))) p = 0.0f;
     return p;
   };
+  // Element e's Z / (1 - p): 1 / (1 - p) where kept, else 0.
+  const float keep_scale = kDropout ? dropout_keep_scale(*S.rules) : 1.0f;
+  auto kept = [&](int e) -> float { return (keep[e / 32] >> (e % 32)) & 1u ? keep_scale : 0.0f; };
   wg_wait<1>();
   fence_regs(s_acc);
   auto plain_p = [&](auto masked) {
@@ -207,7 +214,14 @@ __device__ __forceinline__ void p_and_ds(float (&s_acc)[4 * kQTiles], float (&dp
 #pragma unroll
         for (int e2 = 0; e2 < 2; ++e2) {
           float& g = dp_acc[4 * t + 2 * hf + e2];
-          g = s_acc[4 * t + 2 * hf + e2] * (g - (e2 ? d2.y : d2.x));
+          if constexpr (kDropout) {
+            float& v = s_acc[4 * t + 2 * hf + e2];
+            const float z = kept(4 * t + 2 * hf + e2);
+            g = v * (g * z - (e2 ? d2.y : d2.x));
+            v *= z;
+          } else {
+            g = s_acc[4 * t + 2 * hf + e2] * (g - (e2 ? d2.y : d2.x));
+          }
         }
     }
   } else {
@@ -223,14 +237,22 @@ __device__ __forceinline__ void p_and_ds(float (&s_acc)[4 * kQTiles], float (&dp
           float& g = dp_acc[4 * t + 2 * hf + e2];
           float dtanh = 1.0f;
           v = prob(v, t, hf, e2, e2 ? l2.y : l2.x, dtanh);
-          g = v * (g - (e2 ? d2.y : d2.x)) * dtanh;
+          if constexpr (kDropout) {
+            const float z = kept(4 * t + 2 * hf + e2);
+            g = v * (g * z - (e2 ? d2.y : d2.x)) * dtanh;
+            v *= z;
+          } else {
+            g = v * (g - (e2 ? d2.y : d2.x)) * dtanh;
+          }
         }
     }
   }
 }
 
 
-template <int D, typename Elem>
+// kDropout: the call has dropout (its own instance: the step loop sits at the register limit, and a
+// second copy of it in one function spilled in both copies).
+template <int D, typename Elem, bool kDropout>
 __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(const __grid_constant__ BwdArgs a) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BN = HopperBwdTile::kBlockN, BM = HopperBwdTile::block_m(D), NT = HopperBwdTile::kThreads;
@@ -379,6 +401,10 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
         const int h = kvh * a.group + s / nm;
         const int m = m_lo + s % nm;
         const int i0 = m * BM;
+        // Dropout: this thread's keep bits of the step, made before the products (the registers
+        // of S^T and dP^T are not yet taken).
+        uint32_t keep[(4 * kQTiles + 31) / 32] = {};
+        if constexpr (kDropout) bwd_keep_bits<kQTiles>(keep, R, b, a.hq, h, i0, n0 + key_loc0);
 
         // ---- S^T = K Q^T and dP^T = V dO^T (two groups: P is computed while dP^T runs) ----
         float s_acc[BM / 2], dp_acc[BM / 2];
@@ -418,9 +444,9 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
         if (s > 0) issue_dq(buf ^ 1, dq_h, dq_i0);
 
         // ---- P^T, dS^T (s_acc[4t + 2hf + e2] is key n0 + key_loc0 + 8hf, query i0 + 8t + col_base + e2)
-        p_and_ds<kQTiles>(s_acc, dp_acc, S, transformed, S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1),
-                          R.alibi ? -R.alibi_slope(b, h) * kBwdLog2eH : 0.0f, i0, n0 + key_loc0, col_base,
-                          sL + buf * BM, sDs + buf * BM);
+        p_and_ds<kQTiles, kDropout>(s_acc, dp_acc, S, transformed, S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1),
+                                    R.alibi ? -R.alibi_slope(b, h) * kBwdLog2eH : 0.0f, i0, n0 + key_loc0, col_base,
+                                    sL + buf * BM, sDs + buf * BM, keep);
         uint32_t pa[kQSteps][4], da[kQSteps][4];
 #pragma unroll
         for (int ks = 0; ks < kQSteps; ++ks)
@@ -511,7 +537,7 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
 // P^T and dS^T -> shared memory; then dV, dK columns [128w, 128w + 128) (A = P^T / dS^T K-major from
 // shared memory, B = dO / Q MN-major) and dQ columns [128w, 128w + 128) (A = dS MN-major, B = K
 // MN-major), all 64 x 64 wgmmas per 64-column panel as in the D64/D128 kernel.
-template <typename Elem>
+template <typename Elem, bool kDropout>
 __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d256_kernel(const __grid_constant__ BwdArgs a) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = HopperBwdTileD256::kD, BN = HopperBwdTileD256::kBlockN, BM = HopperBwdTileD256::kBlockM;
@@ -676,6 +702,9 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
         const int h = kvh * a.group + s / nm;
         const int m = m_lo + s % nm;
         const int i0 = m * BM;
+        // Dropout: this thread's keep bits of the step, made before the products.
+        uint32_t keep[(4 * kQTiles + 31) / 32] = {};
+        if constexpr (kDropout) bwd_keep_bits<kQTiles>(keep, R, b, a.hq, h, i0 + q_half0, n0 + key_loc0);
 
         // ---- S^T = K Q^T and dP^T = V dO^T for this warpgroup's 32 queries (two groups) ---------
         float s_acc[kHalfQ / 2], dp_acc[kHalfQ / 2];
@@ -708,9 +737,9 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
 
         // ---- P^T, dS^T (s_acc[4t + 2hf + e2] is key n0 + key_loc0 + 8hf, query
         //      i0 + q_half0 + 8t + col_base + e2)
-        p_and_ds<kQTiles>(s_acc, dp_acc, S, transformed, S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1),
-                          R.alibi ? -R.alibi_slope(b, h) * kBwdLog2eH : 0.0f, i0 + q_half0, n0 + key_loc0,
-                          col_base, sL + buf * BM + q_half0, sDs + buf * BM + q_half0);
+        p_and_ds<kQTiles, kDropout>(s_acc, dp_acc, S, transformed, S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1),
+                                    R.alibi ? -R.alibi_slope(b, h) * kBwdLog2eH : 0.0f, i0 + q_half0, n0 + key_loc0,
+                                    col_base, sL + buf * BM + q_half0, sDs + buf * BM + q_half0, keep);
         // P^T, dS^T to shared memory: (key, queries q_half0 + 8t + col_base, +1) -> one 32-bit
         // store each; the 16-byte chunk of query 8t' is chunk t' of the single 64-query panel.
 #pragma unroll
@@ -792,23 +821,33 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
 
 // ---- host side -----------------------------------------------------------------------------
 
-template <int D, typename Elem>
+template <int D, typename Elem, bool kDropout>
 constexpr auto hopper_bwd_kernel_for() {
-  if constexpr (D == 256) return sm90::bwd_hopper_d256_kernel<Elem>;
-  else return sm90::bwd_hopper_kernel<D, Elem>;
+  if constexpr (D == 256) return sm90::bwd_hopper_d256_kernel<Elem, kDropout>;
+  else return sm90::bwd_hopper_kernel<D, Elem, kDropout>;
 }
 constexpr int hopper_bwd_threads(int d) { return d == 256 ? HopperBwdTileD256::kThreads : HopperBwdTile::kThreads; }
 
+// Both instances of the head dim (without and with dropout), so the check holds for either launch
+// and both kernels get their shared-memory attribute: the first failure, else the lower occupancy.
 template <int D, bool kBf16>
 BwdKernelInfo hopper_bwd_kernel_info(int device) {
   using Elem = std::conditional_t<kBf16, BFloat16, Half>;
-  return cached_kernel_info<hopper_bwd_kernel_for<D, Elem>()>(device, hopper_bwd_threads(D), hopper_bwd_smem_bytes(D));
+  const BwdKernelInfo plain = cached_kernel_info<hopper_bwd_kernel_for<D, Elem, false>()>(
+      device, hopper_bwd_threads(D), hopper_bwd_smem_bytes(D));
+  const BwdKernelInfo drop = cached_kernel_info<hopper_bwd_kernel_for<D, Elem, true>()>(
+      device, hopper_bwd_threads(D), hopper_bwd_smem_bytes(D));
+  if (plain.status != gpuSuccess) return plain;
+  return drop.status != gpuSuccess || drop.blocks_per_sm < plain.blocks_per_sm ? drop : plain;
 }
 
 template <int D, bool kBf16>
 gpuError_t launch_hopper_bwd(const BwdArgs& a, dim3 grid, gpuStream_t stream) {
   using Elem = std::conditional_t<kBf16, BFloat16, Half>;
-  hopper_bwd_kernel_for<D, Elem>()<<<grid, hopper_bwd_threads(D), hopper_bwd_smem_bytes(D), stream>>>(a);
+  if (a.rules.dropout_p > 0.0f)
+    hopper_bwd_kernel_for<D, Elem, true>()<<<grid, hopper_bwd_threads(D), hopper_bwd_smem_bytes(D), stream>>>(a);
+  else
+    hopper_bwd_kernel_for<D, Elem, false>()<<<grid, hopper_bwd_threads(D), hopper_bwd_smem_bytes(D), stream>>>(a);
   return gpuGetLastError();
 }
 

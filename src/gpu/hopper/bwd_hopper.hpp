@@ -11,12 +11,11 @@
 // stores skip them), batched or varlen q/k/v/dout with 16-byte aligned rows and strides,
 // seqused_k, causal (both alignments), sliding windows, softcap (with its derivative), ALiBi,
 // sinks (d_sinks by the shared conversion step), GQA/MQA (dK/dV summed over the group in
-// registers), atomic dQ.
+// registers), atomic dQ, dropout (the keep mask replayed: dropout_hopper.cuh).
 // The 256 instance is its own kernel (HopperBwdTileD256).
 // Declined: FLASHPORT_HOPPER_BWD=0 (the user's kill switch), head dims above 256 or not multiples
-// of 8 (rows of such dims have 16-byte strides only in padded layouts), dropout (the philox replay
-// lives in the mma.sync loop), deterministic mode (the mma.sync path orders the dQ adds with
-// semaphores), unaligned tensors, devices other than sm_90.
+// of 8 (rows of such dims have 16-byte strides only in padded layouts), deterministic mode (the
+// mma.sync path orders the dQ adds with semaphores), unaligned tensors, devices other than sm_90.
 #pragma once
 #include <cstdint>
 #include <cstdlib>
@@ -111,7 +110,6 @@ inline std::string hopper_bwd_check(const BwdProblem& bp, int arch, int smem_opt
   if (p.d > 256 || p.dv > 256) return "hopper backward: head dim above 256";
   // The kernel copies and stores whole 16-byte chunks of 8 columns.
   if ((p.d & 7) != 0 || (p.dv & 7) != 0) return "hopper backward: head dims must be multiples of 8";
-  if (p.rules.has_dropout()) return "hopper backward: dropout (replayed by the mma.sync backward)";
   if (bp.deterministic) return "hopper backward: deterministic mode (the mma.sync backward orders the dQ adds)";
   if (p.seq.kv_layout == KvLayout::Paged || p.seq.cache_batch_idx != nullptr || p.seq.snew > 0 ||
       p.rotary_dim > 0)
@@ -142,7 +140,9 @@ bool hopper_bwd_plan(const BwdProblem& bp, Plan* plan);
 // Preprocess, the Hopper main loop, dq conversion (mma/bwd_aux_kernels.cuh), on `stream`.
 Status run_bwd_hopper(const BwdProblem& bp, const Plan& plan, void* workspace, gpuStream_t stream);
 
-// Kernel template instances: D64/D128/D256 x fp16/bf16.
-inline constexpr int kHopperBwdInstances = 6;
+// Kernel template instances: D64/D128/D256 x fp16/bf16 x without / with dropout (the replay is
+// its own instance: the kernels sit at the register limit, and a second copy of the step loop in
+// one function spilled in both copies).
+inline constexpr int kHopperBwdInstances = 12;
 
 }  // namespace flashport::gpu

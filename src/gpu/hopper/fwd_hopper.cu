@@ -143,11 +143,18 @@ std::string hopper_tma_reason(const Problem& p, int splits) {
   return std::string();
 }
 
+// Both instances of the head dim (without and with dropout), so the candidate's check holds for
+// either launch and both kernels get their shared-memory attribute: the first failure, else the
+// lower occupancy.
 template <int D, bool kBf16>
 KernelInfo hopper_fwd_kernel_info(int device) {
   using Elem = std::conditional_t<kBf16, BFloat16, Half>;
-  return cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem>>(device, HopperTileV3::threads(D),
-                                                                HopperTileV3::smem_bytes(D));
+  const KernelInfo plain = cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, false>>(
+      device, HopperTileV3::threads(D), HopperTileV3::smem_bytes(D));
+  const KernelInfo drop = cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, true>>(
+      device, HopperTileV3::threads(D), HopperTileV3::smem_bytes(D));
+  if (plain.status != gpuSuccess) return plain;
+  return drop.status != gpuSuccess || drop.blocks_per_sm < plain.blocks_per_sm ? drop : plain;
 }
 
 template <int D, bool kBf16>
@@ -167,8 +174,10 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, gpuSt
   // each, or the plan's persistent grid walking them.
   prm.work_tiles = int32_t(m_blocks * p.hq * p.seq.batch * std::max(a.splits, 1));
   const unsigned blocks = grid > 0 && grid < prm.work_tiles ? unsigned(grid) : unsigned(prm.work_tiles);
-  sm90::fwd_hopper_v3_kernel<D, Elem><<<blocks, HopperTileV3::threads(D),
-                                        HopperTileV3::smem_bytes(D), stream>>>(prm);
+  if (a.rules.dropout_p > 0.0f)
+    sm90::fwd_hopper_v3_kernel<D, Elem, true><<<blocks, HopperTileV3::threads(D), HopperTileV3::smem_bytes(D), stream>>>(prm);
+  else
+    sm90::fwd_hopper_v3_kernel<D, Elem, false><<<blocks, HopperTileV3::threads(D), HopperTileV3::smem_bytes(D), stream>>>(prm);
   return gpuGetLastError();
 }
 

@@ -12,8 +12,9 @@
 // multiple of the key tile, or a multiple of 8 rows dividing it: one TMA box per page; other
 // sizes and left pads: cp.async row copies by the producer warpgroup), append and rotary (the
 // pre-pass writes the cache rows and the rotated q, which the kernel reads from the workspace),
-// varlen queries over a cache (chunked prefill).
-// Declined: dropout, decode-shaped calls (the mma.sync decode tile packs GQA heads), head dims
+// varlen queries over a cache (chunked prefill), dropout (core/philox.hpp's keep mask, the
+// words shared between lanes: dropout_hopper.cuh; split-KV too).
+// Declined: decode-shaped calls (the mma.sync decode tile packs GQA heads), head dims
 // above 256, unaligned tensors, devices other than sm_90, FLASHPORT_HOPPER_FWD=0 (the user's kill
 // switch, core/config.hpp).
 #pragma once
@@ -164,7 +165,6 @@ inline std::string hopper_fwd_candidate(const Problem& p, int arch, int sm_count
   if (p.dtype != FP_F16 && p.dtype != FP_BF16) return "hopper path: dtype";
   if (p.d > 256 || p.dv > 256) return "hopper path: head dim above 256";
   const int d = hopper_head_bucket(p);
-  if (p.rules.has_dropout()) return "hopper path: dropout";
   if (decode_shaped(p) || gqa_pack(p) != 1) return "hopper path: decode-shaped call";
   if (p.has_lse && p.lse_dtype != FP_F32) return "hopper path: lse dtype";
   // With rotary the kernel reads the rotated q of the workspace (aligned by its layout).

@@ -1,6 +1,7 @@
 // The row side of the Hopper forward (fwd_hopper_v3.cuh): the block's visible key range, the
 // score hooks (softcap, ALiBi, masks), the online softmax
-// over one tile of S in the wgmma accumulator layout, and the epilogue (sinks, LSE, store).
+// over one tile of S in the wgmma accumulator layout, dropout (dropout_hopper.cuh), and the
+// epilogue (sinks, LSE, store).
 //
 // wgmma accumulator layout (m64nN, per warpgroup): warp w owns rows 16w..16w+15; a thread holds
 // rows lane/4 (hf = 0) and lane/4 + 8 (hf = 1), columns 8t + 2(lane%4) + e2 of every 8-column tile
@@ -12,6 +13,7 @@
 #include "gpu/common/kernel_args.hpp"
 #include "gpu/common/tile_io.cuh"
 #include "gpu/common/tile_mma.hpp"
+#include "gpu/hopper/dropout_hopper.cuh"
 
 namespace flashport::gpu::sm90 {
 
@@ -75,7 +77,8 @@ struct HopperRows {
 
 
   // Feature hooks, masking and the online softmax of tile nb (base 2): S becomes P (fp32), corr
-  // the factor the running O must be scaled by.
+  // the factor the running O must be scaled by; kDropout: the call's dropout (a.rules) on P.
+  template <bool kDropout = false>
   __device__ __forceinline__ void softmax(float (&s)[BN / 2], int nb, float (&corr)[2]) {
     const int n0 = nb * BN;
     const KernelScoreRules& S = rules;
@@ -131,6 +134,10 @@ struct HopperRows {
         }
       row_sum[hf] = row_sum[hf] * corr[hf] + sum;
     }
+    // Dropout after the sums (the LSE is the undropped softmax's; the epilogue scales O by
+    // 1 / (1 - p)). The kernel runs its consumer loop in two copies, chosen once per call, so
+    // calls without dropout run the loop they ran before.
+    if constexpr (kDropout) fwd_apply_dropout<kNTiles>(s, a.rules, b, a.hq, head, m0 + row_loc0, n0);
   }
 
   // P (fp32 accumulators) to 16-bit A fragments: k-step ks takes accumulator tiles 2ks, 2ks + 1.
@@ -161,7 +168,8 @@ struct HopperRows {
   // Finish the row sums, add the sink (split 0 only), normalise, store O (and the LSE, natural
   // log); with split-KV (a.splits > 1) the normalised fp32 partial and its LSE go to the workspace
   // (ws_o [split][row][dv], ws_lse [split][row], row = (b Hq + head) Sq + i) for the combine.
-  template <typename Elem, int kPanels>
+  // kDropout: O also scaled by 1 / (1 - p) (the softmax zeroed the dropped P).
+  template <typename Elem, int kPanels, bool kDropout = false>
   __device__ __forceinline__ void epilogue(const float (&o)[kPanels][32], int split = 0) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
@@ -180,7 +188,8 @@ struct HopperRows {
         l = l * o_scale + fast_exp2(sink - m_f);
         mx = m_f;
       }
-      const float inv = l > 0.0f ? o_scale / l : 0.0f;
+      float inv = l > 0.0f ? o_scale / l : 0.0f;
+      if constexpr (kDropout) inv *= dropout_keep_scale(a.rules);  // kept elements of P scaled by 1 / (1 - p)
       const float lse = l > 0.0f ? (mx + __log2f(l)) * kLn2 : -INFINITY;
       if (a.splits > 1) {
         const int64_t row = (int64_t(b) * a.hq + head) * a.seq.sq + i;

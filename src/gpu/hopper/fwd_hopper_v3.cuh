@@ -60,7 +60,10 @@ struct HopperV3Params {
 
 namespace sm90 {
 
-template <int D, typename Elem>
+// kDropout: the call has dropout (HopperRows applies it to P and scales O). Its own instance: the
+// consumer loop is register-bound, and a second copy of it in one function changed the plain
+// loop's allocation (more spills).
+template <int D, typename Elem, bool kDropout>
 __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
     fwd_hopper_v3_kernel(const __grid_constant__ HopperV3Params P) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -364,7 +367,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
           fence_regs(s);
           release(empty_k(slot));
         }
-        rows.softmax(s, n_hi - 1, corr);  // O is zero: no rescale
+        rows.template softmax<kDropout>(s, n_hi - 1, corr);  // O is zero: no rescale
         Rows::template pack_p<Elem>(s, pa);
         // Steps with a next tile: one fixed wgmma group structure (ptxas keeps the products
         // asynchronous only then); the last step is peeled.
@@ -380,7 +383,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
           wg_wait<1>();  // S(t+1) done; P V(t) may still run
           fence_regs(s);
           release(empty_k(next));
-          rows.softmax(s, n_hi - 2 - t, corr);
+          rows.template softmax<kDropout>(s, n_hi - 2 - t, corr);
           wg_wait<0>();  // P V(t) done
 #pragma unroll
           for (int p = 0; p < kPanels; ++p) fence_regs(o_acc[p]);
@@ -403,7 +406,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
         ++qr;
         if (wait_tail) ++zeroed;
       }
-      rows.template epilogue<Elem, kPanels>(o_acc, split);
+      rows.template epilogue<Elem, kPanels, kDropout>(o_acc, split);
     }
   }
 #else
