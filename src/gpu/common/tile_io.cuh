@@ -14,13 +14,6 @@
 namespace flashport::gpu {
 FP_TARGET_NS_BEGIN
 
-// tanh through exp (relative error ~1e-6; the MUFU tanh of fast-math is ~1e-3, too coarse for
-// softcaps of 30-50 where it scales the score error).
-__device__ __forceinline__ float tanh_accurate(float x) {
-  const float e = __expf(-2.0f * fabsf(x));
-  return copysignf((1.0f - e) / (1.0f + e), x);
-}
-
 // One 16-byte chunk (8 elements from column c*8) of a row into a swizzled shared tile. Rows past
 // the end (src == nullptr) and columns past `limit` are zeros; unaligned tensors take the scalar
 // path.
