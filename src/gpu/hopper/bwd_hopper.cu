@@ -389,6 +389,15 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
         }
       };
 
+      // Dropout: this thread's keep bits of step st. Step 0's are made before its products, the
+      // next step's while this step's dV, dK, dQ products run (S^T and dP^T no longer hold
+      // registers there).
+      uint32_t keep[(4 * kQTiles + 31) / 32] = {};
+      auto step_keep = [&](int st) {
+        bwd_keep_bits<kQTiles>(keep, R, b, a.hq, kvh * a.group + st / nm, (m_lo + st % nm) * BM, n0 + key_loc0);
+      };
+      if constexpr (kDropout) step_keep(0);
+
       for (int s = 0; s < steps; ++s) {
         const int buf = s & 1;
         cp_async_wait<0>();
@@ -401,10 +410,6 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
         const int h = kvh * a.group + s / nm;
         const int m = m_lo + s % nm;
         const int i0 = m * BM;
-        // Dropout: this thread's keep bits of the step, made before the products (the registers
-        // of S^T and dP^T are not yet taken).
-        uint32_t keep[(4 * kQTiles + 31) / 32] = {};
-        if constexpr (kDropout) bwd_keep_bits<kQTiles>(keep, R, b, a.hq, h, i0, n0 + key_loc0);
 
         // ---- S^T = K Q^T and dP^T = V dO^T (two groups: P is computed while dP^T runs) ----
         float s_acc[BM / 2], dp_acc[BM / 2];
@@ -505,6 +510,9 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
             wgmma_ss_m64n64k16<kBf16, 1, 1>(dq_acc, s_desc + ((ks * 2048) >> 4), kt_desc + ((ks * 2048) >> 4),
                                             ks > 0 ? 1 : 0);
           wg_commit();
+          if constexpr (kDropout) {
+            if (s + 1 < steps) step_keep(s + 1);
+          }
           wg_wait<0>();
           fence_regs(dq_acc);
           dq_h = h, dq_i0 = i0;
@@ -688,6 +696,15 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
         }
       };
 
+      // Dropout: this thread's keep bits of step st (step 0's before its products, the next
+      // step's while this step's dQ, dV, dK products run).
+      uint32_t keep[(4 * kQTiles + 31) / 32] = {};
+      auto step_keep = [&](int st) {
+        bwd_keep_bits<kQTiles>(keep, R, b, a.hq, kvh * a.group + st / nm, (m_lo + st % nm) * BM + q_half0,
+                               n0 + key_loc0);
+      };
+      if constexpr (kDropout) step_keep(0);
+
       for (int s = 0; s < steps; ++s) {
         const int buf = s & 1;
         cp_async_wait<0>();
@@ -702,9 +719,6 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
         const int h = kvh * a.group + s / nm;
         const int m = m_lo + s % nm;
         const int i0 = m * BM;
-        // Dropout: this thread's keep bits of the step, made before the products.
-        uint32_t keep[(4 * kQTiles + 31) / 32] = {};
-        if constexpr (kDropout) bwd_keep_bits<kQTiles>(keep, R, b, a.hq, h, i0 + q_half0, n0 + key_loc0);
 
         // ---- S^T = K Q^T and dP^T = V dO^T for this warpgroup's 32 queries (two groups) ---------
         float s_acc[kHalfQ / 2], dp_acc[kHalfQ / 2];
@@ -793,6 +807,9 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
               wgmma_ss_m64n64k16<kBf16, 0, 1>(dk_acc[p], ds_desc + ((ks * 32) >> 4),
                                               q_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
           wg_commit();
+          if constexpr (kDropout) {
+            if (s + 1 < steps) step_keep(s + 1);
+          }
           wg_wait<0>();
 #pragma unroll
           for (int p = 0; p < kOwnPanels; ++p) fence_regs(dq_acc[p]), fence_regs(dv_acc[p]), fence_regs(dk_acc[p]);

@@ -87,10 +87,10 @@ __device__ __forceinline__ void bwd_keep_bits(uint32_t (&keep)[(4 * kQTiles + 31
   // Call x: query e2 = x & 1 of the lane's pair, keys of row group hf = x >> 1.
   const int key_group = key0 - x + 8 * (x >> 1);
   const int i_base = q0 + col_base + (x & 1);
-  // Two calls per iteration: some overlap of their multiply chains, few live registers (the
-  // kernels hold dK, dV and the in-flight S^T, dP^T here).
+  // One call per iteration: the kernels make these bits while their dV, dK, dQ products run, with
+  // dK, dV and the products' register operands live (unrolled by 2, D64 and D128 spilled).
   uint64_t bits = 0;
-#pragma unroll 2
+#pragma unroll 1
   for (int t = 0; t < kQTiles; ++t) {
     const Philox4 wd = dropout_words(seed, offset, b, hq, h, i_base + 8 * t, key_group);
     const uint64_t nib = uint64_t(wd.x[0] >= threshold) | (uint64_t(wd.x[1] >= threshold) << 1) |
