@@ -7,6 +7,7 @@
 
 #include "core/dtype.hpp"
 #include "core/philox.hpp"
+#include "core/rotary.hpp"
 #include "cpu_kernels.hpp"
 
 namespace flashport::cpu {
@@ -101,26 +102,14 @@ static float round_to(fp_dtype t, float x) {
 }
 
 void rotate_row(const Problem& p, int64_t pos, float* x) {
-  if (pos >= p.rotary_rows) pos = p.rotary_rows - 1;
-  const int64_t half = p.rotary_dim / 2;
-  for (int64_t t = 0; t < half; ++t) {
-    const double c = load_as_double(p.rotary_cos, p.rotary_dtype, pos * p.rotary_row_stride + t);
-    const double s = load_as_double(p.rotary_sin, p.rotary_dtype, pos * p.rotary_row_stride + t);
-    const int64_t a = p.rotary_interleaved ? 2 * t : t;
-    const int64_t b = p.rotary_interleaved ? 2 * t + 1 : t + half;
-    const double x0 = x[a], x1 = x[b];
-    x[a] = static_cast<float>(x0 * c - x1 * s);
-    x[b] = static_cast<float>(x0 * s + x1 * c);
-  }
+  apply_rotary(p, pos < p.rotary_rows ? pos : p.rotary_rows - 1, x);
 }
 
 void load_q_row(const Problem& p, const SeqGeom& g, int64_t b, int64_t i, int64_t h, float* dst) {
   load_row(p.dtype, p.q_ptr, p.q.at(b, g.q_start, i, h), p.d, dst);
   if (p.rotary_dim == 0) return;
-  // flash_attn rotates q at seqused_k[b] + i when causal/windowed, else at seqused_k[b]; the
-  // rotated q is a tensor of q's dtype there, so round like it.
-  const bool local = p.rules.window_left >= 0 || p.rules.window_right >= 0;
-  rotate_row(p, p.seq.cache_rows_used(b) + (local ? i : 0), dst);
+  // The rotated q is a tensor of q's dtype in flash_attn, so round like it.
+  rotate_row(p, q_rotary_pos(p, b, i), dst);
   for (int64_t t = 0; t < p.rotary_dim; ++t) dst[t] = round_to(p.dtype, dst[t]);
 }
 

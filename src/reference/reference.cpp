@@ -19,6 +19,7 @@
 #include "core/dtype.hpp"
 #include "core/philox.hpp"
 #include "core/problem.hpp"
+#include "core/rotary.hpp"
 #include "core/status.hpp"
 
 namespace flashport {
@@ -70,28 +71,6 @@ void merge_partials(int64_t n, const double* lse_parts, const double* out_parts,
 }
 
 // ------------------------------------------------------------------------------------------
-// Rotary embedding of the first rotary_dim entries of x at position pos, in double.
-void apply_rotary(const Problem& p, double* x, int64_t pos) {
-  const int64_t half = p.rotary_dim / 2;
-  for (int64_t t = 0; t < half; ++t) {
-    const double c = load_as_double(p.rotary_cos, p.rotary_dtype, pos * p.rotary_row_stride + t);
-    const double s = load_as_double(p.rotary_sin, p.rotary_dtype, pos * p.rotary_row_stride + t);
-    const int64_t i0 = p.rotary_interleaved ? 2 * t : t;
-    const int64_t i1 = p.rotary_interleaved ? 2 * t + 1 : t + half;
-    const double x0 = x[i0], x1 = x[i1];
-    x[i0] = x0 * c - x1 * s;
-    x[i1] = x0 * s + x1 * c;
-  }
-}
-
-bool windowed(const ScoreRules& r) { return r.window_left >= 0 || r.window_right >= 0; }
-
-// Position at which query row i of sequence b is rotated (header: "q row i at seqused_k[b] + i
-// when causal or windowed, else at seqused_k[b]"; cache rows, so a left pad does not move it).
-int64_t q_rotary_pos(const Problem& p, int64_t b, int64_t i) {
-  return p.seq.cache_rows_used(b) + (windowed(p.rules) ? i : 0);
-}
-
 int64_t kv_capacity(const Problem& p) {
   switch (p.seq.kv_layout) {
     case KvLayout::Paged: return p.seq.max_blocks * p.seq.page_size;
@@ -255,7 +234,7 @@ void append_new_keys(const Problem& p) {
     for (int64_t j = 0; j < p.seq.snew; ++j) {
       for (int64_t hk = 0; hk < p.hkv; ++hk) {
         load_row(p.k_new_ptr, p.dtype, p.k_new.at(b, 0, j, hk), p.d, row.data());
-        if (p.rotary_dim > 0) apply_rotary(p, row.data(), base + j);
+        if (p.rotary_dim > 0) apply_rotary(p, base + j, row.data());
         const int64_t koff = p.k.at_row(p.seq, b, base + j, hk);
         for (int64_t d = 0; d < p.d; ++d) store_from_double(p.k_ptr, p.dtype, koff + d, row[d]);
         load_row(p.v_new_ptr, p.dtype, p.v_new.at(b, 0, j, hk), p.dv, row.data());
@@ -271,7 +250,7 @@ void append_new_keys(const Problem& p) {
 void load_query(const Problem& p, int64_t b, int64_t i, int64_t h, double* qv) {
   load_row(p.q_ptr, p.dtype, p.q.at(b, p.seq.q_start(b), i, h), p.d, qv);
   if (p.rotary_dim > 0) {
-    apply_rotary(p, qv, q_rotary_pos(p, b, i));
+    apply_rotary(p, q_rotary_pos(p, b, i), qv);
     for (int64_t d = 0; d < p.rotary_dim; ++d) qv[d] = round_to(p.dtype, qv[d]);
   }
 }
