@@ -50,16 +50,6 @@ struct ScoreRules {
   const uint32_t* dropout_rng = nullptr;
 
   FP_HD int64_t shift(int64_t lq, int64_t lk) const { return top_left ? 0 : lk - lq; }
-  // Visible keys of row i: [lo, hi) intersected with [0, lk) (SeqScoreRules::vis_lo / vis_hi
-  // for a whole sequence).
-  FP_HD int64_t key_lo(int64_t i, int64_t shift_) const {
-    const int64_t lo = window_left >= 0 ? i + shift_ - window_left : 0;
-    return lo < 0 ? 0 : lo;
-  }
-  FP_HD int64_t key_hi(int64_t i, int64_t shift_, int64_t lk) const {
-    const int64_t hi = window_right >= 0 ? i + shift_ + window_right + 1 : lk;
-    return hi > lk ? lk : (hi < 0 ? 0 : hi);
-  }
   FP_HD float alibi_slope(int64_t b, int64_t h) const {
     return alibi ? alibi[b * alibi_batch_stride + h] : 0.0f;
   }
