@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
     fwd_hopper_v3_kernel(const __grid_constant__ HopperV3Params P) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = HopperTileV3;
-  constexpr int BM = T::block_m(D), BN = T::block_n(D), S = T::kStages;
+  constexpr int BM = T::block_m(D), BN = T::block_n(D), S = T::stages(D);
   constexpr int kConsumers = T::consumers(D);
   constexpr bool kPingPong = kConsumers == 2;  // two consumers take turns at the tensor cores
   constexpr int kPanels = D / 64;
