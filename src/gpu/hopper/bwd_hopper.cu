@@ -892,10 +892,8 @@ bool hopper_bwd_plan(const BwdProblem& bp, Plan* plan) {
   *plan = Plan{};
   plan->workspace_bytes = bwd_workspace(p, 0).total;
   const int bucket = hopper_head_bucket(p);
-  char dims[32] = "";
-  if (p.d != bucket || p.dv != bucket) std::snprintf(dims, sizeof(dims), ":d%d_dv%d", int(p.d), int(p.dv));
   std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:%s%s:atomic-dq", hopper_bwd_name(bucket),
-                p.dtype == FP_BF16 ? "bf16" : "fp16", dims);
+                p.dtype == FP_BF16 ? "bf16" : "fp16", HopperDimsTag(p).text);
   plan->num_splits = 1;
   plan->kernel_id = kKernelHopperBwd;
   return true;

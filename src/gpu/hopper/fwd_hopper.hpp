@@ -97,14 +97,23 @@ inline gpuError_t hopper_launch(const Problem& p, const FwdArgs& a, int grid, gp
 }
 #endif
 
+// The head dims of a call run padded inside its instance, as the Hopper plans' names show them
+// (":d96_dv96"); empty when the call's dims are the instance's.
+struct HopperDimsTag {
+  char text[32] = "";
+  explicit HopperDimsTag(const Problem& p) {
+    const int bucket = hopper_head_bucket(p);
+    if (p.d != bucket || p.dv != bucket) std::snprintf(text, sizeof(text), ":d%d_dv%d", int(p.d), int(p.dv));
+  }
+};
+
 // The plan's kernel name; split-KV adds ":splitkv+combine" (as the mma.sync plans do).
 inline void hopper_kernel_name(char* buf, size_t size, const Problem& p, int splits) {
   const int bucket = hopper_head_bucket(p);
-  char dims[32] = "";
-  if (p.d != bucket || p.dv != bucket) std::snprintf(dims, sizeof(dims), ":d%d_dv%d", int(p.d), int(p.dv));
+  const HopperDimsTag dims(p);
   std::snprintf(buf, size, "cuda:sm90_wgmma_prefill_d%d_m%dn%d_tma_ws:%s%s%s", bucket, HopperTileV3::block_m(bucket),
                 HopperTileV3::block_n(bucket),
-                p.dtype == FP_BF16 ? "bf16" : "fp16", dims, splits > 1 ? ":splitkv+combine" : "");
+                p.dtype == FP_BF16 ? "bf16" : "fp16", dims.text, splits > 1 ? ":splitkv+combine" : "");
 }
 
 // A call over a KV cache: rows past a sequence's keys are the cache's, whatever they hold.

@@ -226,20 +226,6 @@ __device__ __forceinline__ bool bwd_dropout_keep(uint64_t seed, uint64_t offset,
 #define FP_BWD_INLINE
 #endif
 
-// Last key block that visits query block m (deterministic mode adds the key blocks' dQ parts in
-// descending key order). Key block n visits m iff its query range [i_first(n), i_end(n)) meets
-// [m*BM, min(m*BM+BM, lq)); both ends grow with n, so the visitors are a contiguous range of n.
-// Descending order pipelines causal masks: the last visitor of a query block is the key block
-// that starts there, so no block waits for a block that is still far from that query block.
-__device__ __forceinline__ int last_key_block(int m, int bm, int bn, int lq, int lk, int shift, int wr) {
-  const int last = (lk - 1) / bn;
-  if (wr < 0) return last;
-  const int top = (m + 1) * bm < lq ? (m + 1) * bm : lq;  // i_first(n) = n*bn - shift - wr < top
-  const int x = top + shift + wr;                          // n*bn < x
-  const int n = x <= 0 ? -1 : (x + bn - 1) / bn - 1;
-  return n < last ? n : last;
-}
-
 template <int kTile, typename Elem>
 __global__ void FP_LAUNCH_BOUNDS(kBwdTiles[kTile].threads(kWarpSize), kBwdTiles[kTile].min_blocks)
     bwd_kernel(const FP_GRID_CONSTANT BwdArgs a) {
@@ -545,7 +531,10 @@ __global__ void FP_LAUNCH_BOUNDS(kBwdTiles[kTile].threads(kWarpSize), kBwdTiles[
           if constexpr (kFirst) {
             // Wait until the key blocks after this one added their dQ part.
             if (tid == 0) {
-              const int target = last_key_block(m, BM, BN, lq, lk, S.shift, S.wr) - n_blk;
+              // Deterministic mode adds the key blocks' dQ parts in descending key order, from the
+              // last key block that visits query block m (causal: the one that starts there, so
+              // no block waits for one still far from this query block).
+              const int target = S.last_key_block(m, BM, BN) - n_blk;
               while (atomicAdd(sema, 0) != target) bwd_backoff();
               __threadfence();
             }
