@@ -106,6 +106,33 @@ __device__ __forceinline__ void load_kv_block(const BwdArgs& a, int b, int kvh, 
   }
 }
 
+// One step's Q and dO rows [m BM, m BM + BM) of query head h (this thread's chunk of every
+// kRowStep-th row, at qsoff in the swizzled panels) and their LSE2 and D (thread tid < BM: row
+// tid) into step buffer `buf` (buffers kBufStride elements apart). Rows past Lq: zeros, LSE2 0,
+// D 0 -- their P is finite and their dS, dV contributions exactly 0, as in the mma.sync loop.
+template <int BM, int kRowStep, int kBufStride>
+__device__ __forceinline__ void load_q_do_step(const BwdArgs& a, int b, int64_t q_start, int64_t ws_row0, int lq,
+                                               int h, int m, int tid, int ld_row, int qsoff, const RowChunk& rc,
+                                               uint16_t* sQ, uint16_t* sdO, float* sL, float* sDs, int buf) {
+#pragma unroll
+  for (int k = 0; k < BM / kRowStep; ++k) {
+    const int i = m * BM + ld_row + k * kRowStep;
+    const bool in = i < lq;
+    const int ii = in ? i : 0;
+    cp_async_16(sQ + buf * kBufStride + qsoff + k * kRowStep * 64, a.q + a.q_addr.at(b, q_start, ii, h) + rc.qk_col,
+                in && rc.qk_in ? 16 : 0);
+    cp_async_16(sdO + buf * kBufStride + qsoff + k * kRowStep * 64,
+                a.dout + a.dout_addr.at(b, q_start, ii, h) + rc.vo_col, in && rc.vo_in ? 16 : 0);
+  }
+  if (tid < BM) {
+    const int i = m * BM + tid;
+    const bool in = i < lq;
+    const int64_t wrow = in ? int64_t(h) * a.total_rows + ws_row0 + i : 0;
+    cp_async_4(smem_u32(sL + buf * BM + tid), a.ws_lse2 + wrow, in ? 4 : 0);
+    cp_async_4(smem_u32(sDs + buf * BM + tid), a.ws_dsum + wrow, in ? 4 : 0);
+  }
+}
+
 // Epilogue: dK = scale * acc and dV of this thread's keys key0 and key0 + 8, 64-column panels
 // [panel0, panel0 + kPanels); rows past Lk of a batched tensor get 0. Only the call's D columns
 // of dK and Dv columns of dV are stored: a padded instance's others hold zeros (head dims are
@@ -326,29 +353,10 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
       const int ld_row = tid / kChunks, ld_chunk = tid % kChunks;
       const RowChunk rc(ld_chunk, a.d, a.dv);
       load_kv_block<BN, kRowStep>(a, b, kvh, n0, lk, ld_row, ld_chunk, rc, sK, sV);
-      // Q, dO, LSE2, D of step s into buffer `buf` (rows past Lq: zeros, LSE2 0, D 0 -- their P
-      // is finite and their dS, dV contributions exactly 0, as in the mma.sync loop).
       const int qsoff = panel_offset(BM, ld_row, ld_chunk);
       auto load_step = [&](int s, int buf) {
-        const int h = kvh * a.group + s / nm;
-        const int m = m_lo + s % nm;
-#pragma unroll
-        for (int k = 0; k < BM / kRowStep; ++k) {
-          const int i = m * BM + ld_row + k * kRowStep;
-          const bool in = i < lq;
-          const int ii = in ? i : 0;
-          cp_async_16(sQ + buf * BM * D + qsoff + k * kRowStep * 64,
-                      a.q + a.q_addr.at(b, q_start, ii, h) + rc.qk_col, in && rc.qk_in ? 16 : 0);
-          cp_async_16(sdO + buf * BM * D + qsoff + k * kRowStep * 64,
-                      a.dout + a.dout_addr.at(b, q_start, ii, h) + rc.vo_col, in && rc.vo_in ? 16 : 0);
-        }
-        if (tid < BM) {
-          const int i = m * BM + tid;
-          const bool in = i < lq;
-          const int64_t wrow = in ? int64_t(h) * a.total_rows + ws_row0 + i : 0;
-          cp_async_4(smem_u32(sL + buf * BM + tid), a.ws_lse2 + wrow, in ? 4 : 0);
-          cp_async_4(smem_u32(sDs + buf * BM + tid), a.ws_dsum + wrow, in ? 4 : 0);
-        }
+        load_q_do_step<BM, kRowStep, BM * D>(a, b, q_start, ws_row0, lq, kvh * a.group + s / nm, m_lo + s % nm, tid,
+                                             ld_row, qsoff, rc, sQ, sdO, sL, sDs, buf);
       };
       load_step(0, 0);
       cp_async_commit();
@@ -620,29 +628,10 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
       const int ld_row = tid / kChunks, ld_chunk = tid % kChunks;
       const RowChunk rc(ld_chunk, a.d, a.dv);
       load_kv_block<BN, kRowStep>(a, b, kvh, n0, lk, ld_row, ld_chunk, rc, sK, sV);
-      // Q, dO, LSE2, D of step s into buffer `buf` (rows past Lq: zeros, LSE2 0, D 0: their P is
-      // finite and their dS, dV contributions exactly 0).
       const int qsoff = panel_offset(BM, ld_row, ld_chunk);
       auto load_step = [&](int s, int buf) {
-        const int h = kvh * a.group + s / nm;
-        const int m = m_lo + s % nm;
-#pragma unroll
-        for (int k = 0; k < BM / kRowStep; ++k) {
-          const int i = m * BM + ld_row + k * kRowStep;
-          const bool in = i < lq;
-          const int ii = in ? i : 0;
-          cp_async_16(sQ + buf * kBufStride + qsoff + k * kRowStep * 64,
-                      a.q + a.q_addr.at(b, q_start, ii, h) + rc.qk_col, in && rc.qk_in ? 16 : 0);
-          cp_async_16(sdO + buf * kBufStride + qsoff + k * kRowStep * 64,
-                      a.dout + a.dout_addr.at(b, q_start, ii, h) + rc.vo_col, in && rc.vo_in ? 16 : 0);
-        }
-        if (tid < BM) {
-          const int i = m * BM + tid;
-          const bool in = i < lq;
-          const int64_t wrow = in ? int64_t(h) * a.total_rows + ws_row0 + i : 0;
-          cp_async_4(smem_u32(sL + buf * BM + tid), a.ws_lse2 + wrow, in ? 4 : 0);
-          cp_async_4(smem_u32(sDs + buf * BM + tid), a.ws_dsum + wrow, in ? 4 : 0);
-        }
+        load_q_do_step<BM, kRowStep, kBufStride>(a, b, q_start, ws_row0, lq, kvh * a.group + s / nm, m_lo + s % nm,
+                                                 tid, ld_row, qsoff, rc, sQ, sdO, sL, sDs, buf);
       };
       load_step(0, 0);
       cp_async_commit();
