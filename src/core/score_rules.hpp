@@ -115,6 +115,18 @@ struct SeqScoreRules {
     const I i = wl >= 0 ? n1 + wl - shift : lq;
     return i > lq ? lq : i;
   }
+  // The query blocks (bm rows each) with a row that sees some key of the backward's key block
+  // [n0, n0 + bn): [first, first + count), a contiguous range (rows_lo / rows_end).
+  struct QueryBlocks {
+    I first, count;
+  };
+  FP_HD QueryBlocks query_blocks(I n0, I bn, I bm) const {
+    const I n1 = n0 + bn < lk ? n0 + bn : lk;
+    const I i_first = rows_lo(n0), i_end = rows_end(n1);
+    const I m_lo = i_first / bm;
+    const I m_hi = i_end > i_first ? (i_end + bm - 1) / bm : m_lo;
+    return {m_lo, m_hi - m_lo};
+  }
   // The last key block (bn keys each) that some row of query block m (rows [m bm, m bm + bm) cut
   // to lq) sees. The blocks seen by a query block are a contiguous range (both ends of a key
   // block's row range grow with it): a backward's deterministic dQ order counts down to here.

@@ -149,11 +149,8 @@ __global__ void __launch_bounds__(256, kTile == kF32D64 ? 2 : 1) bwd_f32_kernel(
     for (int e = 0; e < 4; ++e) acc_dk[c][e] = 0.0f, acc_dv[c][e] = 0.0f;
 
   if (n0 < lk && lq > 0) {
-    const int n1 = n0 + BN < lk ? n0 + BN : lk;
-    const int i_first = seq_rules.rows_lo(n0), i_end = seq_rules.rows_end(n1);
-    const int m_lo = i_first / BM;
-    const int m_hi = i_end > i_first ? (i_end + BM - 1) / BM : m_lo;
-    const int nm = m_hi - m_lo;
+    const auto blocks = seq_rules.query_blocks(n0, BN, BM);
+    const int m_lo = blocks.first, nm = blocks.count;
     const int steps = nm * a.group;
 
     if (steps > 0) {

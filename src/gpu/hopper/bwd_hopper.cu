@@ -338,11 +338,8 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
     for (int e = 0; e < 32; ++e) dv_acc[p][e] = 0.0f, dk_acc[p][e] = 0.0f;
 
   if (n0 < lk && lq > 0) {
-    const int n1 = n0 + BN < lk ? n0 + BN : lk;
-    const int i_first = S.rows_lo(n0), i_end = S.rows_end(n1);
-    const int m_lo = i_first / BM;
-    const int m_hi = i_end > i_first ? (i_end + BM - 1) / BM : m_lo;
-    const int nm = m_hi - m_lo;
+    const auto blocks = S.query_blocks(n0, BN, BM);
+    const int m_lo = blocks.first, nm = blocks.count;
     const int steps = nm * a.group;
 
     if (steps > 0) {
@@ -615,11 +612,8 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
     for (int e = 0; e < 32; ++e) dv_acc[p][e] = 0.0f, dk_acc[p][e] = 0.0f;
 
   if (n0 < lk && lq > 0) {
-    const int n1 = n0 + BN < lk ? n0 + BN : lk;
-    const int i_first = S.rows_lo(n0), i_end = S.rows_end(n1);
-    const int m_lo = i_first / BM;
-    const int m_hi = i_end > i_first ? (i_end + BM - 1) / BM : m_lo;
-    const int nm = m_hi - m_lo;
+    const auto blocks = S.query_blocks(n0, BN, BM);
+    const int m_lo = blocks.first, nm = blocks.count;
     const int steps = nm * a.group;
 
     if (steps > 0) {

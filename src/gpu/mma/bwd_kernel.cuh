@@ -298,11 +298,8 @@ __global__ void FP_LAUNCH_BOUNDS(kBwdTiles[kTile].threads(kWarpSize), kBwdTiles[
       for (int e = 0; e < kAccElems; ++e) acc_dk[kr][t].r[e] = 0.0f, acc_dv[kr][t].r[e] = 0.0f;
 
   if (n0 < lk && lq > 0) {
-    const int n1 = n0 + BN < lk ? n0 + BN : lk;
-    const int i_first = S.rows_lo(n0), i_end = S.rows_end(n1);
-    const int m_lo = i_first / BM;
-    const int m_hi = i_end > i_first ? (i_end + BM - 1) / BM : m_lo;
-    const int nm = m_hi - m_lo;
+    const auto blocks = S.query_blocks(n0, BN, BM);
+    const int m_lo = blocks.first, nm = blocks.count;
     const int steps = nm * a.group;
 
     if (steps > 0) {
