@@ -317,14 +317,9 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
   const int n0 = n_blk * BN;
   const ScoreRules& R = a.rules;
 
-  int lq = static_cast<int>(a.seq.q_len(b));
-  if (lq > a.seq.sq) lq = static_cast<int>(a.seq.sq);
-  if (lq < 0) lq = 0;
-  int64_t lk64 = a.seq.k_len(b);
-  if (a.k_rows_cap > 0 && lk64 > a.k_rows_cap) lk64 = a.k_rows_cap;
-  const int lk = lk64 < 0 ? 0 : static_cast<int>(lk64);
-  const int64_t q_start = a.seq.q_start(b);
-  const int64_t ws_row0 = a.seq.cu_q ? q_start : int64_t(b) * a.seq.sq;  // workspace row of i = 0
+  const BwdSeq seq(a, b);
+  const int lq = seq.lq, lk = seq.lk;
+  const int64_t q_start = seq.q_start, ws_row0 = seq.ws_row0;  // ws_row0: workspace row of i = 0
   const KernelScoreRules S(R, lq, lk, a.scale_log2, a.softcap_in, a.softcap_out);
 
   // This thread's accumulator rows (keys in S^T, dP^T, dK, dV): key_loc0 and key_loc0 + 8.
@@ -590,14 +585,9 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
   const int n0 = n_blk * BN;
   const ScoreRules& R = a.rules;
 
-  int lq = static_cast<int>(a.seq.q_len(b));
-  if (lq > a.seq.sq) lq = static_cast<int>(a.seq.sq);
-  if (lq < 0) lq = 0;
-  int64_t lk64 = a.seq.k_len(b);
-  if (a.k_rows_cap > 0 && lk64 > a.k_rows_cap) lk64 = a.k_rows_cap;
-  const int lk = lk64 < 0 ? 0 : static_cast<int>(lk64);
-  const int64_t q_start = a.seq.q_start(b);
-  const int64_t ws_row0 = a.seq.cu_q ? q_start : int64_t(b) * a.seq.sq;  // workspace row of i = 0
+  const BwdSeq seq(a, b);
+  const int lq = seq.lq, lk = seq.lk;
+  const int64_t q_start = seq.q_start, ws_row0 = seq.ws_row0;  // ws_row0: workspace row of i = 0
   const KernelScoreRules S(R, lq, lk, a.scale_log2, a.softcap_in, a.softcap_out);
 
   // This thread's accumulator rows (keys) in S^T, dP^T, dK, dV: key_loc0 and key_loc0 + 8.

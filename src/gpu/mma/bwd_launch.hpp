@@ -128,6 +128,24 @@ struct BwdArgs {
   int64_t sema_count = 0;
 };
 
+// The sequence of a backward block (every backward kernel: mma.sync, fp32, Hopper): its query
+// rows lq (clamped to Sq), its keys lk (clamped to the cache rows of k), its first packed query
+// row and the workspace row of its query 0.
+struct BwdSeq {
+  int lq, lk;
+  int64_t q_start, ws_row0;
+  FP_HD BwdSeq(const BwdArgs& a, int b) {
+    lq = static_cast<int>(a.seq.q_len(b));
+    if (lq > a.seq.sq) lq = static_cast<int>(a.seq.sq);
+    if (lq < 0) lq = 0;
+    int64_t lk64 = a.seq.k_len(b);
+    if (a.k_rows_cap > 0 && lk64 > a.k_rows_cap) lk64 = a.k_rows_cap;
+    lk = lk64 < 0 ? 0 : static_cast<int>(lk64);
+    q_start = a.seq.q_start(b);
+    ws_row0 = a.seq.cu_q ? q_start : int64_t(b) * a.seq.sq;
+  }
+};
+
 // The backward's workspace, shared by the mma.sync (CUDA and HIP) and the Hopper paths: lse2
 // [Hq][rows], dsum [Hq][rows], dq_acc [Hq][rows][dacc] (fp32), then `sema_count` int32 semaphores
 // (deterministic mode), each area 256-byte aligned.
