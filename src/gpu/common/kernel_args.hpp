@@ -36,6 +36,20 @@ struct FwdArgs {
   int64_t ws_rows = 0;
 };
 
+// The lengths of sequence b in a forward call (every forward kernel: mma.sync, fp32, Hopper):
+// query rows lq, clamped to Sq (device-side lengths are clamped, never trusted to fault), and
+// keys lk: cache rows [k_pad, k_pad + lk) clamped into the cache rows.
+struct FwdSeqLengths {
+  int lq, lk;
+  FP_HD FwdSeqLengths(const FwdArgs& a, int64_t b) {
+    lq = static_cast<int>(a.seq.q_len(b));
+    if (lq > a.seq.sq) lq = static_cast<int>(a.seq.sq);
+    int64_t lk64 = a.seq.k_len(b);
+    if (a.k_rows_cap > 0 && lk64 > a.k_rows_cap - a.seq.k_pad(b)) lk64 = a.k_rows_cap - a.seq.k_pad(b);
+    lk = lk64 < 0 ? 0 : static_cast<int>(lk64);
+  }
+};
+
 // Merge of split partials (the internal split-KV combine and the public fp_merge_fwd).
 // Shapes normalised to (split, b, s, h, d); the output may be packed by cu_q (varlen).
 struct MergeArgs {

@@ -50,11 +50,8 @@ __global__ void __launch_bounds__(128, 2) fwd_f32_kernel(const __grid_constant__
   const int split = blockIdx.z - b * a.splits;
   const ScoreRules& R = a.rules;
 
-  int lq = static_cast<int>(a.seq.q_len(b));
-  if (lq > a.seq.sq) lq = static_cast<int>(a.seq.sq);
-  int64_t lk64 = a.seq.k_len(b);
-  if (a.k_rows_cap > 0 && lk64 > a.k_rows_cap - a.seq.k_pad(b)) lk64 = a.k_rows_cap - a.seq.k_pad(b);
-  const int lk = lk64 < 0 ? 0 : static_cast<int>(lk64);
+  const FwdSeqLengths lengths(a, b);
+  const int lq = lengths.lq, lk = lengths.lk;
   if (m0 >= lq) return;
   const int64_t q_start = a.seq.q_start(b);
   const int kvh = h / a.group;

@@ -38,12 +38,8 @@ struct HopperRows {
   __device__ __forceinline__ HopperRows(const FwdArgs& args, int b_, int head_, int m0_, int block_rows, int row_loc)
       : a(args), b(b_), head(head_), m0(m0_), row_loc0(row_loc) {
     const ScoreRules& R = a.rules;
-    lq = static_cast<int>(a.seq.q_len(b));
-    if (lq > a.seq.sq) lq = static_cast<int>(a.seq.sq);
-    int64_t lk64 = a.seq.k_len(b);
-    // Keys are cache rows [k_pad, k_pad + lk): clamp them into the cache rows.
-    if (a.k_rows_cap > 0 && lk64 > a.k_rows_cap - a.seq.k_pad(b)) lk64 = a.k_rows_cap - a.seq.k_pad(b);
-    lk = lk64 < 0 ? 0 : static_cast<int>(lk64);
+    const FwdSeqLengths lengths(a, b);
+    lq = lengths.lq, lk = lengths.lk;
     q_start = a.seq.q_start(b);
     rules = KernelScoreRules(R, lq, lk, a.scale_log2, a.softcap_in, a.softcap_out);
     const KernelScoreRules& S = rules;

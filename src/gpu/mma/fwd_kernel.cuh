@@ -209,12 +209,8 @@ __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileCo
   const ScoreRules& R = a.rules;
 
   // Sequence positions fit int32 (validated lengths); addresses stay int64.
-  int lq = static_cast<int>(a.seq.q_len(b));
-  if (lq > a.seq.sq) lq = static_cast<int>(a.seq.sq);  // clamp device-side lengths, don't fault
-  int64_t lk64 = a.seq.k_len(b);
-  // Keys are cache rows [k_pad, k_pad + lk): clamp them into the cache rows.
-  if (a.k_rows_cap > 0 && lk64 > a.k_rows_cap - a.seq.k_pad(b)) lk64 = a.k_rows_cap - a.seq.k_pad(b);
-  const int lk = lk64 < 0 ? 0 : static_cast<int>(lk64);
+  const FwdSeqLengths lengths(a, b);
+  const int lq = lengths.lq, lk = lengths.lk;
   const int m_rows = lq * a.pack;
   if (m0 >= m_rows) return;
   const int64_t q_start = a.seq.q_start(b);
