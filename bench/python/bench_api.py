@@ -165,16 +165,9 @@ def make_qkv(b, s, h, d, dtype, device, requires_grad=False, hkv=None):
             .requires_grad_(requires_grad) for sh in shapes]
 
 
-def attention_call(lib, kind, q, k, v, causal):
-    """A zero-argument callable: one call of `kind` (fwd, fwd_grad, fwd_bwd) through `lib`."""
-    if lib == "flashport":
-        def fwd():
-            return fa.flash_attn_func(q, k, v, causal=causal)
-    else:  # SDPA takes [B, H, S, D]: views of the same tensors
-        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-
-        def fwd():
-            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+def call_of_kind(kind, fwd, q, k, v):
+    """A zero-argument callable of `kind` over a forward `fwd`: fwd (under no_grad), fwd_grad (the
+    forward recording the graph), fwd_bwd (forward and backward from a fixed dout into q, k, v)."""
     if kind == "fwd":
         def call():
             with torch.no_grad():
@@ -189,6 +182,19 @@ def attention_call(lib, kind, q, k, v, causal):
             t.grad = None
         fwd().backward(dout)
     return fwd_bwd
+
+
+def attention_call(lib, kind, q, k, v, causal):
+    """A zero-argument callable: one call of `kind` (fwd, fwd_grad, fwd_bwd) through `lib`."""
+    if lib == "flashport":
+        def fwd():
+            return fa.flash_attn_func(q, k, v, causal=causal)
+    else:  # SDPA takes [B, H, S, D]: views of the same tensors
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+
+        def fwd():
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+    return call_of_kind(kind, fwd, q, k, v)
 
 
 def with_backend(lib, fn):
@@ -228,18 +234,7 @@ def varlen_call(lib, kind, q, k, v, cu, max_len, causal):
             return varlen.varlen_attn(q, k, v, cu, cu, max_len, max_len, **kw)
     else:
         raise ValueError(lib)
-    if kind == "fwd":
-        def call():
-            with torch.no_grad():
-                return fwd()
-        return call
-    dout = torch.randn_like(fwd()).detach()
-
-    def fwd_bwd():
-        for t in (q, k, v):
-            t.grad = None
-        fwd().backward(dout)
-    return fwd_bwd
+    return call_of_kind(kind, fwd, q, k, v)
 
 
 # ------------------------------------------------------------------------------------------------

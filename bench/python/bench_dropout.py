@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover
     import flashport.torch as fa
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_api import device_line, time_kernels  # noqa: E402  (the benchmark of record's timer)
+from bench_api import call_of_kind, device_line, time_kernels  # noqa: E402  (the benchmark of record's timer)
 
 LIBS = ("flashport", "sdpa_flash", "flashport_p0")  # flashport_p0: no dropout, for the mask's price
 
@@ -52,18 +52,7 @@ def make_call(lib, kind, q, k, v, causal, p):
 
         def fwd():
             return fa.flash_attn_func(q, k, v, dropout_p=p_lib, causal=causal)
-    if kind == "fwd":
-        def call():
-            with torch.no_grad():
-                return fwd()
-        return call
-    dout = torch.randn_like(fwd()).detach()
-
-    def fwd_bwd():
-        for t in (q, k, v):
-            t.grad = None
-        fwd().backward(dout)
-    return fwd_bwd
+    return call_of_kind(kind, fwd, q, k, v)
 
 
 def run_point(b, s, h, d, causal, p, reps):
