@@ -35,5 +35,16 @@ __device__ __forceinline__ void load_chunk(uint16_t* dst, const uint16_t* src_ro
   *reinterpret_cast<uint4*>(dst) = w;
 }
 
+// A finished row's softmax state (max mx and sum l, log2 units) with the attention sink (a logit,
+// log2 units) joining the denominator: updates mx and l, returns the factor the row's
+// unnormalised O is scaled by. Every forward epilogue (mma.sync, fp32, Hopper) folds it this way.
+__device__ __forceinline__ float fold_sink(float sink_log2, float& mx, float& l) {
+  const float m_f = fmaxf(mx, sink_log2);
+  const float o_scale = fast_exp2(mx - m_f);
+  l = l * o_scale + fast_exp2(sink_log2 - m_f);
+  mx = m_f;
+  return o_scale;
+}
+
 FP_TARGET_NS_END
 }  // namespace flashport::gpu

@@ -176,14 +176,8 @@ struct HopperRows {
       l += shfl_xor(l, 2);
       float mx = row_max[hf];
       if (i >= lq) continue;
-      float o_scale = 1.0f;
-      if (a.rules.sinks != nullptr && split == 0) {
-        const float sink = a.rules.sinks[head] * kLog2e;
-        const float m_f = fmaxf(mx, sink);
-        o_scale = fast_exp2(mx - m_f);
-        l = l * o_scale + fast_exp2(sink - m_f);
-        mx = m_f;
-      }
+      const float o_scale =
+          a.rules.sinks != nullptr && split == 0 ? fold_sink(a.rules.sinks[head] * kLog2e, mx, l) : 1.0f;
       float inv = l > 0.0f ? o_scale / l : 0.0f;
       if constexpr (kDropout) inv *= dropout_keep_scale(a.rules);  // kept elements of P scaled by 1 / (1 - p)
       const float lse = l > 0.0f ? (mx + __log2f(l)) * kLn2 : -INFINITY;

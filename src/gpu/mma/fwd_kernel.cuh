@@ -469,14 +469,7 @@ __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileCo
       if (m >= m_rows) continue;
       const int i = row_i(m);
       const int h = row_h(m);
-      float o_scale = 1.0f;
-      if (R.sinks != nullptr && split == 0) {
-        const float sink = R.sinks[h] * kLog2e;
-        const float m_f = fmaxf(mx, sink);
-        o_scale = fast_exp2(mx - m_f);
-        l = l * o_scale + fast_exp2(sink - m_f);
-        mx = m_f;
-      }
+      const float o_scale = R.sinks != nullptr && split == 0 ? fold_sink(R.sinks[h] * kLog2e, mx, l) : 1.0f;
       const float inv = l > 0.0f ? o_scale * keep_scale / l : 0.0f;
       const float lse = l > 0.0f ? (mx + __log2f(l)) * kLn2 : -INFINITY;
       if (a.splits > 1) {
