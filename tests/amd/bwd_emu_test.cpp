@@ -34,6 +34,8 @@ namespace {
 
 using flashport::BwdProblem;
 using flashport::test::HostTensor;
+using flashport::test::cumsum;
+using flashport::test::to_f64;
 namespace gpu = flashport::gpu;
 
 struct Case {
@@ -45,19 +47,6 @@ struct Case {
   float softcap = 0.0f, dropout = 0.0f;
   bool alibi = false, sinks = false, odd_strides = false;
 };
-
-HostTensor to_f64(const HostTensor& t) {
-  if (t.empty()) return {};
-  HostTensor r(FP_F64, t.shape());
-  r.from_double(t.to_double());
-  return r;
-}
-
-std::vector<int32_t> cumsum(const std::vector<int64_t>& v) {
-  std::vector<int32_t> r{0};
-  for (int64_t x : v) r.push_back(r.back() + static_cast<int32_t>(x));
-  return r;
-}
 
 // Inputs of one backward call: q, k, v, out and lse of the fp64 forward (out rounded to the dtype,
 // lse to fp32), a random dout; poisoned gradients.

@@ -38,6 +38,8 @@ namespace {
 
 using flashport::Problem;
 using flashport::test::HostTensor;
+using flashport::test::cumsum;
+using flashport::test::to_f64;
 using flashport::test::test_rng;
 namespace gpu = flashport::gpu;
 
@@ -58,19 +60,6 @@ struct Case {
   int64_t rot_dim = 0;       // rotary on q and the appended k
   bool rot_interleaved = false;
 };
-
-HostTensor to_f64(const HostTensor& t) {
-  if (t.empty()) return {};
-  HostTensor r(FP_F64, t.shape());
-  r.from_double(t.to_double());
-  return r;
-}
-
-std::vector<int32_t> cumsum(const std::vector<int64_t>& v) {
-  std::vector<int32_t> r{0};
-  for (int64_t x : v) r.push_back(r.back() + static_cast<int32_t>(x));
-  return r;
-}
 
 struct Tensors {
   HostTensor q, k, v, out, lse, cu_q, cu_k, seqused, block_table, alibi, sinks, k_new, v_new, cos, sin;

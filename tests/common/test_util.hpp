@@ -149,6 +149,21 @@ Comparison compare(const HostTensor& actual, const HostTensor& expected);
                                  const std::vector<double>& expected, double rel_tol,
                                  const std::string& what = "tensor");
 
+// An fp64 copy of a tensor (empty stays empty): the reference's inputs.
+inline HostTensor to_f64(const HostTensor& t) {
+  if (t.empty()) return {};
+  HostTensor r(FP_F64, t.shape());
+  r.from_double(t.to_double());
+  return r;
+}
+
+// cu_seqlens of per-sequence lengths: {0, l0, l0 + l1, ...}.
+inline std::vector<int32_t> cumsum(const std::vector<int64_t>& lens) {
+  std::vector<int32_t> cu(lens.size() + 1, 0);
+  for (size_t i = 0; i < lens.size(); ++i) cu[i + 1] = cu[i] + static_cast<int32_t>(lens[i]);
+  return cu;
+}
+
 // ---- Tolerances --------------------------------------------------------------------------------
 // Relative error (||a-b||/||b|| against the fp64 reference) allowed for a backend computing in
 // `dtype`. The values are a small multiple of what a naive same-precision attention (the input

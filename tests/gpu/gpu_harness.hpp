@@ -20,6 +20,8 @@
 namespace gputest {
 
 using flashport::test::HostTensor;
+using flashport::test::cumsum;
+using flashport::test::to_f64;
 using flashport::test::test_rng;
 
 inline bool have_gpu() {
@@ -105,19 +107,6 @@ struct DevBuf {
   }
   fp_tensor view(const HostTensor& t) const { return t.view_at(ptr, FP_DEVICE_CUDA, 0); }
 };
-
-inline HostTensor to_f64(const HostTensor& t) {
-  if (t.empty()) return {};
-  HostTensor r(FP_F64, t.shape());
-  r.from_double(t.to_double());
-  return r;
-}
-
-inline std::vector<int32_t> cumsum(const std::vector<int64_t>& lens) {
-  std::vector<int32_t> cu(lens.size() + 1, 0);
-  for (size_t i = 0; i < lens.size(); ++i) cu[i + 1] = cu[i] + static_cast<int32_t>(lens[i]);
-  return cu;
-}
 
 struct Case {
   fp_dtype dtype = FP_BF16;

@@ -12,12 +12,7 @@ namespace reftest {
 namespace {
 
 using flashport::test::close;
-
-std::vector<int32_t> cumsum(const std::vector<int64_t>& lens) {
-  std::vector<int32_t> cu(lens.size() + 1, 0);
-  for (size_t i = 0; i < lens.size(); ++i) cu[i + 1] = cu[i] + static_cast<int32_t>(lens[i]);
-  return cu;
-}
+using flashport::test::cumsum;
 
 // ---- Varlen --------------------------------------------------------------------------------
 
