@@ -151,8 +151,7 @@ inline int hopper_persistent_grid(const Problem& p, int splits, int64_t slots) {
   constexpr int64_t kMaxKeyTiles = 64;
   const int d = hopper_head_bucket(p);
   const bool uniform = splits == 1 && p.rules.window_left < 0 && p.rules.window_right < 0 &&
-                       p.seq.cu_q == nullptr && p.seq.cu_k == nullptr && !is_kv_cache_call(p) &&
-                       p.seq.kv_layout != KvLayout::Paged;
+                       p.seq.cu_q == nullptr && p.seq.cu_k == nullptr && !is_kv_cache_call(p);  // paged: a cache call
   if (!uniform || (p.seq.sk + HopperTileV3::block_n(d) - 1) / HopperTileV3::block_n(d) > kMaxKeyTiles) return 0;
   const int64_t bm = HopperTileV3::block_m(d);
   const int64_t tiles = (p.seq.sq + bm - 1) / bm * p.hq * p.seq.batch;
