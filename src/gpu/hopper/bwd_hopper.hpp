@@ -11,11 +11,12 @@
 // stores skip them), batched or varlen q/k/v/dout with 16-byte aligned rows and strides,
 // seqused_k, causal (both alignments), sliding windows, softcap (with its derivative), ALiBi,
 // sinks (d_sinks by the shared conversion step), GQA/MQA (dK/dV summed over the group in
-// registers), atomic dQ, dropout (the keep mask replayed: dropout_hopper.cuh).
-// The 256 instance is its own kernel (HopperBwdTileD256).
+// registers), dropout (the keep mask replayed: dropout_hopper.cuh), dQ by bulk reduces in any
+// order or, in deterministic mode, in a fixed order per query block (semaphores in the workspace:
+// dq_sema in bwd_hopper.cu). The 256 instance is its own kernel (HopperBwdTileD256).
 // Declined: FLASHPORT_HOPPER_BWD=0 (the user's kill switch), head dims above 256 or not multiples
-// of 8 (rows of such dims have 16-byte strides only in padded layouts), deterministic mode (the
-// mma.sync path orders the dQ adds with semaphores), unaligned tensors, devices other than sm_90.
+// of 8 (rows of such dims have 16-byte strides only in padded layouts), unaligned tensors, devices
+// other than sm_90.
 #pragma once
 #include <cstdint>
 #include <cstdlib>
@@ -110,7 +111,6 @@ inline std::string hopper_bwd_check(const BwdProblem& bp, int arch, int smem_opt
   if (p.d > 256 || p.dv > 256) return "hopper backward: head dim above 256";
   // The kernel copies and stores whole 16-byte chunks of 8 columns.
   if ((p.d & 7) != 0 || (p.dv & 7) != 0) return "hopper backward: head dims must be multiples of 8";
-  if (bp.deterministic) return "hopper backward: deterministic mode (the mma.sync backward orders the dQ adds)";
   if (p.seq.kv_layout == KvLayout::Paged || p.seq.cache_batch_idx != nullptr || p.seq.snew > 0 ||
       p.rotary_dim > 0)
     return "hopper backward: paged / cache_batch_idx / append";
@@ -134,7 +134,7 @@ inline std::string hopper_bwd_check(const BwdProblem& bp, int arch, int smem_opt
 }
 
 // The Hopper plan of a call hopper_bwd_check accepted: the mma.sync backward's workspace layout
-// (mma/bwd_launch.hpp, without semaphores), the Hopper kernel's name (with ":d<D>_dv<Dv>" when
+// (mma/bwd_launch.hpp; semaphores per (b, h, query block) in deterministic mode), the Hopper kernel's name (with ":d<D>_dv<Dv>" when
 // the call runs padded in a larger instance, as the forward's) and id.
 bool hopper_bwd_plan(const BwdProblem& bp, Plan* plan);
 // Preprocess, the Hopper main loop, dq conversion (mma/bwd_aux_kernels.cuh), on `stream`.
