@@ -417,8 +417,24 @@ TEST(CudaHopperFwd, KvCacheContiguous) {
   }
 }
 
-// Paged caches with TMA-tileable pages (8 .. 512 rows: one box per page below the key tile, one
-// box per tile at or above it), a shuffled block table, unused rows NaN, causal, sinks, LSE.
+// The producer a paged call runs (fwd_hopper.hpp kv_by_rows): row copies (":kv_rows") for pages
+// below or not a multiple of the key tile and for left pads; TMA boxes for pages a multiple of it,
+// and for dropout calls (no row-copy dropout instance) with pages of a multiple of 8 dividing it.
+void check_hopper_paged(const Case& c) {
+  fp_selection sel{};
+  check_case(c, &sel);
+  const std::string ran(sel.kernel);
+  EXPECT_EQ(ran.find(kHopperName) != std::string::npos, hopper_here()) << c.describe() << " ran " << ran;
+  if (!hopper_here()) return;
+  const int64_t bn = std::max(c.d, c.dv) > 128 ? 64 : 128;
+  const bool rows = !c.leftpad.empty() || c.page_size % bn != 0;
+  EXPECT_EQ(ran.find(":kv_rows") != std::string::npos, rows) << c.describe() << " ran " << ran;
+  expect_split_tag(sel, c.describe());
+}
+
+// Paged caches, pages 8 .. 512 rows (row copies below the key tile, one TMA box per tile at or
+// above it: the D256 instance's key tile is 64), a shuffled block table, unused rows NaN, causal,
+// sinks, LSE.
 TEST(CudaHopperFwd, KvCachePaged) {
   SKIP_WITHOUT_GPU();
   for (int64_t d : {64, 128, 256}) {
@@ -430,35 +446,75 @@ TEST(CudaHopperFwd, KvCachePaged) {
       c.seqused = {std::min<int64_t>(599, 17 + page), 600};
       c.causal = page % 16 == 0;
       c.sinks = page == 64;
-      check_hopper(c, true);
+      check_hopper_paged(c);
     }
   }
 }
 
-// Pages the TMA boxes cannot tile (any size not a multiple of the key tile and not a multiple of 8
-// dividing it) and paged caches with a left pad: the producer copies rows with cp.async. Every
-// head-dim instance, a padded head dim, causal and windows, NaN in unused rows.
+// Pages below the key tile or not a multiple of it (1, 3, 12, 16, 48, 64, 100, 129, 200) and paged
+// caches with a left pad: the producer warpgroup copies rows with cp.async. Every head-dim
+// instance, padded head dims (96, and 192/128 in the D256 instance), causal and windows, NaN in
+// unused rows.
 TEST(CudaHopperFwd, KvCachePagedByRows) {
   SKIP_WITHOUT_GPU();
-  const int64_t pages[] = {1, 3, 12, 48, 100, 129, 200};
+  const int64_t pages[] = {1, 3, 12, 16, 48, 64, 100, 129, 200};
   int n = 0;
-  for (int64_t d : {64, 96, 128, 256}) {
+  for (int64_t d : {64, 96, 128, 192, 256}) {
     for (int64_t page : pages) {
       Case c;
       c.dtype = rand_dtype();
       c.cache = true, c.paged = true, c.page_size = page, c.nan_unused_cache = true;
-      c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = d, c.sq = 130, c.sk = 520;
+      c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = d == 192 ? 128 : d, c.sq = 130, c.sk = 520;
       c.seqused = {519, int64_t(rand_int(0, 520))};
       c.causal = (n % 2) == 0;
       if (n % 3 == 0) c.wl = 100, c.wr = 0;
       if (n % 4 == 1) {  // a left pad (which also sends TMA-tileable pages here)
-        c.page_size = n % 8 == 1 ? 16 : page;
+        c.page_size = n % 8 == 1 ? 128 : page;
         c.leftpad = {30, 0};
         c.seqused = {519, 200};
       }
       ++n;
-      check_hopper(c, true);
+      check_hopper_paged(c);
     }
+  }
+}
+
+// Row copies with the rest of a serving call: GQA 8:1 and 4:1, split-KV (forced and automatic),
+// append with rotary, a left pad, sequences without keys and with keys ending mid-page, pages of
+// 1, 3, 16, 48, 64 and 256 (256: TMA boxes, the same calls); and dropout, which has no row-copy
+// instance: pages of a multiple of 8 dividing the key tile keep TMA boxes, the rest run on the
+// mma.sync kernel (still correct).
+TEST(CudaHopperFwd, KvCachePagedServing) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t page : {1, 3, 16, 48, 64, 256}) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.cache = true, c.paged = true, c.page_size = page, c.nan_unused_cache = true;
+    c.batch = 3, c.hq = 16, c.hkv = 2, c.d = 128, c.dv = 128, c.sq = 200, c.sk = 1100;
+    c.seqused = {1100, 0, 517};
+    c.causal = true;
+    check_hopper_paged(c);
+    Case s = c;  // split-KV over the cache, forced and automatic
+    s.hq = 8, s.hkv = 2, s.sq = 129, s.splits = 3;
+    s.seqused = {1100, 1, 700};
+    check_hopper_paged(s);
+    s.splits = 0, s.batch = 1, s.hq = 4, s.sk = 6000, s.seqused = {6000};
+    check_hopper_paged(s);
+    Case l = c;  // a left pad, then append + rotary after it
+    l.leftpad = {100, 0, 17};
+    l.seqused = {850, 300, 517};
+    check_hopper_paged(l);
+    l.snew = l.sq, l.rot_dim = 64, l.rot_interleaved = page % 2 == 1;
+    check_hopper_paged(l);
+    Case dr = c;  // dropout: TMA boxes where they tile, else the mma.sync kernel
+    dr.hq = 4, dr.sq = 140, dr.dropout = 0.2f;
+    dr.seqused = {1100, 1, 517};
+    fp_selection sel{};
+    check_case(dr, &sel);
+    const std::string ran(sel.kernel);
+    const bool boxes = page % 128 == 0 || (128 % page == 0 && page % 8 == 0);
+    EXPECT_EQ(ran.find(kHopperName) != std::string::npos, boxes && hopper_here()) << dr.describe() << " ran " << ran;
+    EXPECT_EQ(ran.find(":kv_rows"), std::string::npos) << dr.describe() << " ran " << ran;
   }
 }
 

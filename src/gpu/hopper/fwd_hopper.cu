@@ -143,18 +143,23 @@ std::string hopper_tma_reason(const Problem& p, int splits) {
   return std::string();
 }
 
-// Both instances of the head dim (without and with dropout), so the candidate's check holds for
-// either launch and both kernels get their shared-memory attribute: the first failure, else the
-// lower occupancy.
+// Every instance of the head dim (plain, dropout, paged row copies), so the candidate's check holds
+// for any launch and every kernel gets its shared-memory attribute: the first failure, else the
+// lowest occupancy.
 template <int D, bool kBf16>
 KernelInfo hopper_fwd_kernel_info(int device) {
   using Elem = std::conditional_t<kBf16, BFloat16, Half>;
-  const KernelInfo plain = cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, false>>(
-      device, HopperTileV3::threads(D), HopperTileV3::smem_bytes(D));
-  const KernelInfo drop = cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, true>>(
-      device, HopperTileV3::threads(D), HopperTileV3::smem_bytes(D));
-  if (plain.status != gpuSuccess) return plain;
-  return drop.status != gpuSuccess || drop.blocks_per_sm < plain.blocks_per_sm ? drop : plain;
+  const int threads = HopperTileV3::threads(D), smem = HopperTileV3::smem_bytes(D);
+  const KernelInfo infos[3] = {
+      cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, false, false>>(device, threads, smem),
+      cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, true, false>>(device, threads, smem),
+      cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, false, true>>(device, threads, smem)};
+  KernelInfo worst = infos[0];
+  for (const KernelInfo& k : infos) {
+    if (k.status != gpuSuccess) return k;
+    if (k.blocks_per_sm < worst.blocks_per_sm) worst = k;
+  }
+  return worst;
 }
 
 template <int D, bool kBf16>
@@ -167,17 +172,20 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, gpuSt
   prm.a = a;
   if (!make_v3_maps(p, a, &prm).empty()) return cudaErrorInvalidValue;  // the candidate checked the same rules
   prm.kv_box_rows = kv_box_rows(p);
-  prm.kv_by_rows = kv_by_rows(p);
-  prm.zero_v_tail = is_kv_cache_call(p) && !prm.kv_by_rows;  // the row copies zero-fill
+  const bool rows = kv_by_rows(p);
+  prm.zero_v_tail = is_kv_cache_call(p) && !rows;  // the row copies zero-fill
   prm.m_blocks = int32_t(m_blocks);
   // Work tiles: query block x split x head x sequence (the candidate bounds them); one block
   // each, or the plan's persistent grid walking them.
   prm.work_tiles = int32_t(m_blocks * p.hq * p.seq.batch * std::max(a.splits, 1));
   const unsigned blocks = grid > 0 && grid < prm.work_tiles ? unsigned(grid) : unsigned(prm.work_tiles);
-  if (a.rules.dropout_p > 0.0f)
-    sm90::fwd_hopper_v3_kernel<D, Elem, true><<<blocks, HopperTileV3::threads(D), HopperTileV3::smem_bytes(D), stream>>>(prm);
+  const int threads = HopperTileV3::threads(D), smem = HopperTileV3::smem_bytes(D);
+  if (rows)  // the candidate declines row copies with dropout
+    sm90::fwd_hopper_v3_kernel<D, Elem, false, true><<<blocks, threads, smem, stream>>>(prm);
+  else if (a.rules.dropout_p > 0.0f)
+    sm90::fwd_hopper_v3_kernel<D, Elem, true, false><<<blocks, threads, smem, stream>>>(prm);
   else
-    sm90::fwd_hopper_v3_kernel<D, Elem, false><<<blocks, HopperTileV3::threads(D), HopperTileV3::smem_bytes(D), stream>>>(prm);
+    sm90::fwd_hopper_v3_kernel<D, Elem, false, false><<<blocks, threads, smem, stream>>>(prm);
   return gpuGetLastError();
 }
 

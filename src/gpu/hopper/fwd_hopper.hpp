@@ -9,8 +9,10 @@
 // alignments), sliding windows, GQA/MQA, LSE, softcap, ALiBi, sinks; split-KV (partials in the
 // workspace, then the combine kernel; hopper_fwd_candidate picks the count); KV caches:
 // contiguous (seqused_k, cache_batch_idx, cache_leftpad) and paged with any page size (pages a
-// multiple of the key tile, or a multiple of 8 rows dividing it: one TMA box per page; other
-// sizes and left pads: cp.async row copies by the producer warpgroup), append and rotary (the
+// multiple of the key tile: one TMA box per tile; smaller pages and left pads: coalesced cp.async
+// row copies by the producer warpgroup, kv_by_rows, head dims of multiples of 8; with dropout,
+// pages of a multiple of 8 rows dividing the key tile: one TMA box per page, and the rest
+// declined), append and rotary (the
 // pre-pass writes the cache rows and the rotated q, which the kernel reads from the workspace),
 // varlen queries over a cache (chunked prefill), dropout (core/philox.hpp's keep mask, the
 // words shared between lanes: dropout_hopper.cuh; split-KV too).
@@ -48,8 +50,13 @@ struct HopperTileV3 {
   static constexpr int stages(int d) { return d == 64 ? 4 : 2; }
   // The producer gives back what the consumers take: launch registers 65536 / threads
   // (168 or 128), producer 24, consumers 240 (2 x 72 <= 144) or 160 (3 x 32 <= 104).
-  static constexpr int kProducerRegs = 24;
-  static constexpr int consumer_regs(int d) { return consumers(d) == 3 ? 160 : 240; }
+  // Paged K/V copied by the producer's threads (kv_rows) with two consumers: producer 40,
+  // consumers 232 (2 x 64 <= 128): the copies' addresses spill at 24, the consumers do not at 232.
+  // Three consumers keep 160 (152 spills in their softmax), so their producer stays at 24.
+  static constexpr int producer_regs(int d, bool kv_rows) { return kv_rows && consumers(d) == 2 ? 40 : 24; }
+  static constexpr int consumer_regs(int d, bool kv_rows) {
+    return consumers(d) == 3 ? 160 : kv_rows ? 232 : 240;
+  }
   static constexpr int block_n(int d) { return d == 256 ? 64 : 128; }
   // full/empty Q, full/empty x K/V x stages, and `v_tail_zeroed` (KV-cache calls: the first V
   // tile's rows past the keys are zeroed before P V reads them).
@@ -107,27 +114,38 @@ struct HopperDimsTag {
   }
 };
 
-// The plan's kernel name; split-KV adds ":splitkv+combine" (as the mma.sync plans do).
-inline void hopper_kernel_name(char* buf, size_t size, const Problem& p, int splits) {
-  const int bucket = hopper_head_bucket(p);
-  const HopperDimsTag dims(p);
-  std::snprintf(buf, size, "cuda:sm90_wgmma_prefill_d%d_m%dn%d_tma_ws:%s%s%s", bucket, HopperTileV3::block_m(bucket),
-                HopperTileV3::block_n(bucket),
-                p.dtype == FP_BF16 ? "bf16" : "fp16", dims.text, splits > 1 ? ":splitkv+combine" : "");
-}
-
 // A call over a KV cache: rows past a sequence's keys are the cache's, whatever they hold.
 inline bool is_kv_cache_call(const Problem& p) {
   return p.seq.seqused_k != nullptr || p.seq.kv_layout == KvLayout::Paged || p.seq.cache_batch_idx != nullptr ||
          p.seq.cache_leftpad != nullptr;
 }
 
-// Paged caches whose pages TMA boxes cannot tile (not a multiple of the key tile and not a multiple
-// of 8 dividing it), or with a left pad: the producer copies K/V row by row (cp.async) instead.
+// How the producer reads a paged cache. TMA boxes tile pages that are a multiple of the key tile
+// (one box per tile) or a multiple of 8 rows dividing it (one box per page), without a left pad.
+// Below the key tile the producer's threads copy the rows instead (the kKvRows instances,
+// coalesced cp.async): one thread issuing a box per page starved the ring on the H100 (0.43 of a
+// contiguous cache at page 16, 0.81 at page 64; bench/results/gpu_coverage.md), and row copies
+// take any page size and left pad. Dropout has no row-copy instance: its calls keep the boxes
+// where they fit, and the candidate declines the rest (hopper_fwd_candidate).
+inline bool kv_tma_boxes_fit(const Problem& p) {
+  const int64_t page = p.seq.page_size, bn = HopperTileV3::block_n(hopper_head_bucket(p));
+  return p.seq.cache_leftpad == nullptr && (page % bn == 0 || (bn % page == 0 && page % 8 == 0));
+}
 inline bool kv_by_rows(const Problem& p) {
   if (p.seq.kv_layout != KvLayout::Paged) return false;
-  const int64_t page = p.seq.page_size, bn = HopperTileV3::block_n(hopper_head_bucket(p));
-  return p.seq.cache_leftpad != nullptr || (page % bn != 0 && !(bn % page == 0 && page % 8 == 0));
+  const int64_t bn = HopperTileV3::block_n(hopper_head_bucket(p));
+  if (p.rules.has_dropout()) return !kv_tma_boxes_fit(p);
+  return p.seq.cache_leftpad != nullptr || p.seq.page_size % bn != 0;
+}
+
+// The plan's kernel name; split-KV adds ":splitkv+combine" (as the mma.sync plans do), a paged
+// cache copied by the producer's threads ":kv_rows" (kv_by_rows).
+inline void hopper_kernel_name(char* buf, size_t size, const Problem& p, int splits) {
+  const int bucket = hopper_head_bucket(p);
+  const HopperDimsTag dims(p);
+  std::snprintf(buf, size, "cuda:sm90_wgmma_prefill_d%d_m%dn%d_tma_ws:%s%s%s%s", bucket, HopperTileV3::block_m(bucket),
+                HopperTileV3::block_n(bucket), p.dtype == FP_BF16 ? "bf16" : "fp16", dims.text,
+                kv_by_rows(p) ? ":kv_rows" : "", splits > 1 ? ":splitkv+combine" : "");
 }
 
 inline bool hopper_mult8(int64_t x) { return (x & 7) == 0; }
@@ -185,6 +203,11 @@ inline std::string hopper_fwd_candidate(const Problem& p, int arch, int sm_count
                        hopper_mult8(p.k.s2) && hopper_mult8(p.v.s0) && hopper_mult8(p.v.s1) &&
                        hopper_mult8(p.v.s2);
   if (!aligned) return "hopper path: q/k/v rows or strides not 16-byte aligned";
+  if (kv_by_rows(p) && p.rules.has_dropout())
+    return "hopper path: dropout with a paged cache TMA boxes cannot tile (left pad, or pages not a multiple of 8 "
+           "dividing the key tile): no row-copy dropout instance";
+  if (kv_by_rows(p) && (p.d % 8 != 0 || p.dv % 8 != 0))
+    return "hopper path: a paged cache copied by rows needs head dims D, Dv of whole 16-byte chunks (multiples of 8)";
   if (HopperTileV3::smem_bytes(d) > smem_optin) return "hopper path: shared memory";
   const KernelInfo ki = hopper_info_for(d, p.dtype == FP_BF16, p.device_index);
   if (ki.status != gpuSuccess) return std::string("hopper path: no kernel image: ") + gpuGetErrorString(ki.status);

@@ -48,6 +48,14 @@ __device__ __forceinline__ void cp_async_16_to(uint32_t dst, const void* src, in
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
                : "memory");
 }
+// 16 bytes global -> shared, or 16 zero bytes when !copy (ignore-src: src is not read then).
+__device__ __forceinline__ void cp_async_16_or_zeros(uint32_t dst, const void* src, bool copy) {
+  asm volatile(
+      "{\n.reg .pred ignore;\nsetp.eq.u32 ignore, %2, 0;\n"
+      "cp.async.cg.shared.global.L2::128B [%0], [%1], 16, ignore;\n}\n" ::"r"(dst),
+      "l"(src), "r"(uint32_t(copy))
+      : "memory");
+}
 // One arrival on `bar` once every cp.async this thread issued so far has landed (the barrier's
 // expected count includes it: .noinc). The producer goes on issuing meanwhile.
 __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {

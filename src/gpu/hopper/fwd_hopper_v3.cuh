@@ -3,7 +3,8 @@
 //
 // Block = a producer warpgroup and 2 or 3 consumer warpgroups of 64 query rows (HopperTileV3:
 // BM = 128 at D128/D256, 192 at D64):
-//   warpgroup 0, the producer: drops to 24 registers (setmaxnreg); one thread issues every copy
+//   warpgroup 0, the producer: drops to 24 registers (setmaxnreg; 40 in the paged row-copy instances,
+//     kKvRows: its 128 threads copy K/V rows with cp.async instead); one thread issues every copy
 //     as TMA (cp.async.bulk.tensor, 64-column boxes, 128B swizzle: the panel layout wgmma reads):
 //     Q once, then K(t), V(t) for the tiles in consumer order, each into its ring slot once the
 //     slot's `empty` mbarrier says both consumers are done with it; the copy engine signals the
@@ -51,11 +52,6 @@ struct HopperV3Params {
   // work tile's first (tail) tile before the consumers read it. Rows past the tensor are zero-filled
   // by TMA, and a batched or varlen call's other rows are the caller's finite keys.
   bool zero_v_tail = false;
-  // Paged caches whose pages TMA boxes cannot tile (any size that is not a multiple of the key
-  // tile, or with cache_leftpad): the whole producer warpgroup copies K and V row by row with
-  // cp.async (one row per thread, or half a row at D = 256), zero-filling rows past the keys; each
-  // thread's cp.async.mbarrier.arrive completes the slot's full barrier (128 arrivals).
-  bool kv_by_rows = false;
 };
 
 namespace sm90 {
@@ -63,7 +59,10 @@ namespace sm90 {
 // kDropout: the call has dropout (HopperRows applies it to P and scales O). Its own instance: the
 // consumer loop is register-bound, and a second copy of it in one function changed the plain
 // loop's allocation (more spills).
-template <int D, typename Elem, bool kDropout>
+// kKvRows: a paged cache with pages below the key tile (or a left pad, fwd_hopper.hpp kv_by_rows):
+// the producer warpgroup copies K/V rows with cp.async (its own instance: the copies need more
+// producer registers than the TMA issuer, HopperTileV3::producer_regs).
+template <int D, typename Elem, bool kDropout, bool kKvRows>
 __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
     fwd_hopper_v3_kernel(const __grid_constant__ HopperV3Params P) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -115,7 +114,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
     mbar_init(full_q, 1);
     mbar_init(empty_q, 4 * kConsumers);
     mbar_init(v_tail_zeroed, 1);
-    const uint32_t kv_arrivals = P.kv_by_rows ? 128u : 1u;  // the producer's threads, or the TMA issuer
+    const uint32_t kv_arrivals = kKvRows ? 128u : 1u;  // the producer's threads, or the TMA issuer
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       mbar_init(full_k(s), kv_arrivals);
@@ -153,46 +152,81 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
   };
   if (wg == 0) {
     // ---- producer ----
-    regs_dec<T::kProducerRegs>();
-    if (P.kv_by_rows) {
-      // K and V row by row (cp.async), into the 128B-swizzled panels the TMA boxes would produce:
-      // row r, 16-byte chunk c of panel p at p * (BN * 128) + r * 128 + ((c ^ (r % 8)) * 16).
-      constexpr int kThreadsPerRow = 128 / BN;        // 1 (BN = 128) or 2 (BN = 64, D = 256)
-      constexpr int kChunks = D / 8 / kThreadsPerRow;  // 16-byte chunks per thread and row
-      const int row = tid / kThreadsPerRow, part = tid % kThreadsPerRow;
-      auto copy_row = [&](uint32_t slot, const uint16_t* src, bool valid, int dim) {
+    regs_dec<T::producer_regs(D, kKvRows)>();
+    if constexpr (kKvRows) {
+      // Paged K/V with pages below the key tile (or a left pad): the warpgroup's 128 threads copy
+      // with cp.async into the 128B-swizzled panels a TMA box would produce (row r, 16-byte chunk
+      // c of panel p at p * (BN * 128) + r * 128 + ((c % 8) ^ (r % 8)) * 16). Warp w copies the
+      // tile's rows [w * kWarpRows, + kWarpRows). Lane i finds row i's cache offset once per tile
+      // (its page id: one load per lane, issued before the slot wait); then each pass shuffles
+      // kPassRows rows' offsets to the lanes copying them, adjacent lanes on adjacent chunks of a
+      // row, so a warp instruction reads whole 32-byte sectors (512 bytes). Rows past the keys
+      // and chunks past the head dim (padded dims; the candidate wants dims of whole chunks) are
+      // zero-filled without a read: no tail zeroing needed.
+      constexpr int kRowChunks = D / 8;               // 16-byte chunks per row: 8, 16, 32
+      constexpr int kPassRows = 32 / kRowChunks;      // rows per warp instruction: 4, 2, 1
+      constexpr int kWarpRows = BN / 4;               // 32, 32, 16
+      constexpr int kPasses = kWarpRows / kPassRows;  // 8, 16, 16
+      // Pass j copies rows j * kPassRows + sub of the warp's part; warp parts start at multiples
+      // of 8 rows and sub < kPassRows, so the row's swizzle term is sub ^ (j * kPassRows % 8):
+      // kPatterns values. Passes run pattern by pattern, one destination register each.
+      constexpr int kPatterns = 8 / kPassRows;
+      const int chunk = lane % kRowChunks, sub = lane / kRowChunks;
+      const int warp_row0 = wwarp * kWarpRows;
+      const uint32_t lane_dst =
+          uint32_t((chunk / 8) * (BN * 128) + (warp_row0 + sub) * 128 + (((chunk % 8) ^ sub) << 4));
+      const bool k_chunk = chunk * 8 < a.d, v_chunk = chunk * 8 < a.dv;
+      constexpr int64_t kNoRow = INT64_MIN;  // a row past the keys: zero-filled
+      // One K or V tile's part of this warp into a slot; row_off: this lane's row's byte offset.
+      auto copy_rows = [&](uint32_t slot, const uint16_t* base, int64_t row_off, bool chunk_ok) {
+        const uint32_t slot_lane = slot + lane_dst;  // slot: 1024-byte aligned, so the XOR below only swizzles
+        const char* col_base = reinterpret_cast<const char*>(base + chunk * 8);
 #pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
-          const int chunk = part * kChunks + c;
-          const bool ok = valid && chunk * 8 < dim;  // columns past the head dim: zeros (padded D)
-          cp_async_16_to(slot + (chunk / 8) * (BN * 128) + row * 128 + (((chunk % 8) ^ (row & 7)) << 4),
-                         ok ? src + chunk * 8 : a.k, ok ? 16 : 0);
+        for (int x = 0; x < kPatterns; ++x) {
+          const uint32_t dst = (slot_lane ^ uint32_t((x * kPassRows) << 4)) + uint32_t(x * kPassRows * 128);
+#pragma unroll
+          for (int y = 0; y < kPasses / kPatterns; ++y) {
+            const int64_t off = __shfl_sync(0xffffffffu, row_off, (x + y * kPatterns) * kPassRows + sub);
+            cp_async_16_or_zeros(dst + uint32_t(y * 1024), col_base + off, chunk_ok && off != kNoRow);
+          }
         }
       };
       if (tid == 0) tma_prefetch_desc(&P.tq);
       uint32_t it = 0, qr = 0;
       for_each_tile_with_keys([&](const Rows& rows, int m0, int head, int b) {
-        const int n_hi = rows.n_hi, count = n_hi - rows.n_lo;
-        const int kvh = head / a.group;
-        for (int t = 0; t < count; ++t, ++it) {
+        // Q first: these KV-cache calls run one block per work tile (never the persistent grid),
+        // so the Q buffer is free at once and m0/head need no register past this point.
+        if (tid == 0) {
+          mbar_wait(empty_q, (qr & 1) ^ 1);
+          issue_q(rows, m0, head, b);
+        }
+        ++qr;
+        const uint32_t kvh = uint32_t(head / a.group);
+        const int32_t* pages = a.seq.block_table + int64_t(b) * a.seq.block_table_stride;
+        const int pad = int(a.seq.k_pad(b));
+        for (int nb = rows.n_hi - 1; nb >= rows.n_lo; --nb, ++it) {
           const int s = int(it & (S - 1));
           const uint32_t free_parity = ((it / S) & 1) ^ 1;
-          const int key = (n_hi - 1 - t) * BN + row;
-          const bool valid = key < rows.lk;
-          const uint16_t* k_src = valid ? a.k + a.k_addr.at(a.seq, b, key, kvh) : a.k;
-          const uint16_t* v_src = valid ? a.v + a.v_addr.at(a.seq, b, key, kvh) : a.v;
-          mbar_wait(empty_k(s), free_parity);
-          copy_row(sK + s * kTileBytes, k_src, valid, a.d);
-          cp_async_arrive(full_k(s));  // arrives when this thread's rows have landed; no wait here
-          if (t == 0) {
-            if (tid == 0) {
-              mbar_wait(empty_q, (qr & 1) ^ 1);
-              issue_q(rows, m0, head, b);
-            }
-            ++qr;
+          // This lane's row: key nb * BN + row of the sequence, cache row pad + that.
+          const int row = warp_row0 + lane;
+          int64_t k_off = kNoRow, v_off = kNoRow;
+          if (lane < kWarpRows && nb * BN + row < rows.lk) {
+            const uint32_t cache_row = uint32_t(pad + nb * BN + row), page_size = uint32_t(a.seq.page_size);
+            const uint32_t page_idx = cache_row / page_size;
+            const int id = pages[page_idx];
+            // Page ids are never trusted to fault: clamped into the cache.
+            const uint32_t page = uint32_t(id < 0 ? 0 : (a.num_pages > 0 && id >= a.num_pages ? int(a.num_pages) - 1 : id));
+            const uint32_t in_page = cache_row - page_idx * page_size;
+            k_off = 2 * int64_t(uint64_t(page) * uint64_t(a.k_addr.s0) + uint64_t(in_page) * uint64_t(a.k_addr.s1) +
+                                uint64_t(kvh) * uint64_t(a.k_addr.s2));
+            v_off = 2 * int64_t(uint64_t(page) * uint64_t(a.v_addr.s0) + uint64_t(in_page) * uint64_t(a.v_addr.s1) +
+                                uint64_t(kvh) * uint64_t(a.v_addr.s2));
           }
+          mbar_wait(empty_k(s), free_parity);
+          copy_rows(sK + s * kTileBytes, a.k, k_off, k_chunk);
+          cp_async_arrive(full_k(s));  // arrives when this thread's copies have landed; no wait here
           mbar_wait(empty_v(s), free_parity);
-          copy_row(sV + s * kTileBytes, v_src, valid, a.dv);
+          copy_rows(sV + s * kTileBytes, a.v, v_off, v_chunk);
           cp_async_arrive(full_v(s));
         }
       });
@@ -304,7 +338,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
     }
   } else {
     // ---- consumers ----
-    regs_inc<T::consumer_regs(D)>();
+    regs_inc<T::consumer_regs(D, kKvRows)>();
     const int cwg = wg - 1;
     const int my_bar = 1 + cwg, other_bar = 2 - cwg;
     auto my_turn = [&] {
