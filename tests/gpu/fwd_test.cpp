@@ -241,6 +241,21 @@ TEST(CudaFwd, AppendThenAttendWithRotary) {
     c.rot_interleaved = rep % 3 == 1;
     check_case(c);
   }
+  // The pre-pass moves 16-byte chunks where the rotary pairs stay inside them (rot_dim / 2 a
+  // multiple of 8, or interleaved pairs with rot_dim a multiple of 8) and the rows are 16-byte
+  // aligned, else element by element: rotary dims and head dims on both sides of that line.
+  struct R { int64_t d, rot; bool interleaved; };
+  for (R r : {R{64, 24, false}, R{64, 24, true}, R{64, 8, false}, R{40, 16, false}, R{36, 16, true}, R{128, 128, false},
+              R{128, 6, true}}) {
+    SCOPED_TRACE("d " + std::to_string(r.d) + " rot " + std::to_string(r.rot) + (r.interleaved ? " interleaved" : ""));
+    Case c;
+    c.dtype = rand_dtype();
+    c.cache = true;
+    c.batch = 2, c.hq = 4, c.hkv = 2, c.d = r.d, c.dv = r.d, c.sk = 300;
+    c.snew = 7, c.sq = 7, c.causal = true;
+    c.rot_dim = r.rot, c.rot_interleaved = r.interleaved;
+    check_case(c);
+  }
 }
 
 TEST(CudaFwd, RandomizedMix) {
