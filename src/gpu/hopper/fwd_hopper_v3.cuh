@@ -215,7 +215,8 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
             const uint32_t page_idx = cache_row / page_size;
             const int id = pages[page_idx];
             // Page ids are never trusted to fault: clamped into the cache.
-            const uint32_t page = uint32_t(id < 0 ? 0 : (a.num_pages > 0 && id >= a.num_pages ? int(a.num_pages) - 1 : id));
+            const int last_page = a.num_pages > 0 ? int(a.num_pages) - 1 : 0;
+            const uint32_t page = uint32_t(id < 0 ? 0 : id > last_page ? last_page : id);
             const uint32_t in_page = cache_row - page_idx * page_size;
             k_off = 2 * int64_t(uint64_t(page) * uint64_t(a.k_addr.s0) + uint64_t(in_page) * uint64_t(a.k_addr.s1) +
                                 uint64_t(kvh) * uint64_t(a.k_addr.s2));
