@@ -479,6 +479,44 @@ TEST(CudaHopperFwd, KvCachePagedByRows) {
   }
 }
 
+// The producer a paged call gets (the plan's rule, no device needed): row copies below the key
+// tile (128 rows; 64 at D256) and with a left pad, TMA boxes for multiples of the tile; dropout
+// keeps a box per page where pages of a multiple of 8 divide the tile, and has no row copies (the
+// candidate declines those). The plan's name says which.
+TEST(HopperFwdPlan, PagedProducerChoice) {
+  struct Want {
+    int64_t d, page;
+    bool leftpad, dropout, rows;
+  };
+  const Want wants[] = {
+      {128, 16, false, false, true},  {128, 64, false, false, true},  {128, 1, false, false, true},
+      {128, 48, false, false, true},  {128, 3, false, false, true},   {128, 200, false, false, true},
+      {128, 128, false, false, false}, {128, 256, false, false, false}, {128, 256, true, false, true},
+      {96, 16, false, false, true},   {64, 16, false, false, true},   {64, 512, false, false, false},
+      {256, 16, false, false, true},  {256, 64, false, false, false}, {256, 128, false, false, false},
+      {192, 32, false, false, true},  {128, 16, false, true, false},  {128, 64, false, true, false},
+      {128, 256, false, true, false}, {128, 48, false, true, true},    {128, 16, true, true, true},
+  };
+  const int32_t pad = 0;
+  for (const Want& w : wants) {
+    flashport::Problem p;
+    p.dtype = FP_BF16;
+    p.d = p.dv = w.d;
+    p.seq.kv_layout = flashport::KvLayout::Paged;
+    p.seq.page_size = w.page;
+    p.seq.cache_leftpad = w.leftpad ? &pad : nullptr;
+    p.rules.dropout_p = w.dropout ? 0.1f : 0.0f;
+    const std::string what = "d " + std::to_string(w.d) + " page " + std::to_string(w.page) +
+                             (w.leftpad ? " leftpad" : "") + (w.dropout ? " dropout" : "");
+    EXPECT_EQ(flashport::gpu::kv_by_rows(p), w.rows) << what;
+    char name[160];
+    flashport::gpu::hopper_kernel_name(name, sizeof(name), p, 1);
+    EXPECT_EQ(std::string(name).find(":kv_rows") != std::string::npos, w.rows) << what << ": " << name;
+    p.seq.kv_layout = flashport::KvLayout::Batched;  // a contiguous cache: TMA boxes
+    EXPECT_FALSE(flashport::gpu::kv_by_rows(p)) << what;
+  }
+}
+
 // Row copies with the rest of a serving call: GQA 8:1 and 4:1, split-KV (forced and automatic),
 // append with rotary, a left pad, sequences without keys and with keys ending mid-page, pages of
 // 1, 3, 16, 48, 64 and 256 (256: TMA boxes, the same calls); and dropout, which has no row-copy
