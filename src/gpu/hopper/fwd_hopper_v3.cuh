@@ -176,18 +176,22 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
       const uint32_t lane_dst =
           uint32_t((chunk / 8) * (BN * 128) + (warp_row0 + sub) * 128 + (((chunk % 8) ^ sub) << 4));
       const bool k_chunk = chunk * 8 < a.d, v_chunk = chunk * 8 < a.dv;
-      constexpr int64_t kNoRow = INT64_MIN;  // a row past the keys: zero-filled
+      // A row past the keys: zero-filled. Row byte offsets are multiples of 16 (16-byte strides),
+      // so the odd marker is told apart by its low bit, and masking that bit leaves an address
+      // inside the tensor (its first row) for the copy that does not read it.
+      constexpr int64_t kNoRow = 1;
       // One K or V tile's part of this warp into a slot; row_off: this lane's row's byte offset.
       auto copy_rows = [&](uint32_t slot, const uint16_t* base, int64_t row_off, bool chunk_ok) {
         const uint32_t slot_lane = slot + lane_dst;  // slot: 1024-byte aligned, so the XOR below only swizzles
-        const char* col_base = reinterpret_cast<const char*>(base + chunk * 8);
+        const char* col_base = reinterpret_cast<const char*>(base + (chunk_ok ? chunk * 8 : 0));
 #pragma unroll
         for (int x = 0; x < kPatterns; ++x) {
           const uint32_t dst = (slot_lane ^ uint32_t((x * kPassRows) << 4)) + uint32_t(x * kPassRows * 128);
 #pragma unroll
           for (int y = 0; y < kPasses / kPatterns; ++y) {
             const int64_t off = __shfl_sync(0xffffffffu, row_off, (x + y * kPatterns) * kPassRows + sub);
-            cp_async_16_or_zeros(dst + uint32_t(y * 1024), col_base + off, chunk_ok && off != kNoRow);
+            const bool row_ok = (uint32_t(off) & uint32_t(kNoRow)) == 0;
+            cp_async_16_or_zeros(dst + uint32_t(y * 1024), col_base + (off & ~kNoRow), chunk_ok && row_ok);
           }
         }
       };
