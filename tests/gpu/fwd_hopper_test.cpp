@@ -47,8 +47,9 @@ void check_hopper(const Case& c, bool expect_hopper) {
 }
 
 // check_case with the workspace filled with 0xFF bytes (NaN as fp32) before the call, so every
-// partial and LSE the combine reads must come from this call. Returns the selection.
-fp_selection check_case_garbage_ws(const Case& cs) {
+// partial and LSE the combine reads must come from this call; the call's workspace starts
+// ws_offset bytes into the allocation. Returns the selection.
+fp_selection check_case_garbage_ws(const Case& cs, size_t ws_offset = 0) {
   SCOPED_TRACE(cs.describe());
   fp_selection none{};
   Call call(cs);
@@ -56,11 +57,12 @@ fp_selection check_case_garbage_ws(const Case& cs) {
   EXPECT_TRUE(ref.ok) << ref.error;
   if (!ref.ok) return none;
   DeviceCall dev(call);
+  dev.workspace_offset = ws_offset;
   fp_attn_params p = call.params(dev.views, FP_BACKEND_CUDA);
   fp_selection sel{};
   EXPECT_EQ(fp_attn_fwd_select(&p, &sel), FP_OK) << fp_last_error();
   if (sel.workspace_bytes > 0) {
-    HostTensor sized(FP_F32, {static_cast<int64_t>((sel.workspace_bytes + 3) / 4)});
+    HostTensor sized(FP_F32, {static_cast<int64_t>((sel.workspace_bytes + ws_offset + 3) / 4)});
     dev.workspace.upload(sized);
     EXPECT_EQ(cudaMemset(dev.workspace.ptr, 0xFF, dev.workspace.bytes), cudaSuccess);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the call's stream does not wait for the legacy one
@@ -682,6 +684,35 @@ TEST(CudaHopperFwd, SplitKvVarlen) {
     c.splits = 7;
     check_hopper_split(c, 7);
   }
+}
+
+// The epilogue's store paths (HopperRows::epilogue): O through the staging tile in 16-byte row
+// chunks where out's rows and strides allow them (batched and varlen, a padded Dv: chunks past Dv
+// not stored), else from the registers (out rows padded by 2 elements: 4-byte pairs); split-KV
+// partials through the staging tile (a 16-byte aligned workspace) or from the registers (the
+// workspace 4 bytes past an aligned address). Every head-dim instance, sinks and an odd row count.
+TEST(CudaHopperFwd, EpilogueStorePaths) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t d : {64, 128, 256})
+    for (int64_t dv : {d, d - 24}) {
+      Case c;
+      c.dtype = rand_dtype();
+      c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = dv, c.sq = 333, c.sk = 517;
+      c.causal = true, c.sinks = dv != d;
+      check_hopper(c, true);
+      Case v = c;
+      v.varlen = true, v.lq = {1, 200, 130}, v.lk = {77, 400, 300};
+      check_hopper(v, true);
+      Case s = c;
+      s.strided = true;  // out: [B, Sq, Hq + 1, Dv + 2]
+      check_hopper(s, true);
+      Case k = c;
+      k.sk = 3000, k.splits = 3;
+      check_hopper_split(k, 3);
+      const fp_selection unaligned = check_case_garbage_ws(k, 4);
+      EXPECT_EQ(std::string(unaligned.kernel).find(kHopperName) != std::string::npos, hopper_here()) << k.describe();
+      EXPECT_EQ(unaligned.num_splits, 3) << k.describe();
+    }
 }
 
 // Captured into a CUDA graph (no allocation, sync or host read inside the call) and replayed:

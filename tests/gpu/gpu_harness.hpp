@@ -369,6 +369,7 @@ struct DeviceCall {
   DevBuf q, k, v, out, lse, cu_q, cu_k, seqused, block_table, batch_idx, k_new, v_new, cos, sin,
       alibi, sinks, rng, leftpad, workspace;
   Call::Views views{};
+  size_t workspace_offset = 0;  // the call's workspace starts this many bytes into `workspace`
 
   explicit DeviceCall(const Call& c) {
     auto up = [](DevBuf& d, const HostTensor& t, fp_tensor& view) {
@@ -390,12 +391,12 @@ struct DeviceCall {
     fp_attn_params p = c.params(views, FP_BACKEND_CUDA);
     fp_status st = fp_attn_fwd_select(&p, sel);
     if (st != FP_OK) return st;
-    if (sel->workspace_bytes > workspace.bytes) {
-      HostTensor dummy(FP_F32, {static_cast<int64_t>((sel->workspace_bytes + 3) / 4)});
+    if (sel->workspace_bytes + workspace_offset > workspace.bytes) {
+      HostTensor dummy(FP_F32, {static_cast<int64_t>((sel->workspace_bytes + workspace_offset + 3) / 4)});
       workspace.upload(dummy);
     }
-    p.workspace = workspace.ptr;
-    p.workspace_bytes = workspace.bytes;
+    p.workspace = static_cast<char*>(workspace.ptr) + workspace_offset;
+    p.workspace_bytes = workspace.bytes - workspace_offset;
     p.stream = stream;
     if (p_out) *p_out = p;
     return fp_attn_fwd(&p);

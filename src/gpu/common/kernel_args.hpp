@@ -29,6 +29,7 @@ struct FwdArgs {
   float softcap_out = 0.0f;     // softcap * log2(e)
   bool vec_ok = false;          // 16-byte aligned rows and strides: cp.async path
   bool out_vec_ok = false;      // 4-byte aligned output pairs
+  bool out_vec16_ok = false;    // 16-bit outputs: 16-byte aligned rows and strides, Dv a multiple of 8
   // Split partials in the workspace: o [splits][rows][dv] fp32, lse [splits][rows], where
   // rows = B * Hq * Sq (row index (b * Hq + h) * Sq + i).
   float* ws_o = nullptr;
@@ -196,6 +197,8 @@ inline FwdArgs fwd_args(const Problem& p, const uint16_t* q, const RowAddr& q_ad
              mult8(p.k.s2) && mult8(p.v.s0) && mult8(p.v.s1) && mult8(p.v.s2);
   a.out_vec_ok = (reinterpret_cast<uintptr_t>(a.out) & 3) == 0 && (p.out.row_stride & 1) == 0 &&
                  (p.out.head_stride & 1) == 0 && (p.out.batch_stride & 1) == 0;
+  a.out_vec16_ok = aligned16(a.out) && mult8(p.out.row_stride) && mult8(p.out.head_stride) &&
+                   mult8(p.out.batch_stride) && p.dv % 8 == 0;
   return a;
 }
 

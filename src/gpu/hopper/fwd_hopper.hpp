@@ -61,8 +61,14 @@ struct HopperTileV3 {
   // full/empty Q, full/empty x K/V x stages, and `v_tail_zeroed` (KV-cache calls: the first V
   // tile's rows past the keys are zeroed before P V reads them).
   static constexpr int barrier_bytes(int d) { return 8 * (3 + 4 * stages(d)); }
+  // O leaves through shared memory (HopperRows::epilogue): each consumer warpgroup stages its 64
+  // rows, kOutStageRowBytes per row and pass (16-bit O: one pass up to D128, two at D256; fp32
+  // split-KV partials: one pass per 64 columns). 16 KB per consumer fits next to every ring:
+  // D64 205,976 bytes, D128 197,720, D256 230,488 of the 232,448 an H100 block may opt in to.
+  static constexpr int kOutStageRowBytes = 256;
+  static constexpr int out_stage_bytes(int d) { return consumers(d) * 64 * kOutStageRowBytes; }
   static constexpr int smem_bytes(int d) {
-    return (block_m(d) + 2 * stages(d) * block_n(d)) * d * 2 + 1024 + barrier_bytes(d);
+    return (block_m(d) + 2 * stages(d) * block_n(d)) * d * 2 + out_stage_bytes(d) + 1024 + barrier_bytes(d);
   }
 };
 

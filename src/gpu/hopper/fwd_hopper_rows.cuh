@@ -1,7 +1,7 @@
 // The row side of the Hopper forward (fwd_hopper_v3.cuh): the block's visible key range, the
 // score hooks (softcap, ALiBi, masks), the online softmax
 // over one tile of S in the wgmma accumulator layout, dropout (dropout_hopper.cuh), and the
-// epilogue (sinks, LSE, store).
+// epilogue (sinks, LSE, O through a shared-memory staging tile).
 //
 // wgmma accumulator layout (m64nN, per warpgroup): warp w owns rows 16w..16w+15; a thread holds
 // rows lane/4 (hf = 0) and lane/4 + 8 (hf = 1), columns 8t + 2(lane%4) + e2 of every 8-column tile
@@ -14,11 +14,45 @@
 #include "gpu/common/tile_io.cuh"
 #include "gpu/common/tile_mma.hpp"
 #include "gpu/hopper/dropout_hopper.cuh"
+#include "gpu/hopper/fwd_hopper.hpp"
+#include "gpu/hopper/fwd_hopper_tma.cuh"
 
 namespace flashport::gpu::sm90 {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+
+// A consumer warpgroup's output staging tile (HopperTileV3::out_stage_bytes: 64 rows of
+// kOutStageRowBytes) and the named barrier of its 128 threads.
+struct OutStage {
+  uint32_t addr;  // shared-window address
+  int barrier;
+};
+
+// Four 8x8 16-bit matrices from the mma fragment layout into shared memory (lanes 8i..8i+7: the
+// row addresses of matrix i, 16 bytes each).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+__device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+__device__ __forceinline__ uint4 ld_shared_16(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+// 16 bytes to global memory in one store (the compiler splits a uint4 store through a pointer
+// to 2-byte elements into four).
+__device__ __forceinline__ void st_global_16(void* ptr, const uint4& v) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
 
 // One block's query rows [m0, m0 + BM) of (sequence b, head); this thread's two rows. BN: keys per
 // step. Tiles are numbered nb (keys [nb BN, nb BN + BN)); the visible ones are [n_lo, n_hi).
@@ -164,64 +198,159 @@ struct HopperRows {
   // Finish the row sums, add the sink (split 0 only), normalise, store O (and the LSE, natural
   // log); with split-KV (a.splits > 1) the normalised fp32 partial and its LSE go to the workspace
   // (ws_o [split][row][dv], ws_lse [split][row], row = (b Hq + head) Sq + i) for the combine.
-  // kDropout: O also scaled by 1 / (1 - p) (the softmax zeroed the dropped P).
+  // kDropout: O also scaled by 1 / (1 - p) (the softmax zeroed the dropped P). O goes through this
+  // warpgroup's staging tile (store_staged) where 16-byte stores are allowed, else straight from
+  // the registers (store_direct). Every thread of the warpgroup calls it (named barriers).
   template <typename Elem, int kPanels, bool kDropout = false>
-  __device__ __forceinline__ void epilogue(const float (&o)[kPanels][32], int split = 0) {
+  __device__ __forceinline__ void epilogue(const float (&o)[kPanels][32], int split, const OutStage& stage) {
     const int lane = threadIdx.x & 31;
+    float inv[2], lse[2];
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      const int i = m0 + row_loc0 + hf * 8;
       float l = row_sum[hf];
       l += shfl_xor(l, 1);
       l += shfl_xor(l, 2);
       float mx = row_max[hf];
-      if (i >= lq) continue;
       const float o_scale =
           a.rules.sinks != nullptr && split == 0 ? fold_sink(a.rules.sinks[head] * kLog2e, mx, l) : 1.0f;
-      float inv = l > 0.0f ? o_scale / l : 0.0f;
-      if constexpr (kDropout) inv *= dropout_keep_scale(a.rules);  // kept elements of P scaled by 1 / (1 - p)
-      const float lse = l > 0.0f ? (mx + __log2f(l)) * kLn2 : -INFINITY;
-      if (a.splits > 1) {
-        const int64_t row = (int64_t(b) * a.hq + head) * a.seq.sq + i;
-        float* part = a.ws_o + (int64_t(split) * a.ws_rows + row) * a.dv;
-        // Padded columns (Dv below the instance's head dim) are not stored; the full-width
-        // epilogue keeps its unguarded, fully unrolled stores.
-        auto store_part = [&](auto guard) {
+      inv[hf] = l > 0.0f ? o_scale / l : 0.0f;
+      if constexpr (kDropout) inv[hf] *= dropout_keep_scale(a.rules);  // kept elements of P scaled by 1 / (1 - p)
+      lse[hf] = l > 0.0f ? (mx + __log2f(l)) * kLn2 : -INFINITY;
+    }
+    const int wg_row0 = row_loc0 & ~63;       // this warpgroup's first row in the block
+    const int rows = lq - (m0 + wg_row0);      // its rows inside the sequence (none when <= 0)
+    if (a.splits > 1) {
+      const int64_t row0 = (int64_t(b) * a.hq + head) * a.seq.sq + m0 + wg_row0;
+      float* part = a.ws_o + (int64_t(split) * a.ws_rows + row0) * a.dv;
+      // The caller's workspace need not be 16-byte aligned (then 4-byte stores).
+      if (((reinterpret_cast<uintptr_t>(a.ws_o) & 15) | uintptr_t(a.dv & 3)) == 0)
+        store_staged<Elem>(o, inv, part, a.dv, rows, a.dv, stage);
+      else
+        store_direct<Elem>(o, inv, part, a.dv, rows, a.dv, false);
 #pragma unroll
-          for (int p = 0; p < kPanels; ++p)
-#pragma unroll
-            for (int t = 0; t < 8; ++t) {
-              const int col = p * 64 + t * 8 + col_base;  // 4-byte stores: the caller's workspace need not be 8-aligned
-              if (decltype(guard)::value && col >= a.dv) continue;
-              part[col] = o[p][4 * t + 2 * hf] * inv;
-              part[col + 1] = o[p][4 * t + 2 * hf + 1] * inv;
-            }
-        };
-        if (a.dv == kPanels * 64) store_part(std::false_type{});
-        else store_part(std::true_type{});
-        if ((lane & 3) == 0) a.ws_lse[int64_t(split) * a.ws_rows + row] = lse;
-        continue;
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = m0 + row_loc0 + hf * 8;
+        if (i < lq && (lane & 3) == 0) a.ws_lse[int64_t(split) * a.ws_rows + row0 + (row_loc0 & 63) + hf * 8] = lse[hf];
       }
-      typename Elem::T* dst = static_cast<typename Elem::T*>(a.out) + a.out_addr.at(b, q_start, i, head);
-      auto store_out = [&](auto guard) {
+      return;
+    }
+    // Rows i of this sequence and head at dst + (i - first row) * row_stride (batched and packed alike).
+    typename Elem::T* dst =
+        static_cast<typename Elem::T*>(a.out) + a.out_addr.at(b, q_start, m0 + wg_row0, head);
+    if (a.out_vec16_ok)
+      store_staged<Elem>(o, inv, dst, a.out_addr.row_stride, rows, a.dv, stage);
+    else
+      store_direct<Elem>(o, inv, dst, a.out_addr.row_stride, rows, a.dv, a.out_vec_ok);
+    if (a.lse != nullptr && (lane & 3) == 0) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = m0 + row_loc0 + hf * 8;
+        if (i < lq) a.lse[a.lse_addr.at(b, q_start, head, i)] = lse[hf];
+      }
+    }
+  }
+
+  // This warpgroup's 64 x (kPanels * 64) tile of O (row hf of a thread scaled by inv[hf]), as Out
+  // (Elem::T or fp32), to rows dst + r * row_stride for r < rows, columns < cols, through the
+  // warpgroup's staging tile: the fragments go in (stmatrix for 16-bit, 8-byte stores for fp32),
+  // then each thread stores whole 16-byte chunks of rows, so a warp's stores cover complete row
+  // segments. Staged rows hold kPassCols columns (kOutStageRowBytes at most); wider O goes in
+  // passes. 16-byte chunk c of staged row r sits at chunk c ^ (r % 8): the fragment writes (8 rows
+  // at one chunk) and the row reads (8 chunks of one row) hit every bank once per 128 bytes.
+  // Needs dst and row_stride 16-byte aligned and cols a multiple of a chunk.
+  template <typename Elem, typename Out, int kPanels>
+  __device__ __forceinline__ static void store_staged(const float (&o)[kPanels][32], const float (&inv)[2], Out* dst,
+                                                      int64_t row_stride, int rows, int cols, const OutStage& stage) {
+    constexpr int kOutBytes = int(sizeof(Out));
+    constexpr int kRowBytes = HopperTileV3::kOutStageRowBytes;
+    constexpr int kPassCols = kPanels * 64 * kOutBytes < kRowBytes ? kPanels * 64 : kRowBytes / kOutBytes;
+    constexpr int kPanelsPerPass = kPassCols / 64;
+    constexpr int kRowChunks = kPassCols * kOutBytes / 16;  // 16-byte chunks per staged row
+    constexpr int kPitch = kRowChunks * 16;
+    constexpr int kRowsPerStep = 128 / kRowChunks;          // a multiple of 8: one swizzle per thread
+    constexpr int kChunkCols = 16 / kOutBytes;
+    static_assert(kPanels % kPanelsPerPass == 0 && kRowsPerStep % 8 == 0, "staging tile shape");
+    const int tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31;
+    const int read_chunk = tid % kRowChunks, read_row = tid / kRowChunks;
+    const uint32_t read_addr = stage.addr + read_row * kPitch + ((read_chunk ^ (read_row & 7)) << 4);
+#pragma unroll
+    for (int pass = 0; pass < kPanels / kPanelsPerPass; ++pass) {
+      named_sync<128>(stage.barrier);  // the tile's last reads (previous pass or work tile) are done
+      if constexpr (kOutBytes == 2) {
+        // stmatrix x4: lanes 8i..8i+7 address the rows of matrix i = (rows 8 (i % 2).. of the
+        // warp's 16, 8-column tile t + i / 2); register i holds that matrix's fragment. t is even,
+        // so chunk t + i / 2 = t ^ (i / 2).
+        const int mat = lane >> 3;
+        const uint32_t row_addr = stage.addr + (warp * 16 + (mat & 1) * 8 + (lane & 7)) * kPitch;
+        const int swz = (lane & 7) ^ (mat >> 1);
+#pragma unroll
+        for (int pp = 0; pp < kPanelsPerPass; ++pp) {
+          const int p = pass * kPanelsPerPass + pp;
+#pragma unroll
+          for (int t = 0; t < 8; t += 2)
+            stmatrix_x4(row_addr + (((pp * 8 + t) ^ swz) << 4),
+                        Elem::pack(o[p][4 * t + 0] * inv[0], o[p][4 * t + 1] * inv[0]),
+                        Elem::pack(o[p][4 * t + 2] * inv[1], o[p][4 * t + 3] * inv[1]),
+                        Elem::pack(o[p][4 * t + 4] * inv[0], o[p][4 * t + 5] * inv[0]),
+                        Elem::pack(o[p][4 * t + 6] * inv[1], o[p][4 * t + 7] * inv[1]));
+        }
+      } else {
+        // fp32: one panel per pass; a thread's column pair of tile t is 8 bytes of chunk 2t + q / 2.
+        const int q = lane & 3;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int row = warp * 16 + hf * 8 + (lane >> 2);
+          const uint32_t row_addr = stage.addr + row * kPitch + (q & 1) * 8;
+#pragma unroll
+          for (int t = 0; t < 8; ++t)
+            st_shared_f32x2(row_addr + (((2 * t + (q >> 1)) ^ (row & 7)) << 4), o[pass][4 * t + 2 * hf] * inv[hf],
+                            o[pass][4 * t + 2 * hf + 1] * inv[hf]);
+        }
+      }
+      named_sync<128>(stage.barrier);  // the staged tile is complete
+      const int col = pass * kPassCols + read_chunk * kChunkCols;
+      if (col < cols) {  // padded columns (Dv below the instance's head dim) are not stored
+#pragma unroll
+        for (int k = 0; k < 64 / kRowsPerStep; ++k) {
+          const int r = read_row + k * kRowsPerStep;
+          if (r < rows) st_global_16(dst + r * row_stride + col, ld_shared_16(read_addr + k * kRowsPerStep * kPitch));
+        }
+      }
+    }
+  }
+
+  // The same stores from the registers, where 16-byte stores are not allowed: column pairs as one
+  // 4-byte store when `pairs` (16-bit Out, 4-byte aligned), else element by element. The
+  // full-width tile keeps its unguarded, fully unrolled stores.
+  template <typename Elem, typename Out, int kPanels>
+  __device__ __forceinline__ void store_direct(const float (&o)[kPanels][32], const float (&inv)[2], Out* dst,
+                                               int64_t row_stride, int rows, int cols, bool pairs) const {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = (row_loc0 & 63) + hf * 8;
+      if (r >= rows) continue;
+      Out* row = dst + r * row_stride;
+      auto store = [&](auto guard) {
+        constexpr bool kGuard = decltype(guard)::value;
 #pragma unroll
         for (int p = 0; p < kPanels; ++p)
 #pragma unroll
           for (int t = 0; t < 8; ++t) {
             const int col = p * 64 + t * 8 + col_base;
-            if (decltype(guard)::value && col >= a.dv) continue;  // padded columns (Dv even here: 16-byte strides)
-            const float v0 = o[p][4 * t + 2 * hf] * inv, v1 = o[p][4 * t + 2 * hf + 1] * inv;
-            if (a.out_vec_ok) {
-              *reinterpret_cast<uint32_t*>(dst + col) = Elem::pack(v0, v1);
+            const float v0 = o[p][4 * t + 2 * hf] * inv[hf], v1 = o[p][4 * t + 2 * hf + 1] * inv[hf];
+            if constexpr (sizeof(Out) == 4) {
+              if (!kGuard || col < cols) row[col] = v0;
+              if (!kGuard || col + 1 < cols) row[col + 1] = v1;
+            } else if (pairs && (!kGuard || col + 1 < cols)) {
+              *reinterpret_cast<uint32_t*>(row + col) = Elem::pack(v0, v1);
             } else {
-              dst[col] = Elem::from_float(v0);
-              dst[col + 1] = Elem::from_float(v1);
+              if (!kGuard || col < cols) row[col] = Elem::from_float(v0);
+              if (!kGuard || col + 1 < cols) row[col + 1] = Elem::from_float(v1);
             }
           }
       };
-      if (a.dv == kPanels * 64) store_out(std::false_type{});
-      else store_out(std::true_type{});
-      if (a.lse != nullptr && (lane & 3) == 0) a.lse[a.lse_addr.at(b, q_start, head, i)] = lse;
+      if (cols == kPanels * 64) store(std::false_type{});
+      else store(std::true_type{});
     }
   }
 };

@@ -17,6 +17,9 @@
 //     two named barriers). Three consumers (D64) share the tensor cores without turns.
 //   K and V have separate rings: K(t) frees as soon as S(t) is done, V(t) after P V(t), so the
 //   producer refills each a whole step ahead of its use with 2 slots.
+//   Epilogue: each consumer writes its 64 rows of O into its own shared staging tile and stores
+//   them as whole 16-byte row chunks (HopperRows::epilogue; coalesced, unlike the accumulator
+//   layout's half-sector stores), so the Q buffer frees as before, after the last S.
 // Split-KV (a.splits > 1): a work tile is (query block, split, head,
 //   sequence); each covers a contiguous range of the sequence's key tiles (HopperRows::
 //   clip_to_split) and stores its normalised fp32 partial and LSE in the workspace, every row,
@@ -83,7 +86,8 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
   const uint32_t sQ = (raw_u32 + 1023u) & ~1023u;  // swizzle atoms (and TMA 128B-swizzle boxes): 1024-byte aligned
   const uint32_t sK = sQ + kQBytes;                // slot s at sK + s * kTileBytes
   const uint32_t sV = sK + S * kTileBytes;
-  const uint32_t bars = sV + S * kTileBytes;
+  const uint32_t sO = sV + S * kTileBytes;         // the consumers' output staging tiles, one each
+  const uint32_t bars = sO + T::out_stage_bytes(D);
   const uint32_t full_q = bars;
   auto full_k = [&](int s) { return bars + 8u * uint32_t(1 + s); };
   auto full_v = [&](int s) { return bars + 8u * uint32_t(1 + S + s); };
@@ -445,7 +449,9 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
         ++qr;
         if (wait_tail) ++zeroed;
       }
-      rows.template epilogue<Elem, kPanels, kDropout>(o_acc, split);
+      // Named barriers 3.. (1 and 2 are the ping-pong turns): one per consumer's staging tile.
+      const sm90::OutStage stage{sO + uint32_t(cwg) * uint32_t(T::out_stage_bytes(D) / kConsumers), 3 + cwg};
+      rows.template epilogue<Elem, kPanels, kDropout>(o_acc, split, stage);
     }
   }
 #else
