@@ -4,26 +4,34 @@
 // and the dq conversion (with d_sinks) are the mma.sync backward's kernels (mma/bwd_aux_kernels.cuh), on the
 // same workspace layout.
 //
-// One block owns BN = 128 keys of one kv head (grid: key blocks x kv heads x batch) and walks
-// every query block of every query head of its GQA group. Two warpgroups, warpgroup w owns keys
-// [64w, 64w + 64) of the block; its dK, dV (64 keys x D, fp32) stay in registers over the walk.
-// Per step (BM query rows of one head):
+// D64/D128 (bwd_hopper_kernel): one block owns BN = 128 keys of one kv head (grid: key blocks x
+// kv heads x batch) and walks every query block of every query head of its GQA group (a step:
+// BM query rows of one head). The block is warp-specialised (HopperBwdTile), 3 warpgroups:
+//   producer (warpgroup 0, 24 registers): K and V of the block once (cp.async, mbarrier kv);
+//     warps 0-2 stream each step's Q, dO, LSE2, D into a 2-stage ring (cp.async; the stage's
+//     `full` mbarrier counts one cp.async.mbarrier.arrive per loader, its `empty` one arrival
+//     per MMA warp); warp 3 adds each step's dQ into the fp32 workspace, one bulk reduce per
+//     query row (faster than 16-byte vector atomics: bench/results/HISTORY.md).
+//   MMA warpgroups 1, 2 (240 registers): warpgroup w owns keys [64w, 64w + 64) of the block; its
+//     dK, dV (64 keys x D, fp32) stay in registers over the walk. Per step:
 //   S^T  = K Q^T    wgmma SS, M = 64 keys, N = BM queries (K and Q K-major in shared memory)
 //   dP^T = V dO^T   wgmma SS (V, dO K-major)
 //   P^T  = exp2(S^T * scale * log2e - LSE2), with the forward's masks, softcap, ALiBi (registers);
 //   dS^T = P^T (dP^T - D) (x softcap derivative)
 //   dV  += P^T dO   wgmma RS: P^T from registers (the accumulator layout is the A-fragment
 //                   layout), dO MN-major from the same shared tile
-//   dK  += dS^T Q   wgmma RS, Q MN-major
-//   dS^T -> shared memory (both warpgroups), then
+//   dK  += dS^T Q   wgmma RS, Q MN-major; once both have landed the warp releases the stage
+//   dS^T -> shared memory (both warpgroups; named barriers: the other's previous dQ has read
+//                   it, both halves stored), then
 //   dQ   = dS K     wgmma SS, dS and K both MN-major; D128: warpgroup w takes columns
 //                   [64w, 64w + 64) of the 64 rows; D64: rows [64w, 64w + 64) of the 128;
-//                   staged in shared memory and added into the fp32 workspace by one bulk
-//                   reduce per query row during the next step (faster than 16-byte vector
-//                   atomics: bench/results/HISTORY.md).
+//                   staged in shared memory (double-buffered) and handed to the writer warp on
+//                   named barriers (buffer full / empty).
+//   No block-wide barrier inside the walk: the MMA warpgroups wait on each other only around
+//   dS^T, on the ring's `full` mbarriers and on a free dQ staging buffer.
 // D256 (bwd_hopper_d256_kernel): 64-key blocks, the warpgroups split the head dim of dK/dV/dQ and
-// the queries of S^T/dP^T, P^T and dS^T through shared memory (bwd_hopper.hpp).
-// Q, dO, LSE2, D of the next step stream in with cp.async (all 256 threads) while this one runs.
+// the queries of S^T/dP^T, P^T and dS^T through shared memory (bwd_hopper.hpp); Q, dO, LSE2, D
+// of the next step stream in with cp.async (all 256 threads) while this one runs.
 // The elementwise phases have straight-line loops for the common case (no softcap/ALiBi,
 // unswitched on the mask): per-element branches there cost v1 half its time (gpu_bwd_notes.md).
 #include <atomic>
