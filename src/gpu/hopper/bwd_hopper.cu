@@ -72,6 +72,37 @@ __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+// Deterministic mode: the key blocks of a query block (b, h, m) add their dQ parts in a fixed order
+// (descending key block, from the last one that sees the query block: SeqScoreRules::
+// last_key_block, as the mma.sync backward), counted by a per-(b, h, m) semaphore in the workspace
+// (zeroed by the preprocess). The launch walks the key blocks backwards (n = gridDim.x - 1 -
+// blockIdx.x), so a block only waits for blocks dispatched before it: no deadlock whatever the
+// residency. A block's turn passes once every issuer's bulk reduces are complete (wait_group 0),
+// fenced (the reduces are async-proxy writes) and joined by a block barrier.
+__device__ __forceinline__ int32_t* dq_sema(const BwdArgs& a, int b, int h, int m) {
+  return a.ws_sema + (int64_t(b) * a.hq + h) * a.m_blocks + m;
+}
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+// Spins until `target` parts were added to the query block (one lane; the warp syncs after).
+__device__ __forceinline__ void dq_wait_turn(const int32_t* sema, int target) {
+  for (;;) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(sema) : "memory");
+    if (v == target) break;
+    __nanosleep(32);
+  }
+}
+__device__ __forceinline__ void dq_pass_turn(int32_t* sema) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(sema), "r"(1) : "memory");
+}
+// An issuer's reduces are complete and ordered before the barrier that precedes dq_pass_turn.
+__device__ __forceinline__ void dq_reduces_done() {
+  bulk_wait_all();
+  fence_proxy_async_global();
+}
 template <int N>
 __device__ __forceinline__ void fence_regs_u32(uint32_t (&r)[N][4]) {
 #pragma unroll
@@ -308,8 +339,9 @@ __device__ __forceinline__ void load_q_do_stage(const BwdArgs& a, int b, int64_t
     const bool in = row < rows_in;
     const int64_t r = in ? row : 0;
     const int off = panel_offset(BM, row, chunk);
-    cp_async_16(sQ + off, q_step + r * a.q_addr.row_stride + rc.qk_col, in && rc.qk_in ? 16 : 0);
-    cp_async_16(sdO + off, o_step + r * a.dout_addr.row_stride + rc.vo_col, in && rc.vo_in ? 16 : 0);
+    // Unsigned columns: zero-extended for free, no sign word held over the loop.
+    cp_async_16(sQ + off, q_step + r * a.q_addr.row_stride + unsigned(rc.qk_col), in && rc.qk_in ? 16 : 0);
+    cp_async_16(sdO + off, o_step + r * a.dout_addr.row_stride + unsigned(rc.vo_col), in && rc.vo_in ? 16 : 0);
   }
   const int64_t wrow0 = int64_t(h) * a.total_rows + ws_row0 + i0;
 #pragma unroll 1
@@ -374,7 +406,8 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
   const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
   const int wg = warp >> 2;     // 0: producer; 1, 2: MMA warpgroups
   const int wwarp = warp & 3;   // warp inside the warpgroup
-  const int n_blk = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int n_blk = a.deterministic ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);  // dq_sema
+  const int kvh = blockIdx.y, b = blockIdx.z;
   const int n0 = n_blk * BN;
   const ScoreRules& R = a.rules;
 
@@ -429,11 +462,18 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
       // dQ writer (warp 3): step s's dQ, staged in buffer s & 1, added into the workspace with one
       // bulk reduce per query row (lane l: rows l, l + 32, ...; rows past Lq skipped; dacc = D
       // columns, a padded instance's others are zeros); the buffer is free again once the copy
-      // engine has read it.
+      // engine has read it. Deterministic mode: the writer waits for this block's turn at the
+      // query block (dq_sema) and passes it on once its reduces are complete; only this warp
+      // waits, the MMA warpgroups go on with the next step (the staging is double-buffered).
       int h = kvh * a.group, m = m_lo;  // step s's head and query block
       for (int s = 0; s < steps; ++s) {
         const int sbuf = s & 1;
         named_sync<kDqSyncThreads>(kBarDqFull + sbuf);
+        if (a.deterministic) {
+          if (lane == 0) dq_wait_turn(dq_sema(a, b, h, m), S.last_key_block(m, BM, BN) - n_blk);
+          __syncwarp();
+          fence_proxy_async_global();
+        }
         const uint32_t tile = smem_u32(sDq + sbuf * (BM * kDqStride));
         const int rows_in = lq - m * BM;
         float* dq_row = a.ws_dq + (int64_t(h) * a.total_rows + ws_row0 + m * BM + lane) * a.dacc;
@@ -441,7 +481,13 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
         for (int row = lane; row < BM && row < rows_in; row += 32, dq_row += 32 * a.dacc)
           bulk_reduce_add_f32(dq_row, tile + uint32_t(row * kDqStride * 4), a.dacc * 4);
         bulk_commit();
-        bulk_wait_read<0>();
+        if (a.deterministic) {
+          dq_reduces_done();
+          __syncwarp();
+          if (lane == 0) dq_pass_turn(dq_sema(a, b, h, m));
+        } else {
+          bulk_wait_read<0>();
+        }
         if (s + 2 < steps) named_arrive<kDqSyncThreads>(kBarDqEmpty + sbuf);
         if (++m == m_lo + nm) m = m_lo, ++h;
       }
