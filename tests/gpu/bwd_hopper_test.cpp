@@ -5,8 +5,8 @@
 // the group), varlen, seqused_k, softcap (with its derivative), ALiBi, sinks with d_sinks, rows
 // without keys, graph capture on the caller's stream; poisoned outputs, sentinels, NaN checks. Each
 // case also checks which kernel ran: the Hopper kernel on an sm_90 device where the capability
-// check allows it, the mma.sync backward (still correct) where it declines: deterministic
-// mode, head dims that are not multiples of 8, unaligned dout, FLASHPORT_HOPPER_BWD=0, and D256 when built with
+// check allows it, the mma.sync backward (still correct) where it declines: head dims that are
+// not multiples of 8, unaligned dout, FLASHPORT_HOPPER_BWD=0, and D256 when built with
 // FLASHPORT_HOPPER_BWD_D256=0 (then every D256 case expects the mma.sync kernel). Skipped without a
 // CUDA device.
 //
@@ -37,9 +37,10 @@ int64_t hopper_bucket(int64_t d, int64_t dv) {
 }
 
 // Runs the case on the CUDA backend against the reference; checks which kernel ran.
-void check_hopper_bwd(const Case& cs, bool expect_hopper, bool det = false) {
+// `repeats` > 1: the call runs again and must be bit-identical (deterministic mode).
+void check_hopper_bwd(const Case& cs, bool expect_hopper, bool det = false, int repeats = 1) {
   fp_selection sel{};
-  check_bwd(cs, det, /*repeats=*/1, &sel);
+  check_bwd(cs, det, repeats, &sel);
   if (sel.kernel[0] == '\0') return;  // the call itself failed: check_bwd reported why
   SCOPED_TRACE(cs.describe() + (det ? " deterministic" : ""));
   const bool took = std::string(sel.kernel).find(kHopperBwdName) != std::string::npos;
@@ -198,6 +199,51 @@ TEST(CudaHopperBwd, LongerSequences) {
   }
 }
 
+// Deterministic mode: every query block's dQ parts are added in a fixed order (descending key
+// block, semaphores in the workspace), so repeated calls are bit-identical. Many key blocks per
+// query block (the waits), one step per block (Sq small), causal in both alignments (key blocks
+// that start at different query blocks), windows, GQA (several heads per block walk), varlen and
+// seqused_k, dropout, padded and Dq != Dv dims, and each instance (64/128/256).
+TEST(CudaHopperBwd, DeterministicIsBitIdentical) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t d : {64, 128, 256}) {
+    SCOPED_TRACE("d " + std::to_string(d));
+    Case c;
+    c.dtype = rand_dtype();
+    c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = d, c.sq = 700, c.sk = 1500;
+    check_hopper_bwd(c, true, /*det=*/true, /*repeats=*/3);
+    c.causal = true, c.sinks = true;
+    check_hopper_bwd(c, true, true, 2);
+    c.top_left = true, c.sq = 1500, c.sk = 700, c.hkv = 1;
+    check_hopper_bwd(c, true, true, 2);
+    c.causal = false, c.top_left = false, c.sinks = false, c.wl = 200, c.wr = 30;
+    check_hopper_bwd(c, true, true, 2);
+    c.wl = -1, c.wr = -1, c.sq = 5, c.sk = 2000;  // one query block: one step per key block
+    check_hopper_bwd(c, true, true, 2);
+    c.sq = 600, c.sk = 600, c.dropout = 0.2f, c.causal = true;
+    check_hopper_bwd(c, true, true, 2);
+    Case v;
+    v.dtype = rand_dtype();
+    v.varlen = true, v.lq = {1, 520, 77, 300}, v.lk = {700, 3, 300, 1100};
+    v.hq = 4, v.hkv = 2, v.d = d, v.dv = d;
+    v.causal = true, v.alibi = true;
+    check_hopper_bwd(v, true, true, 2);
+    Case k;
+    k.dtype = rand_dtype();
+    k.batch = 3, k.hq = 8, k.hkv = 1, k.d = d, k.dv = d, k.sq = 200, k.sk = 900;
+    k.cache = true, k.causal = true;  // seqused_k
+    check_hopper_bwd(k, true, true, 2);
+  }
+  for (auto [d, dv] : {std::pair<int64_t, int64_t>{192, 128}, {96, 96}, {40, 64}}) {
+    SCOPED_TRACE("d " + std::to_string(d) + " dv " + std::to_string(dv));
+    Case c;
+    c.dtype = rand_dtype();
+    c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = dv, c.sq = 333, c.sk = 900;
+    c.causal = true, c.softcap = 30.0f, c.input_std = 3.0;
+    check_hopper_bwd(c, true, true, 2);
+  }
+}
+
 TEST(CudaHopperBwd, DeclinesToMmaSync) {
   SKIP_WITHOUT_GPU();
   Case c;
@@ -206,7 +252,6 @@ TEST(CudaHopperBwd, DeclinesToMmaSync) {
   c.dropout = 0.2f;  // dropout: the Hopper backward replays it (dropout_hopper_test.cpp)
   check_hopper_bwd(c, true);
   c.dropout = 0.0f;
-  check_hopper_bwd(c, false, /*det=*/true);
   for (int64_t d : {96, 32}) {  // padded in the 128 / 64 instance
     c.d = d, c.dv = d;
     check_hopper_bwd(c, hopper_takes(d));
@@ -216,7 +261,6 @@ TEST(CudaHopperBwd, DeclinesToMmaSync) {
   c.dropout = 0.2f;
   check_hopper_bwd(c, hopper_takes(256));
   c.dropout = 0.0f;
-  check_hopper_bwd(c, false, /*det=*/true);
   c.strided = true;
   check_hopper_bwd(c, false);
   c.strided = false;

@@ -79,7 +79,8 @@ __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wa
 // (zeroed by the preprocess). The launch walks the key blocks backwards (n = gridDim.x - 1 -
 // blockIdx.x), so a block only waits for blocks dispatched before it: no deadlock whatever the
 // residency. A block's turn passes once every issuer's bulk reduces are complete (wait_group 0),
-// fenced (the reduces are async-proxy writes) and joined by a block barrier.
+// fenced (the reduces are async-proxy writes) and joined by a barrier (the block's in the D256
+// kernel, the dQ-writer warp's in the D64/D128 kernel).
 __device__ __forceinline__ int32_t* dq_sema(const BwdArgs& a, int b, int h, int m) {
   return a.ws_sema + (int64_t(b) * a.hq + h) * a.m_blocks + m;
 }
@@ -716,7 +717,11 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
   const int tid = threadIdx.x, lane = tid & 31;
   const int wg = tid >> 7;           // warpgroup: queries [32 wg, +32) of S^T; columns [128 wg, +128)
   const int wwarp = (tid >> 5) & 3;  // warp inside the warpgroup: 16 keys of each accumulator
-  const int n_blk = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int n_blk = a.deterministic ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);  // dq_sema
+  const int kvh = blockIdx.y, b = blockIdx.z;
+  // Deterministic mode: the semaphore of the last dQ issued (thread 0's; in shared memory, so it
+  // takes no register over the step loop).
+  __shared__ int32_t* turn_sema;
   const int n0 = n_blk * BN;
   const ScoreRules& R = a.rules;
 
@@ -794,7 +799,17 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
       constexpr int kDqRowsPerWarp = BM / 8;
       const bool dq_issuer = lane < kDqRowsPerWarp;
       const int dq_issue_row = (tid >> 5) * kDqRowsPerWarp + lane;
+      // Deterministic mode: the warp's lane 0 first waits for this block's turn at the query block.
       auto issue_dq = [&](int sbuf, int hh, int ii0) {
+        if (a.deterministic) {
+          if (lane == 0) {
+            int32_t* sema = dq_sema(a, b, hh, ii0 / BM);
+            if (tid == 0) turn_sema = sema;
+            dq_wait_turn(sema, S.last_key_block(ii0 / BM, BM, BN) - n_blk);
+          }
+          __syncwarp();
+          if (dq_issuer) fence_proxy_async_global();
+        }
         if (dq_issuer) {
           const int i = ii0 + dq_issue_row;
           if (i < lq)
@@ -813,6 +828,12 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
       };
       if constexpr (kDropout) step_keep(0);
 
+      // Deterministic mode: the turn at the query block of the last dQ issued (turn_sema) passes
+      // once that dQ is complete: at the barrier in the middle of the step that issued it (the
+      // next key block in the order waits about half a step per link).
+      auto pass_turn_after_barrier = [&] {
+        if (tid == 0) dq_pass_turn(turn_sema);
+      };
       for (int s = 0; s < steps; ++s) {
         const int buf = s & 1;
         cp_async_wait<0>();
@@ -872,9 +893,13 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
             *reinterpret_cast<uint32_t*>(sP + off) = Elem::pack(s_acc[4 * t + 2 * hf], s_acc[4 * t + 2 * hf + 1]);
             *reinterpret_cast<uint32_t*>(sdS + off) = Elem::pack(dp_acc[4 * t + 2 * hf], dp_acc[4 * t + 2 * hf + 1]);
           }
-        if (dq_issuer) bulk_wait_read<0>();  // step s-1's staging read: buffer buf ^ 1 is free
+        if (dq_issuer) {  // step s-1's staging read: buffer buf ^ 1 is free (deterministic: its reduce is complete)
+          if (a.deterministic) dq_reduces_done();
+          else bulk_wait_read<0>();
+        }
         fence_proxy_async();  // P^T / dS^T stores (generic proxy) -> wgmma reads (async proxy)
         __syncthreads();      // P^T / dS^T of both warpgroups in shared memory
+        if (a.deterministic && s > 0) pass_turn_after_barrier();
         if (s > 0 && s + 1 < steps) {
           load_step(s + 1, buf ^ 1);
           cp_async_commit();
@@ -930,6 +955,11 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
       __syncthreads();
       issue_dq((steps - 1) & 1, dq_h, dq_i0);
       if (dq_issuer) bulk_wait_all();  // the staging tile must outlive the copy engine's reads
+      if (a.deterministic) {
+        if (dq_issuer) fence_proxy_async_global();
+        __syncthreads();
+        pass_turn_after_barrier();
+      }
     }
   }
 
@@ -992,16 +1022,28 @@ const char* hopper_bwd_name(int d) {
   return d == 64 ? "sm90_wgmma_bwd_d64_m128n128" : d == 128 ? "sm90_wgmma_bwd_d128_m64n128" : "sm90_wgmma_bwd_d256_m64n64";
 }
 
+// Query blocks per sequence of the instance (the semaphores of deterministic mode per (b, h)).
+int64_t hopper_bwd_m_blocks(const Problem& p) {
+  const int bucket = hopper_head_bucket(p);
+  const int bm = bucket == 256 ? HopperBwdTileD256::kBlockM : HopperBwdTile::block_m(bucket);
+  return (p.seq.sq + bm - 1) / bm;
+}
+// The workspace layout of the mma.sync backward (mma/bwd_launch.hpp); semaphores in deterministic mode.
+BwdWorkspace hopper_bwd_workspace(const BwdProblem& bp) {
+  const Problem& p = bp.fwd;
+  return bwd_workspace(p, bp.deterministic ? p.seq.batch * p.hq * hopper_bwd_m_blocks(p) : 0);
+}
+
 }  // namespace
 
 bool hopper_bwd_plan(const BwdProblem& bp, Plan* plan) {
   const Problem& p = bp.fwd;
-  // The workspace layout of the mma.sync backward (mma/bwd_launch.hpp), without semaphores (atomic dQ).
   *plan = Plan{};
-  plan->workspace_bytes = bwd_workspace(p, 0).total;
+  plan->workspace_bytes = hopper_bwd_workspace(bp).total;
   const int bucket = hopper_head_bucket(p);
-  std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:%s%s:atomic-dq", hopper_bwd_name(bucket),
-                p.dtype == FP_BF16 ? "bf16" : "fp16", HopperDimsTag(p).text);
+  std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:%s%s:%s", hopper_bwd_name(bucket),
+                p.dtype == FP_BF16 ? "bf16" : "fp16", HopperDimsTag(p).text,
+                bp.deterministic ? "deterministic" : "atomic-dq");
   plan->num_splits = 1;
   plan->kernel_id = kKernelHopperBwd;
   return true;
@@ -1009,12 +1051,16 @@ bool hopper_bwd_plan(const BwdProblem& bp, Plan* plan) {
 
 Status run_bwd_hopper(const BwdProblem& bp, const Plan& plan, void* workspace, gpuStream_t stream) {
   const Problem& p = bp.fwd;
-  const BwdWorkspace w = bwd_workspace(p, 0);
-  if (w.total != plan.workspace_bytes || plan.kernel_id != kKernelHopperBwd || bp.deterministic)
+  const BwdWorkspace w = hopper_bwd_workspace(bp);
+  if (w.total != plan.workspace_bytes || plan.kernel_id != kKernelHopperBwd)
     return {FP_ERR_RUNTIME, "cuda backend: plan does not match the call (re-select after changing it)"};
   if (p.seq.batch == 0) return Status::ok();
-  BwdArgs a = bwd_common_args(bp, w, workspace);  // atomic dQ: no semaphores
+  BwdArgs a = bwd_common_args(bp, w, workspace);
   a.vec_ok = true;  // checked by hopper_bwd_check
+  a.deterministic = bp.deterministic;
+  a.m_blocks = static_cast<int32_t>(hopper_bwd_m_blocks(p));
+  a.ws_sema = reinterpret_cast<int32_t*>(static_cast<char*>(workspace) + w.sema_off);
+  a.sema_count = w.sema_count;
 
   if (gpuError_t e = launch_bwd_preprocess(a, stream); e != gpuSuccess)
     return {FP_ERR_RUNTIME, std::string("cuda backend: backward preprocess launch: ") + gpuGetErrorString(e)};

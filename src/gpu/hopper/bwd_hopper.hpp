@@ -11,11 +11,12 @@
 // stores skip them), batched or varlen q/k/v/dout with 16-byte aligned rows and strides,
 // seqused_k, causal (both alignments), sliding windows, softcap (with its derivative), ALiBi,
 // sinks (d_sinks by the shared conversion step), GQA/MQA (dK/dV summed over the group in
-// registers), atomic dQ, dropout (the keep mask replayed: dropout_hopper.cuh).
-// The 256 instance is its own kernel (HopperBwdTileD256).
+// registers), dropout (the keep mask replayed: dropout_hopper.cuh), dQ by bulk reduces in any
+// order or, in deterministic mode, in a fixed order per query block (semaphores in the workspace:
+// dq_sema in bwd_hopper.cu). The 256 instance is its own kernel (HopperBwdTileD256).
 // Declined: FLASHPORT_HOPPER_BWD=0 (the user's kill switch), head dims above 256 or not multiples
-// of 8 (rows of such dims have 16-byte strides only in padded layouts), deterministic mode (the
-// mma.sync path orders the dQ adds with semaphores), unaligned tensors, devices other than sm_90.
+// of 8 (rows of such dims have 16-byte strides only in padded layouts), unaligned tensors, devices
+// other than sm_90.
 #pragma once
 #include <cstdint>
 #include <cstdlib>
@@ -44,13 +45,13 @@ namespace flashport::gpu {
 //   warpgroups 1 and 2, at 240 registers: 64 keys each, dK, dV in registers over the walk; they
 //     exchange dS^T (dQ = dS K needs both halves) and hand dQ to the writer on named barriers.
 // dQ staging: fp32, double-buffered, rows padded by 16 bytes against bank conflicts. A third
-// ring stage does not fit in shared memory at either head dim (D64 237,632 bytes, D128 250,432).
+// ring stage does not fit in shared memory at either head dim (D64 237,624 bytes, D128 250,424).
 struct HopperBwdTile {
   static constexpr int kBlockN = 128;
   static constexpr int kThreads = 384;
   static constexpr int kLoaders = 96;  // producer warps 0-2; warp 3 writes dQ
   static constexpr int kStages = 2;
-  static constexpr int kProducerRegs = 24, kMmaRegs = 240;  // 128 x 24 + 256 x 240 = 65,536
+  static constexpr int kProducerRegs = 24, kMmaRegs = 240;  // 128 x 24 + 256 x 240: the launch's 384 x 168
   static constexpr int block_m(int d) { return d == 64 ? 128 : 64; }
   // Row stride (floats) of the dQ staging tile: + 4 floats so a warp's 8 rows of float2 stores
   // spread over all 32 banks.
@@ -118,7 +119,6 @@ inline std::string hopper_bwd_check(const BwdProblem& bp, int arch, int smem_opt
   if (p.d > 256 || p.dv > 256) return "hopper backward: head dim above 256";
   // The kernel copies and stores whole 16-byte chunks of 8 columns.
   if ((p.d & 7) != 0 || (p.dv & 7) != 0) return "hopper backward: head dims must be multiples of 8";
-  if (bp.deterministic) return "hopper backward: deterministic mode (the mma.sync backward orders the dQ adds)";
   if (p.seq.kv_layout == KvLayout::Paged || p.seq.cache_batch_idx != nullptr || p.seq.snew > 0 ||
       p.rotary_dim > 0)
     return "hopper backward: paged / cache_batch_idx / append";
@@ -142,7 +142,7 @@ inline std::string hopper_bwd_check(const BwdProblem& bp, int arch, int smem_opt
 }
 
 // The Hopper plan of a call hopper_bwd_check accepted: the mma.sync backward's workspace layout
-// (mma/bwd_launch.hpp, without semaphores), the Hopper kernel's name (with ":d<D>_dv<Dv>" when
+// (mma/bwd_launch.hpp; semaphores per (b, h, query block) in deterministic mode), the Hopper kernel's name (with ":d<D>_dv<Dv>" when
 // the call runs padded in a larger instance, as the forward's) and id.
 bool hopper_bwd_plan(const BwdProblem& bp, Plan* plan);
 // Preprocess, the Hopper main loop, dq conversion (mma/bwd_aux_kernels.cuh), on `stream`.
