@@ -534,12 +534,12 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
       if (lane == 0) mbar_arrive(bar);
     };
 
-    // Dropout: this thread's keep bits of step st. Step 0's are made before its products, the
+    // Dropout: this thread's keep bits of step `step`. Step 0's are made before its products, the
     // next step's while this step's dV, dK, dQ products run (S^T and dP^T no longer hold
     // registers there).
     uint32_t keep[(4 * kQTiles + 31) / 32] = {};
-    auto step_keep = [&](int st) {
-      bwd_keep_bits<kQTiles>(keep, R, b, a.hq, kvh * a.group + st / nm, (m_lo + st % nm) * BM, n0 + key_loc0);
+    auto step_keep = [&](int step) {
+      bwd_keep_bits<kQTiles>(keep, R, b, a.hq, kvh * a.group + step / nm, (m_lo + step % nm) * BM, n0 + key_loc0);
     };
     if constexpr (kDropout) step_keep(0);
 
