@@ -1,7 +1,7 @@
 // The sm_90a wgmma backward (src/gpu/hopper/bwd_hopper.cu) against the fp64 reference backward: head
 // dims 64/128/256 in both dtypes (D256: its own kernel, 64-key blocks), other head dims (multiples
 // of 8) and Dq != Dv padded inside the 64/128/256 instances, odd lengths (tails in both directions), several query blocks per key
-// block (the double-buffered Q/dO ring), causal in both alignments, windows, GQA (dK/dV summed over
+// block (the Q/dO ring; step counts around its size: PipelineStepCounts), causal in both alignments, windows, GQA (dK/dV summed over
 // the group), varlen, seqused_k, softcap (with its derivative), ALiBi, sinks with d_sinks, rows
 // without keys, graph capture on the caller's stream; poisoned outputs, sentinels, NaN checks. Each
 // case also checks which kernel ran: the Hopper kernel on an sm_90 device where the capability
@@ -160,6 +160,32 @@ TEST(CudaHopperBwd, VarlenAndSequsedK) {
   check_hopper_bwd(c, true);
   c.d = 256, c.dv = 256, c.sk = 190;  // 64-key blocks: the last one partly past seqused_k
   check_hopper_bwd(c, hopper_takes(256));
+}
+
+// The D64/D128 kernel's pipeline (producer warpgroup, 2-stage Q/dO ring, double-buffered dQ
+// staging handed to the writer warp): key blocks with 1, 2 and 3 steps (query blocks x heads of
+// the group: each ring stage and staging buffer used once, reused, wrapped), many steps (GQA 8
+// over 9 or 17 query blocks), and key blocks with no step at all (top-left causal, keys past the
+// last query: dK = dV = 0 while the producer leaves at once).
+TEST(CudaHopperBwd, PipelineStepCounts) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t d : {64, 128})
+    for (int64_t group : {1, 2, 3, 8}) {
+      Case c;
+      c.dtype = rand_dtype();
+      c.batch = 1, c.hkv = 2, c.hq = 2 * group, c.d = d, c.dv = d;
+      c.sq = rand_int(1, 64), c.sk = 300;  // one query block per head: `group` steps
+      check_hopper_bwd(c, true);
+      c.sq = 1025, c.sk = 200;
+      check_hopper_bwd(c, true);
+    }
+  for (int64_t d : {64, 128}) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.batch = 2, c.hq = 2, c.hkv = 1, c.d = d, c.dv = d, c.sq = 70, c.sk = 700;
+    c.causal = true, c.top_left = true;  // key blocks from 128 on: no query sees them
+    check_hopper_bwd(c, true);
+  }
 }
 
 TEST(CudaHopperBwd, LongerSequences) {

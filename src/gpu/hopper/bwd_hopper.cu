@@ -4,26 +4,34 @@
 // and the dq conversion (with d_sinks) are the mma.sync backward's kernels (mma/bwd_aux_kernels.cuh), on the
 // same workspace layout.
 //
-// One block owns BN = 128 keys of one kv head (grid: key blocks x kv heads x batch) and walks
-// every query block of every query head of its GQA group. Two warpgroups, warpgroup w owns keys
-// [64w, 64w + 64) of the block; its dK, dV (64 keys x D, fp32) stay in registers over the walk.
-// Per step (BM query rows of one head):
+// D64/D128 (bwd_hopper_kernel): one block owns BN = 128 keys of one kv head (grid: key blocks x
+// kv heads x batch) and walks every query block of every query head of its GQA group (a step:
+// BM query rows of one head). The block is warp-specialised (HopperBwdTile), 3 warpgroups:
+//   producer (warpgroup 0, 24 registers): K and V of the block once (cp.async, mbarrier kv);
+//     warps 0-2 stream each step's Q, dO, LSE2, D into a 2-stage ring (cp.async; the stage's
+//     `full` mbarrier counts one cp.async.mbarrier.arrive per loader, its `empty` one arrival
+//     per MMA warp); warp 3 adds each step's dQ into the fp32 workspace, one bulk reduce per
+//     query row (faster than 16-byte vector atomics: bench/results/HISTORY.md).
+//   MMA warpgroups 1, 2 (240 registers): warpgroup w owns keys [64w, 64w + 64) of the block; its
+//     dK, dV (64 keys x D, fp32) stay in registers over the walk. Per step:
 //   S^T  = K Q^T    wgmma SS, M = 64 keys, N = BM queries (K and Q K-major in shared memory)
 //   dP^T = V dO^T   wgmma SS (V, dO K-major)
 //   P^T  = exp2(S^T * scale * log2e - LSE2), with the forward's masks, softcap, ALiBi (registers);
 //   dS^T = P^T (dP^T - D) (x softcap derivative)
 //   dV  += P^T dO   wgmma RS: P^T from registers (the accumulator layout is the A-fragment
 //                   layout), dO MN-major from the same shared tile
-//   dK  += dS^T Q   wgmma RS, Q MN-major
-//   dS^T -> shared memory (both warpgroups), then
+//   dK  += dS^T Q   wgmma RS, Q MN-major; once both have landed the warp releases the stage
+//   dS^T -> shared memory (both warpgroups; named barriers: the other's previous dQ has read
+//                   it, both halves stored), then
 //   dQ   = dS K     wgmma SS, dS and K both MN-major; D128: warpgroup w takes columns
 //                   [64w, 64w + 64) of the 64 rows; D64: rows [64w, 64w + 64) of the 128;
-//                   staged in shared memory and added into the fp32 workspace by one bulk
-//                   reduce per query row during the next step (faster than 16-byte vector
-//                   atomics: bench/results/HISTORY.md).
+//                   staged in shared memory (double-buffered) and handed to the writer warp on
+//                   named barriers (buffer full / empty).
+//   No block-wide barrier inside the walk: the MMA warpgroups wait on each other only around
+//   dS^T, on the ring's `full` mbarriers and on a free dQ staging buffer.
 // D256 (bwd_hopper_d256_kernel): 64-key blocks, the warpgroups split the head dim of dK/dV/dQ and
-// the queries of S^T/dP^T, P^T and dS^T through shared memory (bwd_hopper.hpp).
-// Q, dO, LSE2, D of the next step stream in with cp.async (all 256 threads) while this one runs.
+// the queries of S^T/dP^T, P^T and dS^T through shared memory (bwd_hopper.hpp); Q, dO, LSE2, D
+// of the next step stream in with cp.async (all 256 threads) while this one runs.
 // The elementwise phases have straight-line loops for the common case (no softcap/ALiBi,
 // unswitched on the mask): per-element branches there cost v1 half its time (gpu_bwd_notes.md).
 #include <atomic>
@@ -35,6 +43,7 @@
 #include "gpu/hopper/bwd_hopper.hpp"
 #include "gpu/hopper/bwd_hopper_wgmma.hpp"
 #include "gpu/hopper/dropout_hopper.cuh"
+#include "gpu/hopper/fwd_hopper_tma.cuh"
 #include "gpu/hopper/hopper_smem.hpp"
 #include "gpu/common/kernel_info.cuh"
 #include "gpu/common/tile_io.cuh"
@@ -70,7 +79,8 @@ __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wa
 // (zeroed by the preprocess). The launch walks the key blocks backwards (n = gridDim.x - 1 -
 // blockIdx.x), so a block only waits for blocks dispatched before it: no deadlock whatever the
 // residency. A block's turn passes once every issuer's bulk reduces are complete (wait_group 0),
-// fenced (the reduces are async-proxy writes) and joined by a block barrier.
+// fenced (the reduces are async-proxy writes) and joined by a barrier (the block's in the D256
+// kernel, the dQ-writer warp's in the D64/D128 kernel).
 __device__ __forceinline__ int32_t* dq_sema(const BwdArgs& a, int b, int h, int m) {
   return a.ws_sema + (int64_t(b) * a.hq + h) * a.m_blocks + m;
 }
@@ -308,12 +318,51 @@ __device__ __forceinline__ void p_and_ds(float (&s_acc)[4 * kQTiles], float (&dp
 }
 
 
+// The producer's copy of one step's Q and dO rows [i0, i0 + BM) of query head h into a ring stage
+// (swizzled 64-column panels) and their LSE2 and D, by kLoaders threads (loader t: chunk
+// t % kChunks of rows t / kChunks + k kRowStep; LSE2 / D of rows t + k kLoaders). Rows past Lq:
+// zeros, LSE2 0, D 0 (load_q_do_step's contract: their P is finite, their dS and dV contributions
+// 0). The step's row-0 addresses are the same for the whole warp (uniform registers): the
+// producer has 24 registers.
+template <int BM, int kChunks, int kLoaders>
+__device__ __forceinline__ void load_q_do_stage(const BwdArgs& a, int b, int64_t q_start, int64_t ws_row0, int lq,
+                                                int h, int i0, int t, uint16_t* sQ, uint16_t* sdO, float* sL,
+                                                float* sDs) {
+  constexpr int kRowStep = kLoaders / kChunks;
+  static_assert(kLoaders % kChunks == 0, "loader mapping");
+  const uint16_t* q_step = a.q + a.q_addr.at(b, q_start, i0, h);
+  const uint16_t* o_step = a.dout + a.dout_addr.at(b, q_start, i0, h);
+  const int rows_in = lq - i0;  // rows of the step inside the sequence
+  const int chunk = t % kChunks;
+  const RowChunk rc(chunk, a.d, a.dv);
+#pragma unroll 1
+  for (int row = t / kChunks; row < BM; row += kRowStep) {
+    const bool in = row < rows_in;
+    const int64_t r = in ? row : 0;
+    const int off = panel_offset(BM, row, chunk);
+    // Unsigned columns: zero-extended for free, no sign word held over the loop.
+    cp_async_16(sQ + off, q_step + r * a.q_addr.row_stride + unsigned(rc.qk_col), in && rc.qk_in ? 16 : 0);
+    cp_async_16(sdO + off, o_step + r * a.dout_addr.row_stride + unsigned(rc.vo_col), in && rc.vo_in ? 16 : 0);
+  }
+  const int64_t wrow0 = int64_t(h) * a.total_rows + ws_row0 + i0;
+#pragma unroll 1
+  for (int row = t; row < BM; row += kLoaders) {
+    const bool in = row < rows_in;
+    const int64_t wrow = wrow0 + (in ? row : 0);
+    cp_async_4(smem_u32(sL + row), a.ws_lse2 + wrow, in ? 4 : 0);
+    cp_async_4(smem_u32(sDs + row), a.ws_dsum + wrow, in ? 4 : 0);
+  }
+}
+
 // kDropout: the call has dropout (its own instance: the step loop sits at the register limit, and a
 // second copy of it in one function spilled in both copies).
+// Roles (HopperBwdTile): warpgroup 0 is the producer (warps 0-2 copy Q, dO, LSE2, D into the ring,
+// warp 3 adds each step's staged dQ into the workspace), warpgroups 1 and 2 compute.
 template <int D, typename Elem, bool kDropout>
 __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(const __grid_constant__ BwdArgs a) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int BN = HopperBwdTile::kBlockN, BM = HopperBwdTile::block_m(D), NT = HopperBwdTile::kThreads;
+  using T = HopperBwdTile;
+  constexpr int BN = T::kBlockN, BM = T::block_m(D), kStages = T::kStages;
   constexpr bool kBf16 = Elem::kIsBf16;
   constexpr int kChunks = D / 8;    // 16-byte chunks per row
   constexpr int kPanels = D / 64;   // 64-column panels of the head dim
@@ -322,33 +371,44 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
   // dQ split between the warpgroups: by columns at D128 (BM = 64), by rows at D64 (BM = 128).
   constexpr bool kDqByCols = D == 128;
   static_assert(BM * D == 8192 && (kDqByCols ? kPanels == 2 : BM == 128), "dQ split: 64 x 64 per warpgroup");
+  // Named barriers (0 is __syncthreads). dS^T free, one per MMA warpgroup: it arrives once its dQ
+  // has read the step's dS^T, the other syncs on it before storing the next. dS^T ready: both
+  // halves stored. dQ staging buffer full / empty, one each per buffer: the MMA side and the
+  // writer warp take turns on each, so neither side can arrive a generation ahead.
+  constexpr int kBarDsFree = 1, kBarDsReady = 3, kBarDqFull = 4, kBarDqEmpty = 6;
+  constexpr int kMmaThreads = 256, kDqSyncThreads = kMmaThreads + 32;
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_u32 = smem_u32(smem_raw);
   const uint32_t base_u32 = (raw_u32 + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
   uint16_t* sK = reinterpret_cast<uint16_t*>(smem_raw + (base_u32 - raw_u32));
   uint16_t* sV = sK + BN * D;
-  uint16_t* sQ = sV + BN * D;        // [2][BM * D]
-  uint16_t* sdO = sQ + 2 * BM * D;   // [2][BM * D]
-  uint16_t* sdS = sdO + 2 * BM * D;  // dS^T: [BN keys][BM queries], 64-query panels
-  float* sL = reinterpret_cast<float*>(sdS + BN * BM);  // [2][BM] LSE2
-  float* sDs = sL + 2 * BM;                             // [2][BM] D
-  constexpr int kDqStride = HopperBwdTile::dq_stride(D);
-  float* sDq = sDs + 2 * BM;  // [2][BM][kDqStride] dQ staging
+  uint16_t* sQ = sV + BN * D;                  // [kStages][BM * D]
+  uint16_t* sdO = sQ + kStages * BM * D;       // [kStages][BM * D]
+  uint16_t* sdS = sdO + kStages * BM * D;      // dS^T: [BN keys][BM queries], 64-query panels
+  float* sL = reinterpret_cast<float*>(sdS + BN * BM);  // [kStages][BM] LSE2
+  float* sDs = sL + kStages * BM;                       // [kStages][BM] D
+  constexpr int kDqStride = T::dq_stride(D);
+  float* sDq = sDs + kStages * BM;  // [2][BM][kDqStride] dQ staging
   const uint32_t sK_u32 = base_u32;
   const uint32_t sV_u32 = sK_u32 + BN * D * 2;
   const uint32_t sQ_u32 = sV_u32 + BN * D * 2;
-  const uint32_t sdO_u32 = sQ_u32 + 2 * BM * D * 2;
-  const uint32_t sdS_u32 = sdO_u32 + 2 * BM * D * 2;
+  const uint32_t sdO_u32 = sQ_u32 + kStages * BM * D * 2;
+  const uint32_t sdS_u32 = sdO_u32 + kStages * BM * D * 2;
+  // mbarriers: Q/dO/LSE2/D stage landed (full) / read by all 8 MMA warps (empty); K and V landed.
+  const uint32_t bars = smem_u32(sDq + 2 * BM * kDqStride);
+  auto full_bar = [&](int st) { return bars + 8u * uint32_t(st); };
+  auto empty_bar = [&](int st) { return bars + 8u * uint32_t(kStages + st); };
+  const uint32_t kv_bar = bars + 8u * uint32_t(2 * kStages);
 
   const int tid = threadIdx.x, lane = tid & 31;
-  const int wg = tid >> 7;           // warpgroup: keys [64 wg, 64 wg + 64) of the block
-  const int wwarp = (tid >> 5) & 3;  // warp inside the warpgroup: 16 rows of each accumulator
+  // The warp index through a shuffle: the compiler then knows it is warp-uniform, so the roles'
+  // branches stay uniform and the producer's per-step values live in uniform registers.
+  const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
+  const int wg = warp >> 2;     // 0: producer; 1, 2: MMA warpgroups
+  const int wwarp = warp & 3;   // warp inside the warpgroup
   const int n_blk = a.deterministic ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);  // dq_sema
   const int kvh = blockIdx.y, b = blockIdx.z;
-  // Deterministic mode: the semaphore of the last dQ issued (thread 0's; in shared memory, so it
-  // takes no register over the step loop).
-  __shared__ int32_t* turn_sema;
   const int n0 = n_blk * BN;
   const ScoreRules& R = a.rules;
 
@@ -356,9 +416,92 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
   const int lq = seq.lq, lk = seq.lk;
   const int64_t q_start = seq.q_start, ws_row0 = seq.ws_row0;  // ws_row0: workspace row of i = 0
   const KernelScoreRules S(R, lq, lk, a.scale_log2, a.softcap_in, a.softcap_out);
+  // Steps: every query block [m_lo, m_lo + nm) that sees a key of the block, for each query head
+  // of the group; step s is head kvh group + s / nm, block m_lo + s % nm. Both roles walk them.
+  int m_lo = 0, nm = 0, steps = 0;
+  if (n0 < lk && lq > 0) {
+    const auto blocks = S.query_blocks(n0, BN, BM);
+    m_lo = blocks.first, nm = blocks.count;
+    steps = nm * a.group;
+  }
 
+  if (tid == 0) {
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) {
+      mbar_init(full_bar(st), T::kLoaders);  // one cp.async arrival per loader thread
+      mbar_init(empty_bar(st), kMmaThreads / 32);  // one arrival per MMA warp
+    }
+    mbar_init(kv_bar, 128);  // the producer warpgroup's K/V copies
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer warpgroup ---------------------------------------------------------------------
+    regs_dec<T::kProducerRegs>();
+    if (steps == 0) return;
+    {
+      constexpr int kRowStep = 128 / kChunks;
+      static_assert(kRowStep % 8 == 0 && BN % kRowStep == 0, "load mapping");
+      const int ld_row = tid / kChunks, ld_chunk = tid % kChunks;
+      load_kv_block<BN, kRowStep>(a, b, kvh, n0, lk, ld_row, ld_chunk, RowChunk(ld_chunk, a.d, a.dv), sK, sV);
+      cp_async_arrive(kv_bar);
+    }
+    if (warp < T::kLoaders / 32) {
+      // Loaders: stage s % kStages once the MMA warps released its previous use (step s - kStages).
+      int h = kvh * a.group, m = m_lo;  // step s's head and query block
+      for (int s = 0; s < steps; ++s) {
+        const int st = s % kStages;
+        mbar_wait(empty_bar(st), ((s / kStages) & 1) ^ 1);
+        load_q_do_stage<BM, kChunks, T::kLoaders>(a, b, q_start, ws_row0, lq, h, m * BM, tid,
+                                                  sQ + st * BM * D, sdO + st * BM * D, sL + st * BM, sDs + st * BM);
+        cp_async_arrive(full_bar(st));  // arrives once this thread's copies have landed
+        if (++m == m_lo + nm) m = m_lo, ++h;
+      }
+      cp_async_wait<0>();
+    } else {
+      // dQ writer (warp 3): step s's dQ, staged in buffer s & 1, added into the workspace with one
+      // bulk reduce per query row (lane l: rows l, l + 32, ...; rows past Lq skipped; dacc = D
+      // columns, a padded instance's others are zeros); the buffer is free again once the copy
+      // engine has read it. Deterministic mode: the writer waits for this block's turn at the
+      // query block (dq_sema) and passes it on once its reduces are complete; only this warp
+      // waits, the MMA warpgroups go on with the next step (the staging is double-buffered).
+      int h = kvh * a.group, m = m_lo;  // step s's head and query block
+      for (int s = 0; s < steps; ++s) {
+        const int sbuf = s & 1;
+        named_sync<kDqSyncThreads>(kBarDqFull + sbuf);
+        if (a.deterministic) {
+          if (lane == 0) dq_wait_turn(dq_sema(a, b, h, m), S.last_key_block(m, BM, BN) - n_blk);
+          __syncwarp();
+          fence_proxy_async_global();
+        }
+        const uint32_t tile = smem_u32(sDq + sbuf * (BM * kDqStride));
+        const int rows_in = lq - m * BM;
+        float* dq_row = a.ws_dq + (int64_t(h) * a.total_rows + ws_row0 + m * BM + lane) * a.dacc;
+#pragma unroll 1
+        for (int row = lane; row < BM && row < rows_in; row += 32, dq_row += 32 * a.dacc)
+          bulk_reduce_add_f32(dq_row, tile + uint32_t(row * kDqStride * 4), a.dacc * 4);
+        bulk_commit();
+        if (a.deterministic) {
+          dq_reduces_done();
+          __syncwarp();
+          if (lane == 0) dq_pass_turn(dq_sema(a, b, h, m));
+        } else {
+          bulk_wait_read<0>();
+        }
+        if (s + 2 < steps) named_arrive<kDqSyncThreads>(kBarDqEmpty + sbuf);
+        if (++m == m_lo + nm) m = m_lo, ++h;
+      }
+      bulk_wait_all();  // the staging tile must outlive the copy engine's reads
+    }
+    return;
+  }
+
+  // ---- MMA warpgroups -----------------------------------------------------------------------------
+  regs_inc<T::kMmaRegs>();
+  const int mwg = wg - 1;  // keys [64 mwg, 64 mwg + 64) of the block
   // This thread's accumulator rows (keys in S^T, dP^T, dK, dV): key_loc0 and key_loc0 + 8.
-  const int key_loc0 = wg * 64 + wwarp * 16 + (lane >> 2);
+  const int key_loc0 = mwg * 64 + wwarp * 16 + (lane >> 2);
   const int col_base = (lane & 3) * 2;
 
   float dv_acc[kPanels][32], dk_acc[kPanels][32];
@@ -367,226 +510,159 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
 #pragma unroll
     for (int e = 0; e < 32; ++e) dv_acc[p][e] = 0.0f, dk_acc[p][e] = 0.0f;
 
-  if (n0 < lk && lq > 0) {
-    const auto blocks = S.query_blocks(n0, BN, BM);
-    const int m_lo = blocks.first, nm = blocks.count;
-    const int steps = nm * a.group;
+  if (steps > 0) {
+    const bool transformed = S.softcapped() || S.alibi();
 
-    if (steps > 0) {
-      // Each thread copies one 16-byte chunk of every kRowStep-th row; kRowStep is a multiple of
-      // 8, so the swizzled offset advances by a constant.
-      constexpr int kRowStep = NT / kChunks;
-      static_assert(kRowStep % 8 == 0 && BN % kRowStep == 0 && BM % kRowStep == 0, "load mapping");
-      const int ld_row = tid / kChunks, ld_chunk = tid % kChunks;
-      const RowChunk rc(ld_chunk, a.d, a.dv);
-      load_kv_block<BN, kRowStep>(a, b, kvh, n0, lk, ld_row, ld_chunk, rc, sK, sV);
-      const int qsoff = panel_offset(BM, ld_row, ld_chunk);
-      auto load_step = [&](int s, int buf) {
-        load_q_do_step<BM, kRowStep, BM * D>(a, b, q_start, ws_row0, lq, kvh * a.group + s / nm, m_lo + s % nm, tid,
-                                             ld_row, qsoff, rc, sQ, sdO, sL, sDs, buf);
-      };
-      load_step(0, 0);
-      cp_async_commit();
-
-      const bool transformed = S.softcapped() || S.alibi();
-
-      float dq_acc[32];
-      const int dq_d_panel = kDqByCols ? wg : 0;
-      int dq_h = 0, dq_i0 = 0;  // the step whose dQ is in flight
-      // This thread's fragment of the step's dQ into staging buffer `sbuf` (row-major,
-      // the workspace's column order), then fence for the copy engine.
-      auto stage_dq = [&](int sbuf) {
-        float* tile = sDq + sbuf * (BM * kDqStride);
-        const int row0 = (kDqByCols ? 0 : wg * 64) + wwarp * 16 + (lane >> 2);
-        const int col0 = dq_d_panel * 64 + col_base;
+    float dq_acc[32];
+    const int dq_d_panel = kDqByCols ? mwg : 0;
+    // This thread's fragment of the step's dQ into staging buffer `sbuf` (row-major, the
+    // workspace's column order).
+    auto stage_dq = [&](int sbuf) {
+      float* tile = sDq + sbuf * (BM * kDqStride);
+      const int row0 = (kDqByCols ? 0 : mwg * 64) + wwarp * 16 + (lane >> 2);
+      const int col0 = dq_d_panel * 64 + col_base;
 #pragma unroll
-        for (int t = 0; t < 8; ++t)
+      for (int t = 0; t < 8; ++t)
 #pragma unroll
-          for (int hf = 0; hf < 2; ++hf)
-            *reinterpret_cast<float2*>(tile + (row0 + 8 * hf) * kDqStride + col0 + 8 * t) =
-                make_float2(dq_acc[4 * t + 2 * hf], dq_acc[4 * t + 2 * hf + 1]);
-      };
-      // After a block barrier: lane l < BM / 8 of warp w adds row w * BM / 8 + l of
-      // staging buffer `sbuf` (the dQ of step (hh, ii0)) into the workspace, rows past Lq
-      // skipped; the workspace row's dacc = D columns (a padded instance's others are zeros).
-      // Spread over all 8 warps: the copy engine takes the operands from uniform registers, so
-      // each warp issues its rows one at a time.
-      constexpr int kDqRowsPerWarp = BM / 8;
-      const bool dq_issuer = lane < kDqRowsPerWarp;
-      const int dq_issue_row = (tid >> 5) * kDqRowsPerWarp + lane;
-      // Deterministic mode: the warp's lane 0 first waits for this block's turn at the query block.
-      auto issue_dq = [&](int sbuf, int hh, int ii0) {
-        if (a.deterministic) {
-          if (lane == 0) {
-            int32_t* sema = dq_sema(a, b, hh, ii0 / BM);
-            if (tid == 0) turn_sema = sema;
-            dq_wait_turn(sema, S.last_key_block(ii0 / BM, BM, BN) - n_blk);
-          }
-          __syncwarp();
-          if (dq_issuer) fence_proxy_async_global();
-        }
-        if (dq_issuer) {
-          const int i = ii0 + dq_issue_row;
-          if (i < lq)
-            bulk_reduce_add_f32(a.ws_dq + (int64_t(hh) * a.total_rows + ws_row0 + i) * a.dacc,
-                                smem_u32(sDq + (sbuf * BM + dq_issue_row) * kDqStride), a.dacc * 4);
-          bulk_commit();
-        }
-      };
+        for (int hf = 0; hf < 2; ++hf)
+          *reinterpret_cast<float2*>(tile + (row0 + 8 * hf) * kDqStride + col0 + 8 * t) =
+              make_float2(dq_acc[4 * t + 2 * hf], dq_acc[4 * t + 2 * hf + 1]);
+    };
+    // Every thread of the warp has passed its wgmma wait: the warp's reads of the stage are done.
+    auto release = [&](uint32_t bar) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar);
+    };
 
-      // Dropout: this thread's keep bits of step st. Step 0's are made before its products, the
-      // next step's while this step's dV, dK, dQ products run (S^T and dP^T no longer hold
-      // registers there).
-      uint32_t keep[(4 * kQTiles + 31) / 32] = {};
-      auto step_keep = [&](int st) {
-        bwd_keep_bits<kQTiles>(keep, R, b, a.hq, kvh * a.group + st / nm, (m_lo + st % nm) * BM, n0 + key_loc0);
-      };
-      if constexpr (kDropout) step_keep(0);
+    // Dropout: this thread's keep bits of step `step`. Step 0's are made before its products, the
+    // next step's while this step's dV, dK, dQ products run (S^T and dP^T no longer hold
+    // registers there).
+    uint32_t keep[(4 * kQTiles + 31) / 32] = {};
+    auto step_keep = [&](int step) {
+      bwd_keep_bits<kQTiles>(keep, R, b, a.hq, kvh * a.group + step / nm, (m_lo + step % nm) * BM, n0 + key_loc0);
+    };
+    if constexpr (kDropout) step_keep(0);
 
-      // Deterministic mode: the turn at the query block of the last dQ issued (turn_sema) passes
-      // once that dQ is complete: at the barrier in the middle of the step that issued it (the
-      // next key block in the order waits about half a step per link).
-      auto pass_turn_after_barrier = [&] {
-        if (tid == 0) dq_pass_turn(turn_sema);
-      };
-      for (int s = 0; s < steps; ++s) {
-        const int buf = s & 1;
-        cp_async_wait<0>();
-        fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
-        __syncthreads();      // step s landed everywhere; step s-1's products are all done
-        if (s + 1 < steps) {
-          load_step(s + 1, buf ^ 1);
-          cp_async_commit();
-        }
-        const int h = kvh * a.group + s / nm;
-        const int m = m_lo + s % nm;
-        const int i0 = m * BM;
+    mbar_wait(kv_bar, 0);
+    for (int s = 0; s < steps; ++s) {
+      const int st = s % kStages;
+      const int h = kvh * a.group + s / nm;
+      const int m = m_lo + s % nm;
+      const int i0 = m * BM;
+      mbar_wait(full_bar(st), (s / kStages) & 1);
+      fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
 
-        // ---- S^T = K Q^T and dP^T = V dO^T (two groups: P is computed while dP^T runs) ----
-        float s_acc[BM / 2], dp_acc[BM / 2];
-        {
-          // Descriptors as base + offset (16-byte units); the opaque copies keep the compiler
-          // from hoisting D/16 loop-invariant 64-bit descriptors into registers.
-          uint64_t k_desc = make_desc(sK_u32 + wg * (64 * 128), 16, 1024);
-          asm volatile("" : "+l"(k_desc));
-          uint64_t q_desc = make_desc(sQ_u32 + buf * (BM * D * 2), 16, 1024);
-          asm volatile("" : "+l"(q_desc));
-          wg_fence();
+      // ---- S^T = K Q^T and dP^T = V dO^T (two groups: P is computed while dP^T runs) ----
+      float s_acc[BM / 2], dp_acc[BM / 2];
+      {
+        // Descriptors as base + offset (16-byte units); the opaque copies keep the compiler
+        // from hoisting D/16 loop-invariant 64-bit descriptors into registers.
+        uint64_t k_desc = make_desc(sK_u32 + mwg * (64 * 128), 16, 1024);
+        asm volatile("" : "+l"(k_desc));
+        uint64_t q_desc = make_desc(sQ_u32 + st * (BM * D * 2), 16, 1024);
+        asm volatile("" : "+l"(q_desc));
+        wg_fence();
 #pragma unroll
-          for (int ks = 0; ks < D / 16; ++ks) {
-            const uint32_t koff = uint32_t((ks & 3) * 32);  // 16 columns = 32 bytes of the 128-byte row
-            const uint64_t da = k_desc + (((ks >> 2) * (BN * 128) + koff) >> 4);
-            const uint64_t db = q_desc + (((ks >> 2) * (BM * 128) + koff) >> 4);
-            if constexpr (BM == 128) wgmma_ss_m64n128k16<kBf16, 0, 0>(s_acc, da, db, ks > 0 ? 1 : 0);
-            else wgmma_ss_m64n64k16<kBf16, 0, 0>(s_acc, da, db, ks > 0 ? 1 : 0);
-          }
-          wg_commit();
-          uint64_t v_desc = make_desc(sV_u32 + wg * (64 * 128), 16, 1024);
-          asm volatile("" : "+l"(v_desc));
-          uint64_t o_desc = make_desc(sdO_u32 + buf * (BM * D * 2), 16, 1024);
-          asm volatile("" : "+l"(o_desc));
-#pragma unroll
-          for (int ks = 0; ks < D / 16; ++ks) {
-            const uint32_t koff = uint32_t((ks & 3) * 32);
-            const uint64_t da = v_desc + (((ks >> 2) * (BN * 128) + koff) >> 4);
-            const uint64_t db = o_desc + (((ks >> 2) * (BM * 128) + koff) >> 4);
-            if constexpr (BM == 128) wgmma_ss_m64n128k16<kBf16, 0, 0>(dp_acc, da, db, ks > 0 ? 1 : 0);
-            else wgmma_ss_m64n64k16<kBf16, 0, 0>(dp_acc, da, db, ks > 0 ? 1 : 0);
-          }
-          wg_commit();
+        for (int ks = 0; ks < D / 16; ++ks) {
+          const uint32_t koff = uint32_t((ks & 3) * 32);  // 16 columns = 32 bytes of the 128-byte row
+          const uint64_t da = k_desc + (((ks >> 2) * (BN * 128) + koff) >> 4);
+          const uint64_t db = q_desc + (((ks >> 2) * (BM * 128) + koff) >> 4);
+          if constexpr (BM == 128) wgmma_ss_m64n128k16<kBf16, 0, 0>(s_acc, da, db, ks > 0 ? 1 : 0);
+          else wgmma_ss_m64n64k16<kBf16, 0, 0>(s_acc, da, db, ks > 0 ? 1 : 0);
         }
-        // Step s-1's dQ (staged and fenced before this step's first barrier), while S^T and
-        // dP^T run.
-        if (s > 0) issue_dq(buf ^ 1, dq_h, dq_i0);
+        wg_commit();
+        uint64_t v_desc = make_desc(sV_u32 + mwg * (64 * 128), 16, 1024);
+        asm volatile("" : "+l"(v_desc));
+        uint64_t o_desc = make_desc(sdO_u32 + st * (BM * D * 2), 16, 1024);
+        asm volatile("" : "+l"(o_desc));
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+          const uint32_t koff = uint32_t((ks & 3) * 32);
+          const uint64_t da = v_desc + (((ks >> 2) * (BN * 128) + koff) >> 4);
+          const uint64_t db = o_desc + (((ks >> 2) * (BM * 128) + koff) >> 4);
+          if constexpr (BM == 128) wgmma_ss_m64n128k16<kBf16, 0, 0>(dp_acc, da, db, ks > 0 ? 1 : 0);
+          else wgmma_ss_m64n64k16<kBf16, 0, 0>(dp_acc, da, db, ks > 0 ? 1 : 0);
+        }
+        wg_commit();
+      }
 
-        // ---- P^T, dS^T (s_acc[4t + 2hf + e2] is key n0 + key_loc0 + 8hf, query i0 + 8t + col_base + e2)
-        p_and_ds<kQTiles, kDropout>(s_acc, dp_acc, S, transformed, S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1),
-                                    R.alibi ? -R.alibi_slope(b, h) * kBwdLog2eH : 0.0f, i0, n0 + key_loc0, col_base,
-                                    sL + buf * BM, sDs + buf * BM, keep);
-        uint32_t pa[kQSteps][4], da[kQSteps][4];
+      // ---- P^T, dS^T (s_acc[4t + 2hf + e2] is key n0 + key_loc0 + 8hf, query i0 + 8t + col_base + e2)
+      p_and_ds<kQTiles, kDropout>(s_acc, dp_acc, S, transformed, S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1),
+                                  R.alibi ? -R.alibi_slope(b, h) * kBwdLog2eH : 0.0f, i0, n0 + key_loc0, col_base,
+                                  sL + st * BM, sDs + st * BM, keep);
+      uint32_t pa[kQSteps][4], da[kQSteps][4];
+#pragma unroll
+      for (int ks = 0; ks < kQSteps; ++ks)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          pa[ks][r] = Elem::pack(s_acc[8 * ks + 2 * r], s_acc[8 * ks + 2 * r + 1]);
+          da[ks][r] = Elem::pack(dp_acc[8 * ks + 2 * r], dp_acc[8 * ks + 2 * r + 1]);
+        }
+      // dS^T to shared memory for dQ: (key, queries 8t + col_base, +1) -> one 32-bit store;
+      // pair (t, hf) is da[t / 2][(t & 1) * 2 + hf]. The other warpgroup's dQ of step s - 1
+      // must have read the previous dS^T first.
+      if (s > 0) named_sync<kMmaThreads>(kBarDsFree + (mwg ^ 1));
+#pragma unroll
+      for (int t = 0; t < kQTiles; ++t)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int off = panel_offset(BN, key_loc0 + 8 * hf, t) + col_base;
+          *reinterpret_cast<uint32_t*>(sdS + off) = da[t >> 1][(t & 1) * 2 + hf];
+        }
+
+      // ---- dV += P^T dO, dK += dS^T Q (A from registers; dO, Q MN-major) -------------------
+      {
+        uint64_t o_desc = make_desc(sdO_u32 + st * (BM * D * 2), BM * 128, 1024);
+        asm volatile("" : "+l"(o_desc));
+        uint64_t q_desc = make_desc(sQ_u32 + st * (BM * D * 2), BM * 128, 1024);
+        asm volatile("" : "+l"(q_desc));
+        wg_fence();
 #pragma unroll
         for (int ks = 0; ks < kQSteps; ++ks)
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            pa[ks][r] = Elem::pack(s_acc[8 * ks + 2 * r], s_acc[8 * ks + 2 * r + 1]);
-            da[ks][r] = Elem::pack(dp_acc[8 * ks + 2 * r], dp_acc[8 * ks + 2 * r + 1]);
-          }
-        // dS^T to shared memory for dQ: (key, queries 8t + col_base, +1) -> one 32-bit store;
-        // pair (t, hf) is da[t / 2][(t & 1) * 2 + hf].
-        uint16_t* tdS = sdS;
+          for (int p = 0; p < kPanels; ++p)
+            wgmma_rs_m64n64k16<kBf16, 1>(dv_acc[p], pa[ks], o_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
 #pragma unroll
-        for (int t = 0; t < kQTiles; ++t)
+        for (int ks = 0; ks < kQSteps; ++ks)
 #pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int row = key_loc0 + 8 * hf;
-            const int off = panel_offset(BN, row, t) + col_base;
-            *reinterpret_cast<uint32_t*>(tdS + off) = da[t >> 1][(t & 1) * 2 + hf];
-          }
-
-        // ---- dV += P^T dO, dK += dS^T Q (A from registers; dO, Q MN-major) -------------------
-        {
-          uint64_t o_desc = make_desc(sdO_u32 + buf * (BM * D * 2), BM * 128, 1024);
-          asm volatile("" : "+l"(o_desc));
-          uint64_t q_desc = make_desc(sQ_u32 + buf * (BM * D * 2), BM * 128, 1024);
-          asm volatile("" : "+l"(q_desc));
-          wg_fence();
-#pragma unroll
-          for (int ks = 0; ks < kQSteps; ++ks)
-#pragma unroll
-            for (int p = 0; p < kPanels; ++p)
-              wgmma_rs_m64n64k16<kBf16, 1>(dv_acc[p], pa[ks], o_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
-#pragma unroll
-          for (int ks = 0; ks < kQSteps; ++ks)
-#pragma unroll
-            for (int p = 0; p < kPanels; ++p)
-              wgmma_rs_m64n64k16<kBf16, 1>(dk_acc[p], da[ks], q_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
-          wg_commit();
-        }
-        // The reduce that read this step's staging buffer (step s-2's dQ) is done before the
-        // barrier below lets anyone write it again (deterministic mode: step s-1's is complete).
-        if (dq_issuer) {
-          if (a.deterministic) dq_reduces_done();
-          else bulk_wait_read<1>();
-        }
-        fence_proxy_async();  // dS^T stores (generic proxy) -> wgmma reads (async proxy)
-        __syncthreads();      // dS^T of both warpgroups in shared memory
-        if (a.deterministic && s > 0) pass_turn_after_barrier();
-
-        // ---- dQ = dS K (64 x 64 per warpgroup; dS^T and K MN-major) ---------------------------
-        {
-          const int q_panel = kDqByCols ? 0 : wg;
-          uint64_t s_desc = make_desc(sdS_u32 + q_panel * 64 * (BN * 2), BN * 128, 1024);
-          asm volatile("" : "+l"(s_desc));
-          uint64_t kt_desc = make_desc(sK_u32 + dq_d_panel * (BN * 128), BN * 128, 1024);
-          asm volatile("" : "+l"(kt_desc));
-          wg_fence();
-#pragma unroll
-          for (int ks = 0; ks < BN / 16; ++ks)
-            wgmma_ss_m64n64k16<kBf16, 1, 1>(dq_acc, s_desc + ((ks * 2048) >> 4), kt_desc + ((ks * 2048) >> 4),
-                                            ks > 0 ? 1 : 0);
-          wg_commit();
-          if constexpr (kDropout) {
-            if (s + 1 < steps) step_keep(s + 1);
-          }
-          wg_wait<0>();
-          fence_regs(dq_acc);
-          dq_h = h, dq_i0 = i0;
-          fence_regs_u32(pa);
-          fence_regs_u32(da);
-#pragma unroll
-          for (int p = 0; p < kPanels; ++p) fence_regs(dv_acc[p]), fence_regs(dk_acc[p]);
-          stage_dq(buf);  // fenced for the copy engine at the next step's barrier
-        }
+          for (int p = 0; p < kPanels; ++p)
+            wgmma_rs_m64n64k16<kBf16, 1>(dk_acc[p], da[ks], q_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
+        wg_commit();
       }
-      fence_proxy_async();
-      __syncthreads();
-      issue_dq((steps - 1) & 1, dq_h, dq_i0);
-      if (dq_issuer) bulk_wait_all();  // the staging tile must outlive the copy engine's reads
-      if (a.deterministic) {
-        if (dq_issuer) fence_proxy_async_global();
-        __syncthreads();
-        pass_turn_after_barrier();
+      fence_proxy_async();  // dS^T stores (generic proxy) -> wgmma reads (async proxy)
+      named_sync<kMmaThreads>(kBarDsReady);  // dS^T of both warpgroups in shared memory
+
+      // ---- dQ = dS K (64 x 64 per warpgroup; dS^T and K MN-major) ---------------------------
+      {
+        const int q_panel = kDqByCols ? 0 : mwg;
+        uint64_t s_desc = make_desc(sdS_u32 + q_panel * 64 * (BN * 2), BN * 128, 1024);
+        asm volatile("" : "+l"(s_desc));
+        uint64_t kt_desc = make_desc(sK_u32 + dq_d_panel * (BN * 128), BN * 128, 1024);
+        asm volatile("" : "+l"(kt_desc));
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ++ks)
+          wgmma_ss_m64n64k16<kBf16, 1, 1>(dq_acc, s_desc + ((ks * 2048) >> 4), kt_desc + ((ks * 2048) >> 4),
+                                          ks > 0 ? 1 : 0);
+        wg_commit();
       }
+      if constexpr (kDropout) {
+        if (s + 1 < steps) step_keep(s + 1);
+      }
+      wg_wait<1>();  // dV, dK done: this warp's reads of the stage (Q, dO; LSE2, D long read)
+      fence_regs_u32(pa);
+      fence_regs_u32(da);
+#pragma unroll
+      for (int p = 0; p < kPanels; ++p) fence_regs(dv_acc[p]), fence_regs(dk_acc[p]);
+      release(empty_bar(st));
+      wg_wait<0>();  // dQ done: this warpgroup's reads of dS^T
+      fence_regs(dq_acc);
+      if (s + 1 < steps) named_arrive<kMmaThreads>(kBarDsFree + mwg);
+      // Staging buffer s & 1 held step s - 2's dQ: the writer frees it once the copy engine read it.
+      if (s >= 2) named_sync<kDqSyncThreads>(kBarDqEmpty + (s & 1));
+      stage_dq(s & 1);
+      fence_proxy_async();  // staging stores (generic proxy) -> the bulk reduce's reads (async proxy)
+      named_arrive<kDqSyncThreads>(kBarDqFull + (s & 1));
     }
   }
 

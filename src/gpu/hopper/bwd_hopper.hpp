@@ -33,27 +33,35 @@
 
 namespace flashport::gpu {
 
-// Tile of the Hopper backward: one block owns 128 keys of one kv head; 2 consumer warpgroups of
-// 64 keys each keep dK, dV in registers; per step a block of BM query rows (128 at D64, 64 at
-// D128: the S^T/dP^T accumulators of the step plus dK/dV stay under 255 registers).
-// dQ of a step goes through shared memory (fp32, double-buffered, rows padded by 16 bytes against
-// bank conflicts) and is added into the workspace with one bulk reduce per query row
-// (cp.reduce.async.bulk .add.f32, issued after the next step's first barrier) instead of 8
-// red.global.add.v4.f32 per thread (bench/results/HISTORY.md: the atomics, and deferring the dQ
-// wait past the next step's products, both lost).
+// Tile of the Hopper backward: one block owns 128 keys of one kv head; per step a block of BM
+// query rows (128 at D64, 64 at D128: the S^T/dP^T accumulators of the step plus dK/dV stay
+// under the MMA warpgroups' 240 registers). Warp-specialised block of 3 warpgroups:
+//   warpgroup 0, the producer, at 24 registers (setmaxnreg; 32 would leave the MMA warpgroups'
+//     increase to 240 waiting: bench/results/HISTORY.md, the forward's session 5): its 128
+//     threads copy the block's K and V once (cp.async, one mbarrier); warps 0-2 (kLoaders
+//     threads) copy each step's Q, dO rows and LSE2, D values into a ring of kStages stages
+//     (cp.async, full / empty mbarriers); warp 3 writes dQ: one bulk reduce
+//     (cp.reduce.async.bulk .add.f32) per query row of the step's dQ staged in shared memory.
+//   warpgroups 1 and 2, at 240 registers: 64 keys each, dK, dV in registers over the walk; they
+//     exchange dS^T (dQ = dS K needs both halves) and hand dQ to the writer on named barriers.
+// dQ staging: fp32, double-buffered, rows padded by 16 bytes against bank conflicts. A third
+// ring stage does not fit in shared memory at either head dim (D64 237,624 bytes, D128 250,424).
 struct HopperBwdTile {
   static constexpr int kBlockN = 128;
-  static constexpr int kThreads = 256;
+  static constexpr int kThreads = 384;
+  static constexpr int kLoaders = 96;  // producer warps 0-2; warp 3 writes dQ
+  static constexpr int kStages = 2;
+  static constexpr int kProducerRegs = 24, kMmaRegs = 240;  // 128 x 24 + 256 x 240: the launch's 384 x 168
   static constexpr int block_m(int d) { return d == 64 ? 128 : 64; }
   // Row stride (floats) of the dQ staging tile: + 4 floats so a warp's 8 rows of float2 stores
   // spread over all 32 banks.
   static constexpr int dq_stride(int d) { return d + 4; }
   static constexpr int dq_stage_bytes(int d) { return 2 * block_m(d) * dq_stride(d) * 4; }
-  // K, V; Q and dO double-buffered; dS^T; LSE and D double-buffered; dQ staging;
-  // + 1024 atom alignment slack.
+  // K, V; the Q and dO ring; dS^T; the LSE2 and D ring; dQ staging; mbarriers (full and empty per
+  // stage, K/V landed); + 1024 atom alignment slack.
   static constexpr int smem_bytes(int d) {
-    return (2 * kBlockN * d + 4 * block_m(d) * d + kBlockN * block_m(d)) * 2 + 4 * block_m(d) * 4 +
-           dq_stage_bytes(d) + 1024;
+    return (2 * kBlockN * d + 2 * kStages * block_m(d) * d + kBlockN * block_m(d)) * 2 +
+           2 * kStages * block_m(d) * 4 + dq_stage_bytes(d) + 8 * (2 * kStages + 1) + 1024;
   }
 };
 
