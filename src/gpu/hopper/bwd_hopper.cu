@@ -388,15 +388,14 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
   uint16_t* sdS = sdO + kStages * BM * D;      // dS^T: [BN keys][BM queries], 64-query panels
   float* sL = reinterpret_cast<float*>(sdS + BN * BM);  // [kStages][BM] LSE2
   float* sDs = sL + kStages * BM;                       // [kStages][BM] D
-  constexpr int kDqStride = T::dq_stride(D);
-  float* sDq = sDs + kStages * BM;  // [2][BM][kDqStride] dQ staging
+  float* sDq = sDs + kStages * BM;  // [2][BM][D] dQ staging
   const uint32_t sK_u32 = base_u32;
   const uint32_t sV_u32 = sK_u32 + BN * D * 2;
   const uint32_t sQ_u32 = sV_u32 + BN * D * 2;
   const uint32_t sdO_u32 = sQ_u32 + kStages * BM * D * 2;
   const uint32_t sdS_u32 = sdO_u32 + kStages * BM * D * 2;
   // mbarriers: Q/dO/LSE2/D stage landed (full) / read by all 8 MMA warps (empty); K and V landed.
-  const uint32_t bars = smem_u32(sDq + 2 * BM * kDqStride);
+  const uint32_t bars = smem_u32(sDq + 2 * BM * D);
   auto full_bar = [&](int st) { return bars + 8u * uint32_t(st); };
   auto empty_bar = [&](int st) { return bars + 8u * uint32_t(kStages + st); };
   const uint32_t kv_bar = bars + 8u * uint32_t(2 * kStages);
@@ -460,10 +459,12 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
       }
       cp_async_wait<0>();
     } else {
-      // dQ writer (warp 3): step s's dQ, staged in buffer s & 1, added into the workspace with one
-      // bulk reduce per query row (lane l: rows l, l + 32, ...; rows past Lq skipped; dacc = D
-      // columns, a padded instance's others are zeros); the buffer is free again once the copy
-      // engine has read it. Deterministic mode: the writer waits for this block's turn at the
+      // dQ writer (warp 3): step s's dQ, staged in buffer s & 1, added into the workspace: the
+      // step's rows (those below Lq) are contiguous there, so one bulk reduce takes the whole tile
+      // when the workspace rows are D floats (dacc = D); a padded call's rows (dacc < D) go one
+      // bulk reduce per row (lane l: rows l, l + 32, ...). (One reduce per row throughout made the
+      // writer the D64 kernel's bottleneck: 128 serial issues a step.) The buffer is free again
+      // once the copy engine has read it. Deterministic mode: the writer waits for this block's turn at the
       // query block (dq_sema) and passes it on once its reduces are complete; only this warp
       // waits, the MMA warpgroups go on with the next step (the staging is double-buffered).
       int h = kvh * a.group, m = m_lo;  // step s's head and query block
@@ -475,12 +476,16 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
           __syncwarp();
           fence_proxy_async_global();
         }
-        const uint32_t tile = smem_u32(sDq + sbuf * (BM * kDqStride));
-        const int rows_in = lq - m * BM;
-        float* dq_row = a.ws_dq + (int64_t(h) * a.total_rows + ws_row0 + m * BM + lane) * a.dacc;
+        const uint32_t tile = smem_u32(sDq + sbuf * (BM * D));
+        const int rows_in = min(lq - m * BM, BM);
+        float* dq_rows = a.ws_dq + (int64_t(h) * a.total_rows + ws_row0 + m * BM) * a.dacc;
+        if (a.dacc == D) {
+          if (lane == 0) bulk_reduce_add_f32(dq_rows, tile, rows_in * D * 4);
+        } else {
 #pragma unroll 1
-        for (int row = lane; row < BM && row < rows_in; row += 32, dq_row += 32 * a.dacc)
-          bulk_reduce_add_f32(dq_row, tile + uint32_t(row * kDqStride * 4), a.dacc * 4);
+          for (int row = lane; row < rows_in; row += 32)
+            bulk_reduce_add_f32(dq_rows + int64_t(row) * a.dacc, tile + uint32_t(row * D * 4), a.dacc * 4);
+        }
         bulk_commit();
         if (a.deterministic) {
           dq_reduces_done();
@@ -515,18 +520,31 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
 
     float dq_acc[32];
     const int dq_d_panel = kDqByCols ? mwg : 0;
-    // This thread's fragment of the step's dQ into staging buffer `sbuf` (row-major, the
-    // workspace's column order).
+    // This thread's fragment of the step's dQ into staging buffer `sbuf`: fp32 [BM][D] row-major,
+    // unpadded, so the writer adds the whole tile with one bulk reduce. A warp's 8 quads sit on 8
+    // rows D floats apart (the same banks), so store t of quad r writes 8-column chunk
+    // (t + r) & 3 ahead (chunks rotated in registers by two select stages): every bank twice per
+    // store, the minimum for 256 bytes (the D256 kernel's staging does the same).
     auto stage_dq = [&](int sbuf) {
-      float* tile = sDq + sbuf * (BM * kDqStride);
+      float* tile = sDq + sbuf * (BM * D);
       const int row0 = (kDqByCols ? 0 : mwg * 64) + wwarp * 16 + (lane >> 2);
       const int col0 = dq_d_panel * 64 + col_base;
+      const int rot = (lane >> 2) & 3;
+      float y[32], z[32];
+#pragma unroll
+      for (int t = 0; t < 8; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) y[4 * t + e] = (rot & 1) ? dq_acc[4 * ((t + 1) & 7) + e] : dq_acc[4 * t + e];
+#pragma unroll
+      for (int t = 0; t < 8; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) z[4 * t + e] = (rot & 2) ? y[4 * ((t + 2) & 7) + e] : y[4 * t + e];
 #pragma unroll
       for (int t = 0; t < 8; ++t)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf)
-          *reinterpret_cast<float2*>(tile + (row0 + 8 * hf) * kDqStride + col0 + 8 * t) =
-              make_float2(dq_acc[4 * t + 2 * hf], dq_acc[4 * t + 2 * hf + 1]);
+          *reinterpret_cast<float2*>(tile + (row0 + 8 * hf) * D + col0 + 8 * ((t + rot) & 7)) =
+              make_float2(z[4 * t + 2 * hf], z[4 * t + 2 * hf + 1]);
     };
     // Every thread of the warp has passed its wgmma wait: the warp's reads of the stage are done.
     auto release = [&](uint32_t bar) {

@@ -40,12 +40,14 @@ namespace flashport::gpu {
 //     increase to 240 waiting: bench/results/HISTORY.md, the forward's session 5): its 128
 //     threads copy the block's K and V once (cp.async, one mbarrier); warps 0-2 (kLoaders
 //     threads) copy each step's Q, dO rows and LSE2, D values into a ring of kStages stages
-//     (cp.async, full / empty mbarriers); warp 3 writes dQ: one bulk reduce
-//     (cp.reduce.async.bulk .add.f32) per query row of the step's dQ staged in shared memory.
+//     (cp.async, full / empty mbarriers); warp 3 writes dQ: the step's dQ staged in shared
+//     memory goes into the workspace with one bulk reduce (cp.reduce.async.bulk .add.f32) of
+//     the whole tile (one per row for padded head dims).
 //   warpgroups 1 and 2, at 240 registers: 64 keys each, dK, dV in registers over the walk; they
 //     exchange dS^T (dQ = dS K needs both halves) and hand dQ to the writer on named barriers.
-// dQ staging: fp32, double-buffered, rows padded by 16 bytes against bank conflicts. A third
-// ring stage does not fit in shared memory at either head dim (D64 237,624 bytes, D128 250,424).
+// dQ staging: fp32, double-buffered, unpadded rows (the workspace's layout; the stores rotate their
+// column chunks against bank conflicts). A third ring stage does not fit in shared memory at either
+// head dim (D64 233,528 bytes, D128 248,376).
 struct HopperBwdTile {
   static constexpr int kBlockN = 128;
   static constexpr int kThreads = 384;
@@ -53,10 +55,7 @@ struct HopperBwdTile {
   static constexpr int kStages = 2;
   static constexpr int kProducerRegs = 24, kMmaRegs = 240;  // 128 x 24 + 256 x 240: the launch's 384 x 168
   static constexpr int block_m(int d) { return d == 64 ? 128 : 64; }
-  // Row stride (floats) of the dQ staging tile: + 4 floats so a warp's 8 rows of float2 stores
-  // spread over all 32 banks.
-  static constexpr int dq_stride(int d) { return d + 4; }
-  static constexpr int dq_stage_bytes(int d) { return 2 * block_m(d) * dq_stride(d) * 4; }
+  static constexpr int dq_stage_bytes(int d) { return 2 * block_m(d) * d * 4; }
   // K, V; the Q and dO ring; dS^T; the LSE2 and D ring; dQ staging; mbarriers (full and empty per
   // stage, K/V landed); + 1024 atom alignment slack.
   static constexpr int smem_bytes(int d) {
