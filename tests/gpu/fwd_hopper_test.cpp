@@ -429,13 +429,13 @@ void check_hopper_paged(const Case& c) {
   EXPECT_EQ(ran.find(kHopperName) != std::string::npos, hopper_here()) << c.describe() << " ran " << ran;
   if (!hopper_here()) return;
   const int64_t bn = std::max(c.d, c.dv) > 128 ? 64 : 128;
-  const bool rows = !c.leftpad.empty() || c.page_size % bn != 0;
+  const bool rows = !c.leftpad.empty() || !(c.page_size % bn == 0 || (bn % c.page_size == 0 && c.page_size >= 64));
   EXPECT_EQ(ran.find(":kv_rows") != std::string::npos, rows) << c.describe() << " ran " << ran;
   expect_split_tag(sel, c.describe());
 }
 
-// Paged caches, pages 8 .. 512 rows (row copies below the key tile, one TMA box per tile at or
-// above it: the D256 instance's key tile is 64), a shuffled block table, unused rows NaN, causal,
+// Paged caches, pages 8 .. 512 rows (row copies below 64 rows, TMA boxes from there: one per page dividing the
+// key tile or one per tile: the D256 instance's key tile is 64), a shuffled block table, unused rows NaN, causal,
 // sinks, LSE.
 TEST(CudaHopperFwd, KvCachePaged) {
   SKIP_WITHOUT_GPU();
@@ -481,8 +481,9 @@ TEST(CudaHopperFwd, KvCachePagedByRows) {
   }
 }
 
-// The producer a paged call gets (the plan's rule, no device needed): row copies below the key
-// tile (128 rows; 64 at D256) and with a left pad, TMA boxes for multiples of the tile; dropout
+// The producer a paged call gets (the plan's rule, no device needed): row copies for pages below
+// 64 rows or not dividing the key tile (128 rows; 64 at D256) and with a left pad, TMA boxes for
+// multiples of the tile and pages of 64 rows and up that divide it; dropout
 // keeps a box per page where pages of a multiple of 8 divide the tile, and has no row copies (the
 // candidate declines those). The plan's name says which.
 TEST(HopperFwdPlan, PagedProducerChoice) {
@@ -491,7 +492,7 @@ TEST(HopperFwdPlan, PagedProducerChoice) {
     bool leftpad, dropout, rows;
   };
   const Want wants[] = {
-      {128, 16, false, false, true},  {128, 64, false, false, true},  {128, 1, false, false, true},
+      {128, 16, false, false, true},  {128, 64, false, false, false}, {128, 1, false, false, true},
       {128, 48, false, false, true},  {128, 3, false, false, true},   {128, 200, false, false, true},
       {128, 128, false, false, false}, {128, 256, false, false, false}, {128, 256, true, false, true},
       {96, 16, false, false, true},   {64, 16, false, false, true},   {64, 512, false, false, false},
@@ -521,7 +522,7 @@ TEST(HopperFwdPlan, PagedProducerChoice) {
 
 // Row copies with the rest of a serving call: GQA 8:1 and 4:1, split-KV (forced and automatic),
 // append with rotary, a left pad, sequences without keys and with keys ending mid-page, pages of
-// 1, 3, 16, 48, 64 and 256 (256: TMA boxes, the same calls); and dropout, which has no row-copy
+// 1, 3, 16, 48, 64 and 256 (64 and 256: TMA boxes, the same calls); and dropout, which has no row-copy
 // instance: pages of a multiple of 8 dividing the key tile keep TMA boxes, the rest run on the
 // mma.sync kernel (still correct).
 TEST(CudaHopperFwd, KvCachePagedServing) {

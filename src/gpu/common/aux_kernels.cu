@@ -298,8 +298,10 @@ __global__ void __launch_bounds__(kAppendWarps * kWarpSize) append_kv_kernel(con
   T* kd = reinterpret_cast<T*>(a.k) + cache_row(a.seq, a.k_addr, a.num_pages, b, pos, h);
   T* vd = reinterpret_cast<T*>(a.v) + cache_row(a.seq, a.v_addr, a.num_pages, b, pos, h);
   rotate_row<Elem>(a, kn, kd, a.d, pos, lane);
-  if ((a.dv & 7) == 0 && ((reinterpret_cast<uintptr_t>(vn) | reinterpret_cast<uintptr_t>(vd)) & 15) == 0) {
-    for (int c = lane; c < a.dv / 8; c += kWarpSize) reinterpret_cast<uint4*>(vd)[c] = reinterpret_cast<const uint4*>(vn)[c];
+  constexpr int kPerChunk = int(16 / sizeof(T));  // elements in 16 bytes
+  if (a.dv % kPerChunk == 0 && ((reinterpret_cast<uintptr_t>(vn) | reinterpret_cast<uintptr_t>(vd)) & 15) == 0) {
+    for (int c = lane; c < a.dv / kPerChunk; c += kWarpSize)
+      reinterpret_cast<uint4*>(vd)[c] = reinterpret_cast<const uint4*>(vn)[c];
   } else {
     for (int t = lane; t < a.dv; t += kWarpSize) vd[t] = vn[t];
   }
