@@ -511,17 +511,15 @@ inline void check_case(const Case& cs, fp_selection* sel_out = nullptr) {
     // A poisoned cache (nan_unused_cache) keeps NaN in the rows no key reads: the call must leave
     // them as they are (NaN in both), and close() counts NaN against NaN as a mismatch, so those
     // pairs compare as equal zeros here; a NaN on one side only still fails.
-    auto cache_values = [&](const HostTensor& t, const HostTensor& other) {
-      std::vector<double> x = t.to_double();
-      if (cs.nan_unused_cache) {
-        const std::vector<double> y = other.to_double();
+    auto check_cache = [&](const HostTensor& g, const HostTensor& r, const char* what) {
+      std::vector<double> x = g.to_double(), y = r.to_double();
+      if (cs.nan_unused_cache)
         for (size_t i = 0; i < x.size(); ++i)
-          if (std::isnan(x[i]) && std::isnan(y[i])) x[i] = 0.0;
-      }
-      return x;
+          if (std::isnan(x[i]) && std::isnan(y[i])) x[i] = y[i] = 0.0;
+      EXPECT_TRUE(flashport::test::close(x, y, tol, what));
     };
-    EXPECT_TRUE(flashport::test::close(cache_values(got.k, ref.k), cache_values(ref.k, got.k), tol, "k cache"));
-    EXPECT_TRUE(flashport::test::close(cache_values(got.v, ref.v), cache_values(ref.v, got.v), tol, "v cache"));
+    check_cache(got.k, ref.k, "k cache");
+    check_cache(got.v, ref.v, "v cache");
     EXPECT_TRUE(dev.k.sentinel_intact());
     EXPECT_TRUE(dev.v.sentinel_intact());
   }

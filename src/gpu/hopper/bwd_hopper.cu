@@ -10,8 +10,9 @@
 //   producer (warpgroup 0, 24 registers): K and V of the block once (cp.async, mbarrier kv);
 //     warps 0-2 stream each step's Q, dO, LSE2, D into a 2-stage ring (cp.async; the stage's
 //     `full` mbarrier counts one cp.async.mbarrier.arrive per loader, its `empty` one arrival
-//     per MMA warp); warp 3 adds each step's dQ into the fp32 workspace, one bulk reduce per
-//     query row (faster than 16-byte vector atomics: bench/results/HISTORY.md).
+//     per MMA warp); warp 3 adds each step's dQ into the fp32 workspace, one bulk reduce for the
+//     step's tile (per query row for padded head dims; bulk reduces beat 16-byte vector atomics:
+//     bench/results/HISTORY.md).
 //   MMA warpgroups 1, 2 (240 registers): warpgroup w owns keys [64w, 64w + 64) of the block; its
 //     dK, dV (64 keys x D, fp32) stay in registers over the walk. Per step:
 //   S^T  = K Q^T    wgmma SS, M = 64 keys, N = BM queries (K and Q K-major in shared memory)
