@@ -292,6 +292,34 @@ TEST(CudaHopperFwd, PersistentGridWalksEveryTile) {
   }
 }
 
+// Calls with a right edge to their visible keys (causal, windows with one) place their query blocks
+// so the last ends at the sequence's last row and a partial block sits at its first rows
+// (HopperRows): its rows above the sequence read zero-filled q (batched) or the previous
+// sequence's rows (packed) and must never be stored. Lengths around the block sizes (192 at D64,
+// 128 at D128/D256), both causal alignments, Sq != Sk, a window with a right edge, forced splits,
+// LSE, dropout, and packed varlen sequences of 1 row and of block size +- 1.
+TEST(CudaHopperFwd, RightEdgedCallsEndBlocksAtLastRow) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t d : {64, 128, 256}) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.hq = 4, c.hkv = 2, c.d = d, c.dv = d, c.sq = 1024, c.sk = 1024, c.causal = true;
+    check_hopper(c, true);
+    c.sq = 449, c.sk = 700, c.top_left = true;
+    check_hopper(c, true);
+    c.top_left = false;
+    c.splits = 3;
+    check_hopper(c, true);
+    c.splits = 1, c.causal = false, c.wl = 90, c.wr = 20;
+    check_hopper(c, true);
+    c.wl = c.wr = -1, c.causal = true, c.dropout = 0.15f;
+    check_hopper(c, true);
+    c.dropout = 0.0f, c.varlen = true, c.batch = 5;
+    c.lq = {1000, 1, 191, 193, 385}, c.lk = {1000, 64, 191, 300, 385};
+    check_hopper(c, true);
+  }
+}
+
 // The persistent grids under CUDA-graph replay (every replay walks every tile again; the dynamic
 // walk's counter is zeroed by each replay's own memset node).
 TEST(CudaHopperFwd, PersistentGridGraphReplay) {

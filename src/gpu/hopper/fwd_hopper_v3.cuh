@@ -115,9 +115,9 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
   // query blocks first. (Query-block-major order -- each block in flight on its own head --
   // measured 0.61-0.96x of this order on the H100, worst at S = 1k: gpu_hopper_v3.md, run 2.)
   // Split-KV: the split index sits between the query block and the head.
-  auto decode = [&](int w, int& m0, int& head, int& b, int& split) {
+  auto decode = [&](int w, int& mb, int& head, int& b, int& split) {
     const int hsb = w / P.m_blocks, mb_rev = w - hsb * P.m_blocks;
-    m0 = (P.m_blocks - 1 - mb_rev) * BM;
+    mb = P.m_blocks - 1 - mb_rev;  // HopperRows places query block mb in its sequence
     const int hb = hsb / a.splits;
     split = hsb - hb * a.splits;
     head = hb % a.hq;
@@ -181,13 +181,13 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
   auto for_each_tile_with_keys = [&](auto&& body) {
     uint32_t k = 0;
     for (int w = blockIdx.x; w < P.work_tiles; w = next_tile(w, k++)) {
-      int m0, head, b, split;
-      decode(w, m0, head, b, split);
-      Rows rows(a, b, head, m0, BM, 0);
+      int mb, head, b, split;
+      decode(w, mb, head, b, split);
+      Rows rows(a, b, head, mb, BM, 0);
       if (rows.empty()) continue;
       rows.clip_to_split(split, a.splits);
       if (rows.n_hi - rows.n_lo <= 0) continue;
-      body(rows, m0, head, b);
+      body(rows, rows.m0, head, b);
     }
   };
   // The Q block of a work tile (one thread issues; the caller has waited for the Q buffer).
@@ -407,9 +407,9 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
     };
     uint32_t it = 0, qr = 0, zeroed = 0, k = 0;
     for (int w = blockIdx.x; w < P.work_tiles; w = read_next_tile(w, k++)) {
-      int m0, head, b, split;
-      decode(w, m0, head, b, split);
-      Rows rows(a, b, head, m0, BM, row_loc);
+      int mb, head, b, split;
+      decode(w, mb, head, b, split);
+      Rows rows(a, b, head, mb, BM, row_loc);
       if (rows.empty()) continue;
       rows.clip_to_split(split, a.splits);
       const int n_hi = rows.n_hi, count = n_hi - rows.n_lo;
