@@ -71,7 +71,8 @@ struct HopperBwdTile {
 // and dV (64 + 64 registers). Warp-specialised as HopperBwdTile (same roles, thread count, register
 // split, ring depth): the producer warpgroup copies K, V once, its warps 0-2 each step's Q, dO,
 // LSE2, D into the 2-stage ring, its warp 3 adds each step's dQ into the workspace (one bulk
-// reduce of the 64 KB tile); the MMA warpgroups sync on named barriers only. Per step of BM = 64
+// reduce of the 64 KB tile, one per row for padded head dims); the MMA warpgroups sync on named
+// barriers only. Per step of BM = 64
 // queries, MMA warpgroup w computes S^T and dP^T for queries [32w, 32w + 32) (all 64 keys), P^T
 // and dS^T go through shared memory (bf16/fp16, 8 KB each), and dQ (columns [128w, 128w + 128)),
 // dV, dK (A = P^T / dS^T from shared memory) run on wgmma SS. dQ staging: a stage's Q and dO sit
