@@ -509,7 +509,9 @@ void check_hopper_paged(const Case& c) {
   const std::string ran(sel.kernel);
   EXPECT_EQ(ran.find(kHopperName) != std::string::npos, hopper_here()) << c.describe() << " ran " << ran;
   if (!hopper_here()) return;
-  const int64_t bn = std::max(c.d, c.dv) > 128 ? 64 : 128;
+  flashport::Problem dims;
+  dims.d = c.d, dims.dv = c.dv;
+  const int64_t bn = flashport::gpu::HopperTileV3::block_n(flashport::gpu::hopper_head_bucket(dims));
   const bool rows = !c.leftpad.empty() || !(c.page_size % bn == 0 || (bn % c.page_size == 0 && c.page_size >= 64));
   EXPECT_EQ(ran.find(":kv_rows") != std::string::npos, rows) << c.describe() << " ran " << ran;
   expect_split_tag(sel, c.describe());
