@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
       // tile's rows [w * kWarpRows, + kWarpRows). Lane i finds row i's cache offset once per tile
       // (its page id: one load per lane, issued before the slot wait); then each pass shuffles
       // kPassRows rows' offsets to the lanes copying them, adjacent lanes on adjacent chunks of a
-      // row, so a warp instruction reads whole 32-byte sectors (512 bytes). Rows past the keys
+      // row, so a warp instruction reads whole 32-byte sectors (512 bytes; 384 at D192). Rows past the keys
       // and chunks past the head dim (padded dims; the candidate wants dims of whole chunks) are
       // zero-filled without a read: no tail zeroing needed.
       constexpr int kRowChunks = D / 8;               // 16-byte chunks per row: 8, 16, 24, 32
