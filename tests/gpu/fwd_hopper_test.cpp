@@ -297,11 +297,11 @@ TEST(CudaHopperFwd, PersistentGridWalksEveryTile) {
 // so the last ends at the sequence's last row and a partial block sits at its first rows
 // (HopperRows): its rows above the sequence read zero-filled q (batched) or the previous
 // sequence's rows (packed) and must never be stored. Lengths around the block sizes (192 at D64,
-// 128 at D128/D256), both causal alignments, Sq != Sk, a window with a right edge, forced splits,
-// LSE, dropout, and packed varlen sequences of 1 row and of block size +- 1.
+// 128 at D128/D192/D256), both causal alignments, Sq != Sk, a window with a right edge, forced
+// splits, LSE, dropout, and packed varlen sequences of 1 row and of block size +- 1.
 TEST(CudaHopperFwd, RightEdgedCallsEndBlocksAtLastRow) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128, 256}) {
+  for (int64_t d : {64, 128, 192, 256}) {
     Case c;
     c.dtype = rand_dtype();
     c.hq = 4, c.hkv = 2, c.d = d, c.dv = d, c.sq = 1024, c.sk = 1024, c.causal = true;
