@@ -1026,7 +1026,7 @@ const char* hopper_bwd_name(int d) {
 
 // Query blocks per sequence of the instance (the semaphores of deterministic mode per (b, h)).
 int64_t hopper_bwd_m_blocks(const Problem& p) {
-  const int bucket = hopper_head_bucket(p);
+  const int bucket = hopper_bwd_head_bucket(p);
   const int bm = bucket == 256 ? HopperBwdTileD256::kBlockM : HopperBwdTile::block_m(bucket);
   return (p.seq.sq + bm - 1) / bm;
 }
@@ -1042,9 +1042,9 @@ bool hopper_bwd_plan(const BwdProblem& bp, Plan* plan) {
   const Problem& p = bp.fwd;
   *plan = Plan{};
   plan->workspace_bytes = hopper_bwd_workspace(bp).total;
-  const int bucket = hopper_head_bucket(p);
+  const int bucket = hopper_bwd_head_bucket(p);
   std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:%s%s:%s", hopper_bwd_name(bucket),
-                p.dtype == FP_BF16 ? "bf16" : "fp16", HopperDimsTag(p).text,
+                p.dtype == FP_BF16 ? "bf16" : "fp16", HopperDimsTag(p, bucket).text,
                 bp.deterministic ? "deterministic" : "atomic-dq");
   plan->num_splits = 1;
   plan->kernel_id = kKernelHopperBwd;
@@ -1066,7 +1066,7 @@ Status run_bwd_hopper(const BwdProblem& bp, const Plan& plan, void* workspace, g
 
   if (gpuError_t e = launch_bwd_preprocess(a, stream); e != gpuSuccess)
     return {FP_ERR_RUNTIME, std::string("cuda backend: backward preprocess launch: ") + gpuGetErrorString(e)};
-  const int bucket = hopper_head_bucket(p);  // the instance; smaller head dims run padded
+  const int bucket = hopper_bwd_head_bucket(p);  // the instance; smaller head dims run padded
   const int block_n = hopper_bwd_block_n(bucket);
   const int64_t key_blocks = (p.seq.sk + block_n - 1) / block_n;
   if (key_blocks > 0 && p.hkv > 0) {

@@ -6,8 +6,8 @@
 // plans the call.
 //
 // Scope (everything else declined here, never ignored): fp16/bf16, head dims D, Dv <= 256 in
-// multiples of 8 (any pair: instances for 64, 128, 256 as the forward's hopper_head_bucket picks
-// them, smaller dims padded inside the kernel: its copies zero-fill the columns past D and Dv, its
+// multiples of 8 (any pair: instances for 64, 128, 256, hopper_bwd_head_bucket; smaller dims,
+// 192 among them, padded inside the kernel: its copies zero-fill the columns past D and Dv, its
 // stores skip them), batched or varlen q/k/v/dout with 16-byte aligned rows and strides,
 // seqused_k, causal (both alignments), sliding windows, softcap (with its derivative), ALiBi,
 // sinks (d_sinks by the shared conversion step), GQA/MQA (dK/dV summed over the group in
@@ -19,6 +19,7 @@
 // of 8 (rows of such dims have 16-byte strides only in padded layouts), unaligned tensors, devices
 // other than sm_90.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -95,6 +96,13 @@ struct HopperBwdTileD256 {
            8 * (2 * kStages + 1) + 1024;
   }
 };
+// The backward's instance of a call: the smallest of 64, 128, 256 holding both head dims. The
+// forward's 192 bucket (hopper_head_bucket) has no backward instance: dims in (128, 256] run padded
+// in the 256 one.
+inline int hopper_bwd_head_bucket(const Problem& p) {
+  const int64_t m = std::max(p.d, p.dv);
+  return m <= 64 ? 64 : m <= 128 ? 128 : 256;
+}
 inline constexpr int hopper_bwd_block_n(int d) { return d == 256 ? HopperBwdTileD256::kBlockN : HopperBwdTile::kBlockN; }
 inline constexpr int hopper_bwd_smem_bytes(int d) {
   return d == 256 ? HopperBwdTileD256::smem_bytes() : HopperBwdTile::smem_bytes(d);
@@ -139,7 +147,7 @@ inline std::string hopper_bwd_check(const BwdProblem& bp, int arch, int smem_opt
   if (!aligned) return "hopper backward: q/k/v/dout rows or strides not 16-byte aligned";
   if (p.seq.batch > 65535 || p.hkv > 65535) return "hopper backward: grid too large (batch, kv heads <= 65535)";
   if (p.seq.sq > 0x3fffffff || p.seq.sk > 0x3fffffff) return "hopper backward: sequence lengths must fit int32";
-  const int bucket = hopper_head_bucket(p);
+  const int bucket = hopper_bwd_head_bucket(p);
   if (hopper_bwd_smem_bytes(bucket) > smem_optin) return "hopper backward: shared memory";
   const BwdKernelInfo ki = hopper_bwd_info_for(bucket, p.dtype == FP_BF16, p.device_index);
   if (ki.status != gpuSuccess) return std::string("hopper backward: no kernel image: ") + gpuGetErrorString(ki.status);

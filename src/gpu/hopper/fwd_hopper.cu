@@ -199,6 +199,7 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, int32
 #define FP_INSTANTIATE_HOPPER_D(D) FP_INSTANTIATE_HOPPER(D, false) FP_INSTANTIATE_HOPPER(D, true)
 FP_INSTANTIATE_HOPPER_D(64)
 FP_INSTANTIATE_HOPPER_D(128)
+FP_INSTANTIATE_HOPPER_D(192)
 FP_INSTANTIATE_HOPPER_D(256)
 
 }  // namespace flashport::gpu

@@ -4,7 +4,7 @@
 // (FLASHPORT_WITH_HOPPER_FWD).
 //
 // Scope (everything else is declined here, never ignored): fp16/bf16, head dims D, Dv <= 256 (any
-// pair: instances for 64, 128, 256, smaller dims padded inside the kernel; 16-byte strides),
+// pair: instances for 64, 128, 192, 256, smaller dims padded inside the kernel; 16-byte strides),
 // batched or varlen (packed) q/k/v with 16-byte aligned rows and strides, causal (both
 // alignments), sliding windows, GQA/MQA, LSE, softcap, ALiBi, sinks; split-KV (partials in the
 // workspace, then the combine kernel; hopper_fwd_candidate picks the count); KV caches:
@@ -41,13 +41,13 @@ namespace flashport::gpu {
 // D64: three consumers (BM = 192, 160 registers each): a 64-wide head dim gives each key tile
 // little tensor-core work per softmax, so a third warpgroup keeps the tensor cores fed where
 // two ping-ponging ones leave them idle (FlashAttention-3 picks 192 rows at D64 too).
-// D128, D256: two consumers (BM = 128, 240 registers) taking turns at the tensor cores (ping-pong).
+// D128, D192, D256: two consumers (BM = 128, 240 registers) taking turns at the tensor cores (ping-pong).
 struct HopperTileV3 {
   static constexpr int consumers(int d) { return d == 64 ? 3 : 2; }
   static constexpr int block_m(int d) { return 64 * consumers(d); }
   static constexpr int threads(int d) { return 128 * (consumers(d) + 1); }
   // K/V ring depth: 4 at D64 (16 KB tiles; +3-5% at S >= 4k over 2 on the H100), 2 otherwise (the
-  // 32 KB D128 / D256 tiles leave no room for more next to Q).
+  // 32 KB D128 / D256 and 24 KB D192 tiles leave no room for more next to Q).
   static constexpr int stages(int d) { return d == 64 ? 4 : 2; }
   // The producer gives back what the consumers take: launch registers 65536 / threads
   // (168 or 128), producer 24, consumers 240 (2 x 72 <= 144) or 160 (3 x 32 <= 104).
@@ -58,15 +58,20 @@ struct HopperTileV3 {
   static constexpr int consumer_regs(int d, bool kv_rows) {
     return consumers(d) == 3 ? 160 : kv_rows ? 232 : 240;
   }
-  static constexpr int block_n(int d) { return d == 256 ? 64 : 128; }
+  // Key tile: 128 up to D128; 64 at D192 and D256 (two 2-deep rings of 128-key tiles do not fit next
+  // to Q and the O staging). D192 keeps D256's 64 rather than the 96 keys that would fit (230,528
+  // bytes): 64 divides the 64-row and larger power-of-two pages, so paged caches keep their TMA boxes
+  // (and dropout its paged calls), and the split clamp's 64-key blocks are the kernel's own tiles.
+  static constexpr int block_n(int d) { return d >= 192 ? 64 : 128; }
   // full/empty Q, full/empty x K/V x stages, `v_tail_zeroed` (KV-cache calls: the first V tile's
   // rows past the keys are zeroed before P V reads them), and the dynamic walk's two tile-id slots
   // (full/empty each, and the ids: 8 bytes).
   static constexpr int barrier_bytes(int d) { return 8 * (8 + 4 * stages(d)); }
   // O leaves through shared memory (HopperRows::epilogue): each consumer warpgroup stages its 64
-  // rows, kOutStageRowBytes per row and pass (16-bit O: one pass up to D128, two at D256; fp32
-  // split-KV partials: one pass per 64 columns). 16 KB per consumer fits next to every ring:
-  // D64 205,976 bytes, D128 197,720, D256 230,488 of the 232,448 an H100 block may opt in to.
+  // rows, kOutStageRowBytes per row and pass (16-bit O: one pass up to D128, three of 64 columns at
+  // D192, two at D256; fp32 split-KV partials: one pass per 64 columns). 16 KB per consumer fits next
+  // to every ring: D64 206,016 bytes, D128 197,760, D192 181,376, D256 230,528 of the 232,448 an H100
+  // block may opt in to.
   static constexpr int kOutStageRowBytes = 256;
   static constexpr int out_stage_bytes(int d) { return consumers(d) * 64 * kOutStageRowBytes; }
   static constexpr int smem_bytes(int d) {
@@ -74,12 +79,13 @@ struct HopperTileV3 {
   }
 };
 
-// The kernel instance (head-dim bucket) of a call: the smallest of 64, 128, 256 holding both head
-// dims. Smaller dims run padded inside the kernel: TMA zero-fills the columns past D (and Dv), so
-// the padded products are exact, and the epilogue stores the Dv columns only.
+// The kernel instance (head-dim bucket) of a call: the smallest of 64, 128, 192, 256 holding both
+// head dims (192/128, DeepSeek-V3's prefill, runs the 192 instance). Smaller dims run padded inside
+// the kernel: TMA zero-fills the columns past D (and Dv), so the padded products are exact, and the
+// epilogue stores the Dv columns only. The backward has no 192 instance (hopper_bwd_head_bucket).
 inline int hopper_head_bucket(const Problem& p) {
   const int64_t m = std::max(p.d, p.dv);
-  return m <= 64 ? 64 : m <= 128 ? 128 : 256;
+  return m <= 64 ? 64 : m <= 128 ? 128 : m <= 192 ? 192 : 256;
 }
 
 #if defined(FLASHPORT_WITH_HOPPER_FWD)
@@ -99,6 +105,7 @@ inline KernelInfo hopper_info_for(int d, bool bf16, int dev) {
   switch (d) {
     case 64: return bf16 ? hopper_fwd_kernel_info<64, true>(dev) : hopper_fwd_kernel_info<64, false>(dev);
     case 128: return bf16 ? hopper_fwd_kernel_info<128, true>(dev) : hopper_fwd_kernel_info<128, false>(dev);
+    case 192: return bf16 ? hopper_fwd_kernel_info<192, true>(dev) : hopper_fwd_kernel_info<192, false>(dev);
     default: return bf16 ? hopper_fwd_kernel_info<256, true>(dev) : hopper_fwd_kernel_info<256, false>(dev);
   }
 }
@@ -109,17 +116,18 @@ inline gpuError_t hopper_launch(const Problem& p, const FwdArgs& a, int grid, in
   switch (hopper_head_bucket(p)) {
     case 64: return bf16 ? launch_hopper_fwd<64, true>(p, a, grid, c, s) : launch_hopper_fwd<64, false>(p, a, grid, c, s);
     case 128: return bf16 ? launch_hopper_fwd<128, true>(p, a, grid, c, s) : launch_hopper_fwd<128, false>(p, a, grid, c, s);
+    case 192: return bf16 ? launch_hopper_fwd<192, true>(p, a, grid, c, s) : launch_hopper_fwd<192, false>(p, a, grid, c, s);
     default: return bf16 ? launch_hopper_fwd<256, true>(p, a, grid, c, s) : launch_hopper_fwd<256, false>(p, a, grid, c, s);
   }
 }
 #endif
 
-// The head dims of a call run padded inside its instance, as the Hopper plans' names show them
-// (":d96_dv96"); empty when the call's dims are the instance's.
+// The head dims of a call run padded inside its instance (the forward's bucket, or the one given),
+// as the Hopper plans' names show them (":d96_dv96"); empty when the call's dims are the instance's.
 struct HopperDimsTag {
   char text[32] = "";
-  explicit HopperDimsTag(const Problem& p) {
-    const int bucket = hopper_head_bucket(p);
+  explicit HopperDimsTag(const Problem& p) : HopperDimsTag(p, hopper_head_bucket(p)) {}
+  HopperDimsTag(const Problem& p, int bucket) {
     if (p.d != bucket || p.dv != bucket) std::snprintf(text, sizeof(text), ":d%d_dv%d", int(p.d), int(p.dv));
   }
 };

@@ -263,9 +263,10 @@ struct HopperRows {
   // (Elem::T or fp32), to rows dst + r * row_stride for row_lo <= r < rows, columns < cols, through the
   // warpgroup's staging tile: the fragments go in (stmatrix for 16-bit, 8-byte stores for fp32),
   // then each thread stores whole 16-byte chunks of rows, so a warp's stores cover complete row
-  // segments. Staged rows hold kPassCols columns (kOutStageRowBytes at most); wider O goes in
-  // passes. 16-byte chunk c of staged row r sits at chunk c ^ (r % 8): the fragment writes (8 rows
-  // at one chunk) and the row reads (8 chunks of one row) hit every bank once per 128 bytes.
+  // segments. Staged rows hold kPassCols columns: as many whole panels as kOutStageRowBytes holds
+  // when they divide the tile's panels, else one (D192 16-bit: three passes of 64 columns); wider O
+  // goes in passes. 16-byte chunk c of staged row r sits at chunk c ^ (r % 8): the fragment writes
+  // (8 rows at one chunk) and the row reads (8 chunks of one row) hit every bank once per 128 bytes.
   // Needs dst and row_stride 16-byte aligned and cols a multiple of a chunk.
   template <typename Elem, typename Out, int kPanels>
   __device__ __forceinline__ static void store_staged(const float (&o)[kPanels][32], const float (&inv)[2], Out* dst,
@@ -273,8 +274,9 @@ struct HopperRows {
                                                       const OutStage& stage) {
     constexpr int kOutBytes = int(sizeof(Out));
     constexpr int kRowBytes = HopperTileV3::kOutStageRowBytes;
-    constexpr int kPassCols = kPanels * 64 * kOutBytes < kRowBytes ? kPanels * 64 : kRowBytes / kOutBytes;
-    constexpr int kPanelsPerPass = kPassCols / 64;
+    constexpr int kRowPanels = kRowBytes / (64 * kOutBytes);  // panels a staged row holds: 2 (16-bit), 1 (fp32)
+    constexpr int kPanelsPerPass = kPanels % kRowPanels == 0 ? kRowPanels : 1;
+    constexpr int kPassCols = kPanelsPerPass * 64;
     constexpr int kRowChunks = kPassCols * kOutBytes / 16;  // 16-byte chunks per staged row
     constexpr int kPitch = kRowChunks * 16;
     constexpr int kRowsPerStep = 128 / kRowChunks;          // a multiple of 8: one swizzle per thread

@@ -2,7 +2,7 @@
 // Included by fwd_hopper.cu only (sm_90a object).
 //
 // Block = a producer warpgroup and 2 or 3 consumer warpgroups of 64 query rows (HopperTileV3:
-// BM = 128 at D128/D256, 192 at D64):
+// BM = 128 at D128/D192/D256, 192 at D64):
 //   warpgroup 0, the producer: drops to 24 registers (setmaxnreg; 40 in the paged row-copy instances,
 //     kKvRows: its 128 threads copy K/V rows with cp.async instead); one thread issues every copy
 //     as TMA (cp.async.bulk.tensor, 64-column boxes, 128B swizzle: the panel layout wgmma reads):
@@ -208,13 +208,16 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
       // tile's rows [w * kWarpRows, + kWarpRows). Lane i finds row i's cache offset once per tile
       // (its page id: one load per lane, issued before the slot wait); then each pass shuffles
       // kPassRows rows' offsets to the lanes copying them, adjacent lanes on adjacent chunks of a
-      // row, so a warp instruction reads whole 32-byte sectors (512 bytes). Rows past the keys
+      // row, so a warp instruction reads whole 32-byte sectors (512 bytes; 384 at D192). Rows past the keys
       // and chunks past the head dim (padded dims; the candidate wants dims of whole chunks) are
       // zero-filled without a read: no tail zeroing needed.
-      constexpr int kRowChunks = D / 8;               // 16-byte chunks per row: 8, 16, 32
-      constexpr int kPassRows = 32 / kRowChunks;      // rows per warp instruction: 4, 2, 1
-      constexpr int kWarpRows = BN / 4;               // 32, 32, 16
-      constexpr int kPasses = kWarpRows / kPassRows;  // 8, 16, 16
+      constexpr int kRowChunks = D / 8;               // 16-byte chunks per row: 8, 16, 24, 32
+      constexpr int kPassRows = 32 / kRowChunks;      // rows per warp instruction: 4, 2, 1, 1
+      constexpr int kWarpRows = BN / 4;               // 32, 32, 16, 16
+      constexpr int kPasses = kWarpRows / kPassRows;  // 8, 16, 16, 16
+      // D192: a row's 24 chunks take lanes 0..23 of a pass; lanes 24..31 copy nothing (their `sub`
+      // would name the pass's next row, which is another pass's).
+      constexpr int kCopyLanes = kPassRows * kRowChunks;
       // Pass j copies rows j * kPassRows + sub of the warp's part; warp parts start at multiples
       // of 8 rows and sub < kPassRows, so the row's swizzle term is sub ^ (j * kPassRows % 8):
       // kPatterns values. Passes run pattern by pattern, one destination register each.
@@ -224,6 +227,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
       const uint32_t lane_dst =
           uint32_t((chunk / 8) * (BN * 128) + (warp_row0 + sub) * 128 + (((chunk % 8) ^ sub) << 4));
       const bool k_chunk = chunk * 8 < a.d, v_chunk = chunk * 8 < a.dv;
+      const bool lane_copies = kCopyLanes == 32 || lane < kCopyLanes;
       // A row past the keys: zero-filled. Row byte offsets are multiples of 16 (16-byte strides),
       // so the odd marker is told apart by its low bit, and masking that bit leaves an address
       // inside the tensor (its first row) for the copy that does not read it.
@@ -239,7 +243,8 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
           for (int y = 0; y < kPasses / kPatterns; ++y) {
             const int64_t off = __shfl_sync(0xffffffffu, row_off, (x + y * kPatterns) * kPassRows + sub);
             const bool row_ok = (uint32_t(off) & uint32_t(kNoRow)) == 0;
-            cp_async_16_or_zeros(dst + uint32_t(y * 1024), col_base + (off & ~kNoRow), chunk_ok && row_ok);
+            if (lane_copies)
+              cp_async_16_or_zeros(dst + uint32_t(y * 1024), col_base + (off & ~kNoRow), chunk_ok && row_ok);
           }
         }
       };
