@@ -268,10 +268,11 @@ TEST(CudaHopperFwd, LongKeysManyTiles) {
   }
 }
 
-// Calls whose work tiles all cost the same run on a persistent grid (one block per resident slot,
-// each walking several tiles: hopper_persistent_grid): more tiles than an H100's 132 slots, odd
-// lengths (a partial last query block and key tile), GQA, every head-dim bucket and its padded
-// dims, LSE and sinks; then the same shapes causal, windowed and varlen (one block per tile).
+// With more work tiles than an H100's 132 slots every call runs on a persistent grid (one block
+// per resident slot, each walking several tiles: hopper_grid): statically when all tiles cost the
+// same, dynamically (tiles taken from the workspace's counter) when causal, windowed or varlen,
+// the counter over garbage workspace too. Odd lengths (a partial last query block and key tile),
+// GQA, every head-dim bucket and its padded dims, LSE and sinks.
 TEST(CudaHopperFwd, PersistentGridWalksEveryTile) {
   SKIP_WITHOUT_GPU();
   for (int64_t d : {64, 128, 192, 256, 80}) {
@@ -292,17 +293,86 @@ TEST(CudaHopperFwd, PersistentGridWalksEveryTile) {
   }
 }
 
-// The persistent grid under CUDA-graph replay (every replay walks every tile again).
+// Calls with a right edge to their visible keys (causal, windows with one) place their query blocks
+// so the last ends at the sequence's last row and a partial block sits at its first rows
+// (HopperRows): its rows above the sequence read zero-filled q (batched) or the previous
+// sequence's rows (packed) and must never be stored. Lengths around the block sizes (192 at D64,
+// 128 at D128/D192/D256), both causal alignments, Sq != Sk, a window with a right edge, forced
+// splits, LSE, dropout, and packed varlen sequences of 1 row and of block size +- 1.
+TEST(CudaHopperFwd, RightEdgedCallsEndBlocksAtLastRow) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t d : {64, 128, 192, 256}) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.hq = 4, c.hkv = 2, c.d = d, c.dv = d, c.sq = 1024, c.sk = 1024, c.causal = true;
+    check_hopper(c, true);
+    c.sq = 449, c.sk = 700, c.top_left = true;
+    check_hopper(c, true);
+    c.top_left = false;
+    c.splits = 3;
+    check_hopper(c, true);
+    c.splits = 1, c.causal = false, c.wl = 90, c.wr = 20;
+    check_hopper(c, true);
+    c.wl = c.wr = -1, c.causal = true, c.dropout = 0.15f;
+    check_hopper(c, true);
+    c.dropout = 0.0f, c.varlen = true, c.batch = 5;
+    c.lq = {1000, 1, 191, 193, 385}, c.lk = {1000, 64, 191, 300, 385};
+    check_hopper(c, true);
+  }
+}
+
+// The persistent grids under CUDA-graph replay (every replay walks every tile again; the dynamic
+// walk's counter is zeroed by each replay's own memset node).
 TEST(CudaHopperFwd, PersistentGridGraphReplay) {
   SKIP_WITHOUT_GPU();
-  Case c;
-  c.dtype = FP_BF16;
-  c.batch = 2, c.hq = 40, c.hkv = 8, c.d = 128, c.dv = 128, c.sq = 600, c.sk = 600;
-  Call call(c);
-  DeviceCall direct(call);
-  const Outputs want = run_cuda(call, direct);
-  ASSERT_TRUE(want.ok) << want.error;
-  expect_graph_replay_equals(call, want, /*garbage_workspace=*/true);
+  for (bool causal : {false, true}) {
+    Case c;
+    c.dtype = FP_BF16;
+    c.batch = 2, c.hq = 40, c.hkv = 8, c.d = 128, c.dv = 128, c.sq = 600, c.sk = 600;
+    c.causal = causal;
+    Call call(c);
+    DeviceCall direct(call);
+    const Outputs want = run_cuda(call, direct);
+    ASSERT_TRUE(want.ok) << want.error;
+    expect_graph_replay_equals(call, want, /*garbage_workspace=*/true);
+  }
+}
+
+// Which walk a call gets (host side): none while the tiles fit the slots; static for equal, short
+// tiles; one block per tile for equal tiles past 64 key tiles; dynamic (a counter in the workspace)
+// for causal, windowed, varlen, KV-cache and split calls.
+TEST(HopperFwdPlan, GridChoice) {
+  namespace g = flashport::gpu;
+  const int64_t slots = 132;
+  auto problem = [](int64_t d, int64_t b, int64_t h, int64_t s) {
+    flashport::Problem p;
+    p.dtype = FP_BF16;
+    p.d = p.dv = d;
+    p.hq = p.hkv = h;
+    p.seq.batch = b, p.seq.sq = p.seq.sk = s;
+    return p;
+  };
+  flashport::Problem p = problem(128, 16, 16, 1024);  // 8 x 16 x 16 = 2048 tiles
+  g::HopperGrid grid = g::hopper_grid(p, 1, slots);
+  EXPECT_EQ(grid.blocks, slots);
+  EXPECT_FALSE(grid.dynamic);
+  EXPECT_EQ(g::fwd_workspace(p, 1, grid.dynamic).total, 0u);
+  p.rules.window_right = 0;  // causal, as the problem states it
+  grid = g::hopper_grid(p, 1, slots);
+  EXPECT_EQ(grid.blocks, slots);
+  EXPECT_TRUE(grid.dynamic);
+  const g::FwdWorkspace ws = g::fwd_workspace(p, 1, grid.dynamic);
+  EXPECT_TRUE(ws.has_tile_counter);
+  EXPECT_GE(ws.total, sizeof(int32_t));
+  EXPECT_TRUE(g::hopper_grid(p, 4, slots).dynamic);  // splits
+  p = problem(128, 1, 16, 16384);  // 2048 tiles of 128 key tiles each
+  grid = g::hopper_grid(p, 1, slots);
+  EXPECT_EQ(grid.blocks, 0);
+  p.rules.window_left = 4096;
+  EXPECT_TRUE(g::hopper_grid(p, 1, slots).dynamic);
+  p = problem(64, 1, 8, 1024);  // 6 x 8 = 48 tiles: fewer than the slots
+  p.rules.window_right = 0;
+  EXPECT_EQ(g::hopper_grid(p, 1, slots).blocks, 0);
 }
 
 TEST(CudaHopperFwd, RandomizedMix) {
@@ -473,7 +543,7 @@ TEST(HopperFwdPlan, HeadBucketsAndNames) {
   using flashport::gpu::HopperTileV3;
   EXPECT_EQ(HopperTileV3::block_m(192), 128);
   EXPECT_EQ(HopperTileV3::block_n(192), 96);
-  EXPECT_EQ(HopperTileV3::smem_bytes(192), 230488);
+  EXPECT_EQ(HopperTileV3::smem_bytes(192), 230528);
   for (int d : {64, 128, 192, 256}) EXPECT_LE(HopperTileV3::smem_bytes(d), 232448) << "d " << d;
 }
 
