@@ -123,9 +123,9 @@ TEST(CudaHopperDropoutFwd, ForwardSplitsCachesAndDeviceRng) {
     check_fwd(pd);
   }
   for (auto [d, dv] : {std::pair<int64_t, int64_t>{128, 128}, {192, 128}}) {
-    Case k;  // paged cache (64-row pages: TMA boxes), unused rows NaN
+    Case k;  // paged cache (pages of 64 rows, 96 at D192: TMA boxes), unused rows NaN
     k.dtype = rand_dtype();
-    k.cache = true, k.paged = true, k.page_size = 64, k.nan_unused_cache = true;
+    k.cache = true, k.paged = true, k.page_size = d == 192 ? 96 : 64, k.nan_unused_cache = true;
     k.batch = 2, k.hq = 4, k.hkv = 2, k.d = d, k.dv = dv, k.sq = 140, k.sk = 600, k.dropout = 0.2f;
     k.seqused = {500, 600};
     k.causal = true;

@@ -468,13 +468,13 @@ TEST(CudaHopperFwd, AnyHeadDim) {
 }
 
 // The D192 instance (head dims in (128, 192], 192/128 included) with every feature its calls
-// meet: GQA, causal, varlen with a window, LSE, paged caches of 16 rows (row copies) and 64 rows
+// meet: GQA, causal, varlen with a window, LSE, paged caches of 16 rows (row copies) and 96 rows
 // (TMA boxes), forced splits with a garbage workspace, dropout; the plan names the 192 instance.
 TEST(CudaHopperFwd, HeadDim192Instance) {
   SKIP_WITHOUT_GPU();
   auto expect_d192 = [](const fp_selection& sel, const Case& c) {
     if (hopper_here())
-      EXPECT_NE(std::string(sel.kernel).find("_d192_m128n64_tma_ws:"), std::string::npos)
+      EXPECT_NE(std::string(sel.kernel).find("_d192_m128n96_tma_ws:"), std::string::npos)
           << c.describe() << " ran " << sel.kernel;
   };
   for (auto [d, dv] : {std::pair<int64_t, int64_t>{192, 192}, {192, 128}, {160, 160}, {176, 176}, {136, 192}}) {
@@ -489,7 +489,7 @@ TEST(CudaHopperFwd, HeadDim192Instance) {
     v.varlen = true, v.causal = false, v.wl = 100, v.wr = 30;
     v.lq = {1, 200, 130, 0}, v.lk = {77, 400, 300, 9};
     check_hopper(v, true);
-    for (int64_t page : {16, 64}) {
+    for (int64_t page : {16, 96}) {
       Case k = c;
       k.cache = true, k.paged = true, k.page_size = page, k.nan_unused_cache = true;
       k.hq = 4, k.sq = 140, k.sk = 600;
@@ -521,11 +521,11 @@ TEST(HopperFwdPlan, HeadBucketsAndNames) {
   const Want wants[] = {
       {64, 64, 64, 64, "cuda:sm90_wgmma_prefill_d64_m192n128_tma_ws:bf16"},
       {128, 128, 128, 128, "cuda:sm90_wgmma_prefill_d128_m128n128_tma_ws:bf16"},
-      {129, 129, 192, 256, "cuda:sm90_wgmma_prefill_d192_m128n64_tma_ws:bf16:d129_dv129"},
-      {160, 160, 192, 256, "cuda:sm90_wgmma_prefill_d192_m128n64_tma_ws:bf16:d160_dv160"},
-      {192, 192, 192, 256, "cuda:sm90_wgmma_prefill_d192_m128n64_tma_ws:bf16"},
-      {192, 128, 192, 256, "cuda:sm90_wgmma_prefill_d192_m128n64_tma_ws:bf16:d192_dv128"},
-      {128, 192, 192, 256, "cuda:sm90_wgmma_prefill_d192_m128n64_tma_ws:bf16:d128_dv192"},
+      {129, 129, 192, 256, "cuda:sm90_wgmma_prefill_d192_m128n96_tma_ws:bf16:d129_dv129"},
+      {160, 160, 192, 256, "cuda:sm90_wgmma_prefill_d192_m128n96_tma_ws:bf16:d160_dv160"},
+      {192, 192, 192, 256, "cuda:sm90_wgmma_prefill_d192_m128n96_tma_ws:bf16"},
+      {192, 128, 192, 256, "cuda:sm90_wgmma_prefill_d192_m128n96_tma_ws:bf16:d192_dv128"},
+      {128, 192, 192, 256, "cuda:sm90_wgmma_prefill_d192_m128n96_tma_ws:bf16:d128_dv192"},
       {200, 200, 256, 256, "cuda:sm90_wgmma_prefill_d256_m128n64_tma_ws:bf16:d200_dv200"},
       {256, 256, 256, 256, "cuda:sm90_wgmma_prefill_d256_m128n64_tma_ws:bf16"},
   };
@@ -542,8 +542,8 @@ TEST(HopperFwdPlan, HeadBucketsAndNames) {
   }
   using flashport::gpu::HopperTileV3;
   EXPECT_EQ(HopperTileV3::block_m(192), 128);
-  EXPECT_EQ(HopperTileV3::block_n(192), 64);
-  EXPECT_EQ(HopperTileV3::smem_bytes(192), 181376);
+  EXPECT_EQ(HopperTileV3::block_n(192), 96);
+  EXPECT_EQ(HopperTileV3::smem_bytes(192), 230528);
   for (int d : {64, 128, 192, 256}) EXPECT_LE(HopperTileV3::smem_bytes(d), 232448) << "d " << d;
 }
 
@@ -652,8 +652,9 @@ TEST(HopperFwdPlan, PagedProducerChoice) {
       {256, 16, false, false, true},  {256, 64, false, false, false}, {256, 128, false, false, false},
       {192, 32, false, false, true},  {128, 16, false, true, false},  {128, 64, false, true, false},
       {128, 256, false, true, false}, {128, 48, false, true, true},    {128, 16, true, true, true},
-      {192, 64, false, false, false}, {192, 256, false, false, false}, {160, 16, false, false, true},
-      {192, 64, false, true, false},  {176, 32, false, true, false},   {192, 64, true, false, true},
+      {192, 64, false, false, true},  {192, 256, false, false, true},  {160, 16, false, false, true},
+      {192, 64, false, true, true},   {176, 32, false, true, false},   {192, 64, true, false, true},
+      {192, 96, false, false, false}, {192, 192, false, false, false}, {192, 48, false, true, false},
   };
   const int32_t pad = 0;
   for (const Want& w : wants) {

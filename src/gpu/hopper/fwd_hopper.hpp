@@ -58,11 +58,10 @@ struct HopperTileV3 {
   static constexpr int consumer_regs(int d, bool kv_rows) {
     return consumers(d) == 3 ? 160 : kv_rows ? 232 : 240;
   }
-  // Key tile: 128 up to D128; 64 at D192 and D256 (two 2-deep rings of 128-key tiles do not fit next
-  // to Q and the O staging). D192 keeps D256's 64 rather than the 96 keys that would fit (230,528
-  // bytes): 64 divides the 64-row and larger power-of-two pages, so paged caches keep their TMA boxes
-  // (and dropout its paged calls), and the split clamp's 64-key blocks are the kernel's own tiles.
-  static constexpr int block_n(int d) { return d >= 192 ? 64 : 128; }
+  // Key tile: 128 up to D128; 96 at D192 (230,528 bytes: the most that fits next to Q and the O
+  // staging), 64 at D256. With 96, pages of 64, 128, 256 rows do not tile a key tile with TMA boxes:
+  // row copies (dropout: declined, the mma.sync kernel runs them).
+  static constexpr int block_n(int d) { return d == 192 ? 96 : d == 256 ? 64 : 128; }
   // full/empty Q, full/empty x K/V x stages, `v_tail_zeroed` (KV-cache calls: the first V tile's
   // rows past the keys are zeroed before P V reads them), and the dynamic walk's two tile-id slots
   // (full/empty each, and the ids: 8 bytes).
@@ -70,7 +69,7 @@ struct HopperTileV3 {
   // O leaves through shared memory (HopperRows::epilogue): each consumer warpgroup stages its 64
   // rows, kOutStageRowBytes per row and pass (16-bit O: one pass up to D128, three of 64 columns at
   // D192, two at D256; fp32 split-KV partials: one pass per 64 columns). 16 KB per consumer fits next
-  // to every ring: D64 206,016 bytes, D128 197,760, D192 181,376, D256 230,528 of the 232,448 an H100
+  // to every ring: D64 206,016 bytes, D128 197,760, D192 230,528, D256 230,528 of the 232,448 an H100
   // block may opt in to.
   static constexpr int kOutStageRowBytes = 256;
   static constexpr int out_stage_bytes(int d) { return consumers(d) * 64 * kOutStageRowBytes; }
