@@ -183,15 +183,17 @@ class CudaBackend final : public Backend {
       return Status::ok();
     }
     // Peer candidates, fastest first: the sm_90a kernel, then the mma.sync kernel.
-    int hopper_splits = 1, hopper_grid = 0;
+    int hopper_splits = 1;
+    HopperGrid hgrid;
     const std::string hopper_why =
-        hopper_fwd_candidate(p, dev.arch, dev.sm_count, dev.smem_optin, &hopper_splits, &hopper_grid);
+        hopper_fwd_candidate(p, dev.arch, dev.sm_count, dev.smem_optin, &hopper_splits, &hgrid);
     if (hopper_why.empty()) {
       hopper_kernel_name(plan->kernel, sizeof(plan->kernel), p, hopper_splits);
-      plan->workspace_bytes = fwd_workspace(p, hopper_splits).total;  // 0: no split
+      // 0 bytes without a split, rotary or the dynamic walk's counter.
+      plan->workspace_bytes = fwd_workspace(p, hopper_splits, hgrid.dynamic).total;
       plan->num_splits = hopper_splits;
       plan->kernel_id = kKernelHopperFwd;
-      PlanArgs::set(plan, 0, 1, hopper_grid);
+      PlanArgs::set(plan, 0, 1, hgrid.blocks, hgrid.dynamic);
       return Status::ok();
     }
     if (dev.arch == 900) std::snprintf(plan->passed_over, sizeof(plan->passed_over), "%s", hopper_why.c_str());
@@ -215,7 +217,7 @@ class CudaBackend final : public Backend {
     if ((!hopper && !f32 && plan.kernel_id != kKernelMmaFwd) || (f32 && tile >= kNumF32Tiles) || splits < 1 ||
         splits > kMaxSplits || tile < 0 || tile >= kNumTileIds)
       return {FP_ERR_RUNTIME, "cuda backend: the plan is not a CUDA forward plan"};
-    const FwdWorkspace w = fwd_workspace(p, splits);
+    const FwdWorkspace w = fwd_workspace(p, splits, hopper && PlanArgs::tile_counter(plan));
     if (w.total != plan.workspace_bytes)
       return {FP_ERR_RUNTIME, "cuda backend: plan does not match the call (re-select after changing it)"};
     DeviceGuard guard(p.device_index);
@@ -236,7 +238,10 @@ class CudaBackend final : public Backend {
       }
     } else if (hopper) {
 #if defined(FLASHPORT_WITH_HOPPER_FWD)
-      if (const gpuError_t e = hopper_launch(p, a, PlanArgs::grid(plan), stream); e != gpuSuccess)
+      int32_t* tile_counter =
+          w.has_tile_counter ? reinterpret_cast<int32_t*>(static_cast<char*>(workspace) + w.tile_counter_offset)
+                             : nullptr;
+      if (const gpuError_t e = hopper_launch(p, a, PlanArgs::grid(plan), tile_counter, stream); e != gpuSuccess)
         return {FP_ERR_RUNTIME, std::string("cuda backend: sm90 wgmma prefill launch: ") + gpuGetErrorString(e)};
 #else
       return {FP_ERR_RUNTIME, "cuda backend: plan names the Hopper kernel, which is not built"};

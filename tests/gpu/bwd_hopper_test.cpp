@@ -6,9 +6,7 @@
 // without keys, graph capture on the caller's stream; poisoned outputs, sentinels, NaN checks. Each
 // case also checks which kernel ran: the Hopper kernel on an sm_90 device where the capability
 // check allows it, the mma.sync backward (still correct) where it declines: head dims that are
-// not multiples of 8, unaligned dout, FLASHPORT_HOPPER_BWD=0, and D256 when built with
-// FLASHPORT_HOPPER_BWD_D256=0 (then every D256 case expects the mma.sync kernel). Skipped without a
-// CUDA device.
+// not multiples of 8, unaligned dout, FLASHPORT_HOPPER_BWD=0. Skipped without a CUDA device.
 //
 // The call helpers (BwdCall, DeviceBwd, run_reference_bwd, check_bwd) are bwd_harness.hpp.
 #include <cuda_runtime.h>
@@ -16,6 +14,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "core/config.hpp"
 #include "bwd_harness.hpp"
@@ -162,29 +161,32 @@ TEST(CudaHopperBwd, VarlenAndSequsedK) {
   check_hopper_bwd(c, hopper_takes(256));
 }
 
-// The D64/D128 kernel's pipeline (producer warpgroup, 2-stage Q/dO ring, double-buffered dQ
-// staging handed to the writer warp): key blocks with 1, 2 and 3 steps (query blocks x heads of
-// the group: each ring stage and staging buffer used once, reused, wrapped), many steps (GQA 8
-// over 9 or 17 query blocks), and key blocks with no step at all (top-left causal, keys past the
-// last query: dK = dV = 0 while the producer leaves at once).
+// The pipeline of both kernels (producer warpgroup, 2-stage Q/dO ring, dQ handed to the writer
+// warp: staged in its own buffers at D64/D128, in the step's ring stage at D256): key blocks with
+// 1, 2 and 3 steps (query blocks x heads of the group: each ring stage and staging buffer used
+// once, reused, wrapped), many steps (GQA 8 over 9 or 17 query blocks; D256: 17 query blocks of
+// 64 rows), Dq != Dv (192/128, padded in the 256 instance), and key blocks with no step at all
+// (top-left causal, keys past the last query: dK = dV = 0 while the producer leaves at once).
 TEST(CudaHopperBwd, PipelineStepCounts) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128})
+  const std::pair<int64_t, int64_t> dims[] = {{64, 64}, {128, 128}, {256, 256}, {192, 128}};
+  for (auto [d, dv] : dims)
     for (int64_t group : {1, 2, 3, 8}) {
+      SCOPED_TRACE("d " + std::to_string(d) + " dv " + std::to_string(dv) + " group " + std::to_string(group));
       Case c;
       c.dtype = rand_dtype();
-      c.batch = 1, c.hkv = 2, c.hq = 2 * group, c.d = d, c.dv = d;
+      c.batch = 1, c.hkv = 2, c.hq = 2 * group, c.d = d, c.dv = dv;
       c.sq = rand_int(1, 64), c.sk = 300;  // one query block per head: `group` steps
-      check_hopper_bwd(c, true);
+      check_hopper_bwd(c, hopper_takes(d, dv));
       c.sq = 1025, c.sk = 200;
-      check_hopper_bwd(c, true);
+      check_hopper_bwd(c, hopper_takes(d, dv));
     }
-  for (int64_t d : {64, 128}) {
+  for (auto [d, dv] : dims) {
     Case c;
     c.dtype = rand_dtype();
-    c.batch = 2, c.hq = 2, c.hkv = 1, c.d = d, c.dv = d, c.sq = 70, c.sk = 700;
-    c.causal = true, c.top_left = true;  // key blocks from 128 on: no query sees them
-    check_hopper_bwd(c, true);
+    c.batch = 2, c.hq = 2, c.hkv = 1, c.d = d, c.dv = dv, c.sq = 70, c.sk = 700;
+    c.causal = true, c.top_left = true;  // no query sees keys from 70 on: key blocks from 128 have no step
+    check_hopper_bwd(c, hopper_takes(d, dv));
   }
 }
 
@@ -257,7 +259,7 @@ TEST(CudaHopperBwd, DeclinesToMmaSync) {
     check_hopper_bwd(c, hopper_takes(d));
   }
   c.d = 256, c.dv = 256;
-  check_hopper_bwd(c, hopper_takes(256));  // FLASHPORT_HOPPER_BWD_D256=0: "D256 Hopper backward disabled"
+  check_hopper_bwd(c, hopper_takes(256));
   c.dropout = 0.2f;
   check_hopper_bwd(c, hopper_takes(256));
   c.dropout = 0.0f;

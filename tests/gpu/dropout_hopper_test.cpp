@@ -57,7 +57,7 @@ void check_bwd_hopper(const Case& c) {
 
 TEST(CudaHopperDropoutFwd, ForwardAgainstReference) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128, 256}) {
+  for (int64_t d : {64, 128, 192, 256}) {
     for (float p : kDropoutRates) {
       // Head dims, GQA, odd lengths (tails of query blocks and key tiles in both directions).
       for (auto [sq, sk] : {std::pair<int64_t, int64_t>{129, 257}, {300, 333}, {77, 1025}, {1025, 77}}) {
@@ -94,11 +94,11 @@ TEST(CudaHopperDropoutFwd, ForwardAgainstReference) {
   }
 }
 
-// Split-KV (forced and automatic counts), a padded head dim, a paged KV cache, and the RNG state in
+// Split-KV (forced and automatic counts), padded head dims, paged KV caches, and the RNG state in
 // device memory (direct and split).
 TEST(CudaHopperDropoutFwd, ForwardSplitsCachesAndDeviceRng) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128, 256}) {
+  for (int64_t d : {64, 128, 192, 256}) {
     Case s;
     s.dtype = rand_dtype();
     s.batch = 1, s.hq = 2, s.hkv = 2, s.d = d, s.dv = d, s.sq = 200, s.sk = 1500, s.dropout = 0.2f;
@@ -114,17 +114,21 @@ TEST(CudaHopperDropoutFwd, ForwardSplitsCachesAndDeviceRng) {
     r.splits = 3;
     check_fwd(r);
   }
-  Case pd;  // padded head dim (96 in the 128 instance)
-  pd.dtype = rand_dtype();
-  pd.batch = 2, pd.hq = 4, pd.hkv = 2, pd.d = 96, pd.dv = 96, pd.sq = 200, pd.sk = 333, pd.dropout = 0.2f;
-  check_fwd(pd);
-  Case k;  // paged cache, unused rows NaN
-  k.dtype = rand_dtype();
-  k.cache = true, k.paged = true, k.page_size = 64, k.nan_unused_cache = true;
-  k.batch = 2, k.hq = 4, k.hkv = 2, k.d = 128, k.dv = 128, k.sq = 140, k.sk = 600, k.dropout = 0.2f;
-  k.seqused = {500, 600};
-  k.causal = true;
-  check_fwd(k);
+  for (auto [d, dv] : {std::pair<int64_t, int64_t>{96, 96}, {160, 160}, {192, 128}}) {
+    Case pd;  // padded head dims (96 in the 128 instance, 160 and 192/128 in the 192 one)
+    pd.dtype = rand_dtype();
+    pd.batch = 2, pd.hq = 4, pd.hkv = 2, pd.d = d, pd.dv = dv, pd.sq = 200, pd.sk = 333, pd.dropout = 0.2f;
+    check_fwd(pd);
+  }
+  for (auto [d, dv] : {std::pair<int64_t, int64_t>{128, 128}, {192, 128}}) {
+    Case k;  // paged cache (pages of 64 rows, 96 at D192: TMA boxes), unused rows NaN
+    k.dtype = rand_dtype();
+    k.cache = true, k.paged = true, k.page_size = d == 192 ? 96 : 64, k.nan_unused_cache = true;
+    k.batch = 2, k.hq = 4, k.hkv = 2, k.d = d, k.dv = dv, k.sq = 140, k.sk = 600, k.dropout = 0.2f;
+    k.seqused = {500, 600};
+    k.causal = true;
+    check_fwd(k);
+  }
 }
 
 TEST(CudaHopperDropoutBwd, BackwardAgainstReference) {
@@ -245,12 +249,13 @@ int64_t mismatches(const std::vector<char>& a, const std::vector<char>& b) {
 
 TEST(CudaHopperDropoutFwd, ForwardKeepMaskIsTheRuleAndTheMmaKernels) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128, 256})
+  // 192/128: the D192 instance (the probe wants Sk = 4 Dv a power of two).
+  for (auto [d, dv] : {std::pair<int64_t, int64_t>{64, 64}, {128, 128}, {192, 128}, {256, 256}})
     for (int variant = 0; variant < 4; ++variant) {
       Case c;
       c.dtype = variant % 2 ? FP_F16 : FP_BF16;
-      c.d = d, c.dv = d;
-      const int64_t sk = 4 * d;  // 4 probe tiles of Dv keys (2 to 16 key tiles of the kernels)
+      c.d = d, c.dv = dv;
+      const int64_t sk = 4 * dv;  // 4 probe tiles of Dv keys (2 to 16 key tiles of the kernels)
       c.dropout = variant == 1 ? 0.5f : 0.17f;
       c.hq = 3, c.hkv = 1;  // GQA: the query head picks the Philox stream
       if (variant == 2) {

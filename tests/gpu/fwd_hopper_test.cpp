@@ -14,6 +14,7 @@
 #include "core/config.hpp"
 #include "core/heuristics.hpp"
 #include "gpu/common/tile_config.hpp"
+#include "gpu/hopper/bwd_hopper.hpp"
 #include "gpu/hopper/fwd_hopper.hpp"
 #include "gpu_harness.hpp"
 #include "scenarios.hpp"
@@ -127,7 +128,7 @@ class ScopedEnv {
 
 TEST(CudaHopperFwd, HeadDimsDtypesAndOddLengths) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128, 256})
+  for (int64_t d : {64, 128, 192, 256})
     for (fp_dtype t : {FP_BF16, FP_F16})
       for (auto [sq, sk] : {std::pair<int64_t, int64_t>{1, 1}, {3, 113}, {113, 3}, {129, 257}, {1025, 77},
                             {77, 1025}, {256, 256}, {300, 1000}}) {
@@ -142,7 +143,7 @@ TEST(CudaHopperFwd, HeadDimsDtypesAndOddLengths) {
 
 TEST(CudaHopperFwd, CausalBothAlignmentsAndWindows) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128, 256})
+  for (int64_t d : {64, 128, 192, 256})
     for (const MaskVariant& w : mask_variants())
       for (auto [sq, sk] : {std::pair<int64_t, int64_t>{1025, 1025}, {200, 700}, {700, 200}, {129, 131}}) {
         Case c;
@@ -155,7 +156,7 @@ TEST(CudaHopperFwd, CausalBothAlignmentsAndWindows) {
 
 TEST(CudaHopperFwd, GqaVarlenAndNoLse) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128, 256})
+  for (int64_t d : {64, 128, 192, 256})
     for (auto [hq, hkv] : {std::pair<int64_t, int64_t>{8, 1}, {8, 2}, {6, 3}, {4, 4}}) {
       Case c;
       c.dtype = rand_dtype();
@@ -164,7 +165,7 @@ TEST(CudaHopperFwd, GqaVarlenAndNoLse) {
       c.lse = rand_int(0, 1);
       check_hopper(c, true);
     }
-  for (int64_t d : {64, 128, 256}) {
+  for (int64_t d : {64, 128, 192, 256}) {
     Case c;
     c.dtype = rand_dtype();
     set_awkward_varlen(c);
@@ -180,7 +181,7 @@ TEST(CudaHopperFwd, GqaVarlenAndNoLse) {
 
 TEST(CudaHopperFwd, ScoreFeaturesAndStrides) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128, 256}) {
+  for (int64_t d : {64, 128, 192, 256}) {
     Case c;
     c.dtype = rand_dtype();
     c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = d, c.sq = 300, c.sk = 257;
@@ -207,7 +208,7 @@ TEST(CudaHopperFwd, ScoreFeaturesAndStrides) {
 
 TEST(CudaHopperFwd, RowsWithoutKeys) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128, 256}) {
+  for (int64_t d : {64, 128, 192, 256}) {
     Case c;  // bottom-right causal with Sq > Sk: the first Sq - Sk rows see no key
     c.dtype = rand_dtype();
     c.hq = 2, c.hkv = 2, c.d = d, c.dv = d, c.sq = 400, c.sk = 130, c.causal = true;
@@ -254,7 +255,7 @@ TEST(CudaHopperFwd, DeclinedCallsFallBack) {
 
 TEST(CudaHopperFwd, LongKeysManyTiles) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128, 256}) {
+  for (int64_t d : {64, 128, 192, 256}) {
     Case c;
     c.dtype = rand_dtype();
     c.hq = 2, c.hkv = 1, c.d = d, c.dv = d, c.sq = 130, c.sk = 2500;
@@ -264,17 +265,18 @@ TEST(CudaHopperFwd, LongKeysManyTiles) {
   }
 }
 
-// Calls whose work tiles all cost the same run on a persistent grid (one block per resident slot,
-// each walking several tiles: hopper_persistent_grid): more tiles than an H100's 132 slots, odd
-// lengths (a partial last query block and key tile), GQA, every head-dim bucket and its padded
-// dims, LSE and sinks; then the same shapes causal, windowed and varlen (one block per tile).
+// With more work tiles than an H100's 132 slots every call runs on a persistent grid (one block
+// per resident slot, each walking several tiles: hopper_grid): statically when all tiles cost the
+// same, dynamically (tiles taken from the workspace's counter) when causal, windowed or varlen,
+// the counter over garbage workspace too. Odd lengths (a partial last query block and key tile),
+// GQA, every head-dim bucket and its padded dims, LSE and sinks.
 TEST(CudaHopperFwd, PersistentGridWalksEveryTile) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128, 256, 80}) {
+  for (int64_t d : {64, 128, 192, 256, 80}) {
     Case c;
     c.dtype = rand_dtype();
     c.batch = 3, c.hq = 24, c.hkv = 8, c.d = d, c.dv = d == 80 ? 48 : d;
-    c.sq = 401, c.sk = 333;  // D64: 3 x 24 x 3 = 216 query blocks of 192 rows; D128/D256: 4 x 72 = 288
+    c.sq = 401, c.sk = 333;  // D64: 3 x 24 x 3 = 216 query blocks of 192 rows; D128-D256: 4 x 72 = 288
     c.sinks = d == 128;
     check_hopper(c, true);
     c.causal = true;
@@ -288,17 +290,86 @@ TEST(CudaHopperFwd, PersistentGridWalksEveryTile) {
   }
 }
 
-// The persistent grid under CUDA-graph replay (every replay walks every tile again).
+// Calls with a right edge to their visible keys (causal, windows with one) place their query blocks
+// so the last ends at the sequence's last row and a partial block sits at its first rows
+// (HopperRows): its rows above the sequence read zero-filled q (batched) or the previous
+// sequence's rows (packed) and must never be stored. Lengths around the block sizes (192 at D64,
+// 128 at D128/D192/D256), both causal alignments, Sq != Sk, a window with a right edge, forced
+// splits, LSE, dropout, and packed varlen sequences of 1 row and of block size +- 1.
+TEST(CudaHopperFwd, RightEdgedCallsEndBlocksAtLastRow) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t d : {64, 128, 192, 256}) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.hq = 4, c.hkv = 2, c.d = d, c.dv = d, c.sq = 1024, c.sk = 1024, c.causal = true;
+    check_hopper(c, true);
+    c.sq = 449, c.sk = 700, c.top_left = true;
+    check_hopper(c, true);
+    c.top_left = false;
+    c.splits = 3;
+    check_hopper(c, true);
+    c.splits = 1, c.causal = false, c.wl = 90, c.wr = 20;
+    check_hopper(c, true);
+    c.wl = c.wr = -1, c.causal = true, c.dropout = 0.15f;
+    check_hopper(c, true);
+    c.dropout = 0.0f, c.varlen = true, c.batch = 5;
+    c.lq = {1000, 1, 191, 193, 385}, c.lk = {1000, 64, 191, 300, 385};
+    check_hopper(c, true);
+  }
+}
+
+// The persistent grids under CUDA-graph replay (every replay walks every tile again; the dynamic
+// walk's counter is zeroed by each replay's own memset node).
 TEST(CudaHopperFwd, PersistentGridGraphReplay) {
   SKIP_WITHOUT_GPU();
-  Case c;
-  c.dtype = FP_BF16;
-  c.batch = 2, c.hq = 40, c.hkv = 8, c.d = 128, c.dv = 128, c.sq = 600, c.sk = 600;
-  Call call(c);
-  DeviceCall direct(call);
-  const Outputs want = run_cuda(call, direct);
-  ASSERT_TRUE(want.ok) << want.error;
-  expect_graph_replay_equals(call, want, /*garbage_workspace=*/true);
+  for (bool causal : {false, true}) {
+    Case c;
+    c.dtype = FP_BF16;
+    c.batch = 2, c.hq = 40, c.hkv = 8, c.d = 128, c.dv = 128, c.sq = 600, c.sk = 600;
+    c.causal = causal;
+    Call call(c);
+    DeviceCall direct(call);
+    const Outputs want = run_cuda(call, direct);
+    ASSERT_TRUE(want.ok) << want.error;
+    expect_graph_replay_equals(call, want, /*garbage_workspace=*/true);
+  }
+}
+
+// Which walk a call gets (host side): none while the tiles fit the slots; static for equal, short
+// tiles; one block per tile for equal tiles past 64 key tiles; dynamic (a counter in the workspace)
+// for causal, windowed, varlen, KV-cache and split calls.
+TEST(HopperFwdPlan, GridChoice) {
+  namespace g = flashport::gpu;
+  const int64_t slots = 132;
+  auto problem = [](int64_t d, int64_t b, int64_t h, int64_t s) {
+    flashport::Problem p;
+    p.dtype = FP_BF16;
+    p.d = p.dv = d;
+    p.hq = p.hkv = h;
+    p.seq.batch = b, p.seq.sq = p.seq.sk = s;
+    return p;
+  };
+  flashport::Problem p = problem(128, 16, 16, 1024);  // 8 x 16 x 16 = 2048 tiles
+  g::HopperGrid grid = g::hopper_grid(p, 1, slots);
+  EXPECT_EQ(grid.blocks, slots);
+  EXPECT_FALSE(grid.dynamic);
+  EXPECT_EQ(g::fwd_workspace(p, 1, grid.dynamic).total, 0u);
+  p.rules.window_right = 0;  // causal, as the problem states it
+  grid = g::hopper_grid(p, 1, slots);
+  EXPECT_EQ(grid.blocks, slots);
+  EXPECT_TRUE(grid.dynamic);
+  const g::FwdWorkspace ws = g::fwd_workspace(p, 1, grid.dynamic);
+  EXPECT_TRUE(ws.has_tile_counter);
+  EXPECT_GE(ws.total, sizeof(int32_t));
+  EXPECT_TRUE(g::hopper_grid(p, 4, slots).dynamic);  // splits
+  p = problem(128, 1, 16, 16384);  // 2048 tiles of 128 key tiles each
+  grid = g::hopper_grid(p, 1, slots);
+  EXPECT_EQ(grid.blocks, 0);
+  p.rules.window_left = 4096;
+  EXPECT_TRUE(g::hopper_grid(p, 1, slots).dynamic);
+  p = problem(64, 1, 8, 1024);  // 6 x 8 = 48 tiles: fewer than the slots
+  p.rules.window_right = 0;
+  EXPECT_EQ(g::hopper_grid(p, 1, slots).blocks, 0);
 }
 
 TEST(CudaHopperFwd, RandomizedMix) {
@@ -306,7 +377,7 @@ TEST(CudaHopperFwd, RandomizedMix) {
   for (int it = 0; it < 24; ++it) {
     Case c;
     c.dtype = rand_dtype();
-    c.d = std::vector<int64_t>{64, 128, 256}[rand_int(0, 2)];
+    c.d = std::vector<int64_t>{64, 128, 192, 256}[rand_int(0, 3)];
     c.dv = c.d;
     const int64_t g = std::vector<int64_t>{1, 2, 4}[rand_int(0, 2)];
     c.hkv = rand_int(1, 2), c.hq = c.hkv * g;
@@ -333,7 +404,7 @@ TEST(CudaHopperFwd, ShapesInOneProcess) {
       if (device_is_sm90() && hopper_built())
         EXPECT_NE(std::string(sel.kernel).find("_tma_ws:"), std::string::npos) << " ran " << sel.kernel;
     };
-    for (int64_t d : {64, 128, 256}) {
+    for (int64_t d : {64, 128, 192, 256}) {
       Case c;
       c.dtype = rand_dtype();
       c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = d, c.sq = 333, c.sk = 1111;
@@ -360,19 +431,19 @@ TEST(CudaHopperFwd, ShapesInOneProcess) {
   }
 }
 
-// Head dims other than the instances' 64/128/256, padded inside the kernel (TMA zero-fills the
+// Head dims other than the instances' 64/128/192/256, padded inside the kernel (TMA zero-fills the
 // columns past D and Dv), and Dq != Dv both ways (192/128 as DeepSeek-V3 prefill), with causal,
 // GQA, varlen, split-KV and a KV cache.
 TEST(CudaHopperFwd, AnyHeadDim) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {8, 32, 40, 72, 80, 96, 112, 136, 160, 192, 224, 248}) {
+  for (int64_t d : {8, 32, 40, 72, 80, 96, 112, 136, 160, 176, 192, 200, 224, 248}) {
     Case c;
     c.dtype = rand_dtype();
     c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = d, c.sq = 200, c.sk = 333;
     c.causal = d % 16 == 0;
     check_hopper(c, true);
   }
-  const std::pair<int64_t, int64_t> pairs[] = {{192, 128}, {128, 192}, {64, 128}, {256, 64}, {96, 32}};
+  const std::pair<int64_t, int64_t> pairs[] = {{192, 128}, {128, 192}, {64, 128}, {256, 64}, {96, 32}, {256, 192}};
   for (auto [d, dv] : pairs) {
     Case c;
     c.dtype = rand_dtype();
@@ -393,13 +464,93 @@ TEST(CudaHopperFwd, AnyHeadDim) {
   }
 }
 
+// The D192 instance (head dims in (128, 192], 192/128 included) with every feature its calls
+// meet: GQA, causal, varlen with a window, LSE, paged caches of 16 rows (row copies) and 96 rows
+// (TMA boxes), forced splits with a garbage workspace, dropout; the plan names the 192 instance.
+TEST(CudaHopperFwd, HeadDim192Instance) {
+  SKIP_WITHOUT_GPU();
+  auto expect_d192 = [](const fp_selection& sel, const Case& c) {
+    if (hopper_here())
+      EXPECT_NE(std::string(sel.kernel).find("_d192_m128n96_tma_ws:"), std::string::npos)
+          << c.describe() << " ran " << sel.kernel;
+  };
+  for (auto [d, dv] : {std::pair<int64_t, int64_t>{192, 192}, {192, 128}, {160, 160}, {176, 176}, {136, 192}}) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.batch = 2, c.hq = 8, c.hkv = 2, c.d = d, c.dv = dv, c.sq = 333, c.sk = 517;
+    c.causal = true, c.lse = true;
+    fp_selection sel{};
+    check_case(c, &sel);
+    expect_d192(sel, c);
+    Case v = c;
+    v.varlen = true, v.causal = false, v.wl = 100, v.wr = 30;
+    v.lq = {1, 200, 130, 0}, v.lk = {77, 400, 300, 9};
+    check_hopper(v, true);
+    for (int64_t page : {16, 96}) {
+      Case k = c;
+      k.cache = true, k.paged = true, k.page_size = page, k.nan_unused_cache = true;
+      k.hq = 4, k.sq = 140, k.sk = 600;
+      k.seqused = {599, 77};
+      check_case(k, &sel);
+      expect_d192(sel, k);
+      if (hopper_here())
+        EXPECT_EQ(std::string(sel.kernel).find(":kv_rows") != std::string::npos, page == 16) << sel.kernel;
+    }
+    Case s = c;
+    s.sk = 2000, s.splits = 3;
+    expect_d192(check_hopper_split(s, 3), s);
+    Case dr = c;
+    dr.dropout = 0.2f;
+    check_case(dr, &sel);
+    expect_d192(sel, dr);
+  }
+}
+
+// The head-dim buckets and the plan names (no device needed): (128, 192] runs the forward's 192
+// instance (named with its padded dims), (192, 256] the 256 one; the backward keeps 192 on its
+// 256 instance. Shared memory of the 192 tile within an H100 block's 232,448 bytes.
+TEST(HopperFwdPlan, HeadBucketsAndNames) {
+  struct Want {
+    int64_t d, dv;
+    int fwd, bwd;
+    const char* name;
+  };
+  const Want wants[] = {
+      {64, 64, 64, 64, "cuda:sm90_wgmma_prefill_d64_m192n128_tma_ws:bf16"},
+      {128, 128, 128, 128, "cuda:sm90_wgmma_prefill_d128_m128n128_tma_ws:bf16"},
+      {129, 129, 192, 256, "cuda:sm90_wgmma_prefill_d192_m128n96_tma_ws:bf16:d129_dv129"},
+      {160, 160, 192, 256, "cuda:sm90_wgmma_prefill_d192_m128n96_tma_ws:bf16:d160_dv160"},
+      {192, 192, 192, 256, "cuda:sm90_wgmma_prefill_d192_m128n96_tma_ws:bf16"},
+      {192, 128, 192, 256, "cuda:sm90_wgmma_prefill_d192_m128n96_tma_ws:bf16:d192_dv128"},
+      {128, 192, 192, 256, "cuda:sm90_wgmma_prefill_d192_m128n96_tma_ws:bf16:d128_dv192"},
+      {200, 200, 256, 256, "cuda:sm90_wgmma_prefill_d256_m128n64_tma_ws:bf16:d200_dv200"},
+      {256, 256, 256, 256, "cuda:sm90_wgmma_prefill_d256_m128n64_tma_ws:bf16"},
+  };
+  for (const Want& w : wants) {
+    flashport::Problem p;
+    p.dtype = FP_BF16;
+    p.d = w.d, p.dv = w.dv;
+    const std::string what = "d " + std::to_string(w.d) + " dv " + std::to_string(w.dv);
+    EXPECT_EQ(flashport::gpu::hopper_head_bucket(p), w.fwd) << what;
+    EXPECT_EQ(flashport::gpu::hopper_bwd_head_bucket(p), w.bwd) << what;
+    char name[160];
+    flashport::gpu::hopper_kernel_name(name, sizeof(name), p, 1);
+    EXPECT_EQ(std::string(name), w.name) << what;
+  }
+  using flashport::gpu::HopperTileV3;
+  EXPECT_EQ(HopperTileV3::block_m(192), 128);
+  EXPECT_EQ(HopperTileV3::block_n(192), 96);
+  EXPECT_EQ(HopperTileV3::smem_bytes(192), 230528);
+  for (int d : {64, 128, 192, 256}) EXPECT_LE(HopperTileV3::smem_bytes(d), 232448) << "d " << d;
+}
+
 // ---- KV caches -----------------------------------------------------------------------------
 
 // Contiguous caches: seqused_k (0, short, full), cache_batch_idx, cache_leftpad, every head dim,
 // causal and windows, GQA with enough query rows not to be decode-shaped; unused cache rows NaN.
 TEST(CudaHopperFwd, KvCacheContiguous) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128, 256}) {
+  for (int64_t d : {64, 128, 192, 256}) {
     Case c;
     c.dtype = rand_dtype();
     c.cache = true, c.nan_unused_cache = true;
@@ -425,18 +576,20 @@ void check_hopper_paged(const Case& c) {
   const std::string ran(sel.kernel);
   EXPECT_EQ(ran.find(kHopperName) != std::string::npos, hopper_here()) << c.describe() << " ran " << ran;
   if (!hopper_here()) return;
-  const int64_t bn = std::max(c.d, c.dv) > 128 ? 64 : 128;
+  flashport::Problem dims;
+  dims.d = c.d, dims.dv = c.dv;
+  const int64_t bn = flashport::gpu::HopperTileV3::block_n(flashport::gpu::hopper_head_bucket(dims));
   const bool rows = !c.leftpad.empty() || !(c.page_size % bn == 0 || (bn % c.page_size == 0 && c.page_size >= 64));
   EXPECT_EQ(ran.find(":kv_rows") != std::string::npos, rows) << c.describe() << " ran " << ran;
   expect_split_tag(sel, c.describe());
 }
 
 // Paged caches, pages 8 .. 512 rows (row copies below 64 rows, TMA boxes from there: one per page dividing the
-// key tile or one per tile: the D256 instance's key tile is 64), a shuffled block table, unused rows NaN, causal,
-// sinks, LSE.
+// key tile or one per tile: the D192 and D256 instances' key tile is 64), a shuffled block table, unused rows NaN,
+// causal, sinks, LSE.
 TEST(CudaHopperFwd, KvCachePaged) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128, 256}) {
+  for (int64_t d : {64, 128, 192, 256}) {
     for (int64_t page : {8, 16, 64, 128, 256, 512}) {
       Case c;
       c.dtype = rand_dtype();
@@ -452,13 +605,13 @@ TEST(CudaHopperFwd, KvCachePaged) {
 
 // Pages below the key tile or not a multiple of it (1, 3, 12, 16, 48, 64, 100, 129, 200) and paged
 // caches with a left pad: the producer warpgroup copies rows with cp.async. Every head-dim
-// instance, padded head dims (96, and 192/128 in the D256 instance), causal and windows, NaN in
-// unused rows.
+// instance, padded head dims (96; 160 and 192/128 in the D192 instance, whose rows of 24 chunks
+// leave 8 lanes of a copy idle), causal and windows, NaN in unused rows.
 TEST(CudaHopperFwd, KvCachePagedByRows) {
   SKIP_WITHOUT_GPU();
   const int64_t pages[] = {1, 3, 12, 16, 48, 64, 100, 129, 200};
   int n = 0;
-  for (int64_t d : {64, 96, 128, 192, 256}) {
+  for (int64_t d : {64, 96, 128, 160, 192, 256}) {
     for (int64_t page : pages) {
       Case c;
       c.dtype = rand_dtype();
@@ -496,6 +649,9 @@ TEST(HopperFwdPlan, PagedProducerChoice) {
       {256, 16, false, false, true},  {256, 64, false, false, false}, {256, 128, false, false, false},
       {192, 32, false, false, true},  {128, 16, false, true, false},  {128, 64, false, true, false},
       {128, 256, false, true, false}, {128, 48, false, true, true},    {128, 16, true, true, true},
+      {192, 64, false, false, true},  {192, 256, false, false, true},  {160, 16, false, false, true},
+      {192, 64, false, true, true},   {176, 32, false, true, false},   {192, 64, true, false, true},
+      {192, 96, false, false, false}, {192, 192, false, false, false}, {192, 48, false, true, false},
   };
   const int32_t pad = 0;
   for (const Want& w : wants) {
@@ -585,7 +741,7 @@ TEST(CudaHopperFwd, KvCacheAppendRotaryAndSplits) {
 // more splits than the Hopper kernel has key tiles: those splits are empty and must still store LSE = -inf.
 TEST(CudaHopperFwd, SplitKvForcedCounts) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128, 256})
+  for (int64_t d : {64, 128, 192, 256})
     for (int32_t s : {2, 3, 7, 64}) {
       Case c;
       c.dtype = rand_dtype();
@@ -593,8 +749,8 @@ TEST(CudaHopperFwd, SplitKvForcedCounts) {
       c.splits = s;
       check_hopper_split(c, forced_splits(c, s));
     }
-  for (int64_t d : {64, 128, 256}) {
-    Case c;  // 130 keys: 3 mma.sync key blocks, 2 (D256: 3) Hopper key tiles
+  for (int64_t d : {64, 128, 192, 256}) {
+    Case c;  // 130 keys: 3 mma.sync key blocks, 2 (D192, D256: 3) Hopper key tiles
     c.dtype = rand_dtype();
     c.batch = 2, c.hq = 2, c.hkv = 1, c.d = d, c.dv = d, c.sq = 129, c.sk = 130;
     c.splits = 64;
@@ -609,7 +765,7 @@ TEST(CudaHopperFwd, SplitKvAutoLongKeys) {
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   struct S { int64_t d, hq, hkv, sq, sk; };
-  for (S sh : {S{64, 4, 2, 130, 20000}, S{128, 2, 2, 128, 9000}, S{256, 2, 1, 200, 4000}}) {
+  for (S sh : {S{64, 4, 2, 130, 20000}, S{128, 2, 2, 128, 9000}, S{192, 2, 1, 200, 5000}, S{256, 2, 1, 200, 4000}}) {
     Case c;
     c.dtype = rand_dtype();
     c.batch = 1, c.hq = sh.hq, c.hkv = sh.hkv, c.d = sh.d, c.dv = sh.d, c.sq = sh.sq, c.sk = sh.sk;
@@ -631,7 +787,7 @@ TEST(CudaHopperFwd, SplitKvAutoLongKeys) {
 // windows, GQA, sinks (split 0 only), ALiBi, softcap, no LSE.
 TEST(CudaHopperFwd, SplitKvFeatures) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128, 256})
+  for (int64_t d : {64, 128, 192, 256})
     for (const MaskVariant& w : mask_variants(5))
       for (auto [sq, sk] : {std::pair<int64_t, int64_t>{300, 900}, {700, 200}}) {
         Case c;
@@ -643,7 +799,7 @@ TEST(CudaHopperFwd, SplitKvFeatures) {
         c.lse = rand_int(0, 3) != 0;
         check_hopper_split(c, forced_splits(c, c.splits));
       }
-  for (int64_t d : {64, 128, 256}) {
+  for (int64_t d : {64, 128, 192, 256}) {
     Case c;  // bottom-right causal, Sq > Sk: the first rows see no key in any split; with sinks
     c.dtype = rand_dtype();
     c.hq = 2, c.hkv = 2, c.d = d, c.dv = d, c.sq = 400, c.sk = 300, c.causal = true, c.splits = 3;
@@ -664,7 +820,7 @@ TEST(CudaHopperFwd, SplitKvFeatures) {
 // sequence's keys.
 TEST(CudaHopperFwd, SplitKvVarlen) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128, 256}) {
+  for (int64_t d : {64, 128, 192, 256}) {
     Case c;
     c.dtype = rand_dtype();
     set_awkward_varlen(c);
@@ -687,7 +843,7 @@ TEST(CudaHopperFwd, SplitKvVarlen) {
 // workspace 4 bytes past an aligned address). Every head-dim instance, sinks and an odd row count.
 TEST(CudaHopperFwd, EpilogueStorePaths) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128, 256})
+  for (int64_t d : {64, 128, 192, 256})
     for (int64_t dv : {d, d - 24}) {
       Case c;
       c.dtype = rand_dtype();

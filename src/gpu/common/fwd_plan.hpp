@@ -32,10 +32,14 @@ struct PlanArgs {
   // Blocks to launch when the kernel walks its work tiles with a persistent grid; 0: one block
   // per work tile.
   static int32_t grid(const Plan& p) { return p.backend_args[2]; }
-  static void set(Plan* p, int32_t tile, int32_t pack, int32_t grid = 0) {
+  // The persistent grid takes its tiles from a counter in the workspace (the Hopper forward's
+  // dynamic walk).
+  static bool tile_counter(const Plan& p) { return p.backend_args[3] != 0; }
+  static void set(Plan* p, int32_t tile, int32_t pack, int32_t grid = 0, bool tile_counter = false) {
     p->backend_args[0] = tile;
     p->backend_args[1] = pack;
     p->backend_args[2] = grid;
+    p->backend_args[3] = tile_counter ? 1 : 0;
   }
 };
 
@@ -53,16 +57,19 @@ inline int64_t max_kv_rows(const Problem& p) {
 
 // The forward workspace (256-byte aligned parts): rotated q [rows, Hq, round8(D)] in q's dtype
 // (16-bit or fp32) when rotary is on; split partials o [splits][B*Hq*Sq][dv] fp32 and lse [splits][B*Hq*Sq] fp32 when
-// splits > 1. Every forward kernel (mma.sync, Hopper, AMD) reads this layout.
+// splits > 1; a work-tile counter (int32) when the plan's grid walks tiles dynamically (the Hopper
+// forward: PlanArgs::tile_counter). Every forward kernel (mma.sync, Hopper, AMD) reads this layout.
 struct FwdWorkspace {
   int64_t q_rot_row_stride = 0;  // 0: q is not rotated
   int64_t rows = 0;              // partial rows: B * Hq * Sq (0 without splits)
   size_t o_offset = 0, lse_offset = 0, total = 0;
+  bool has_tile_counter = false;
+  size_t tile_counter_offset = 0;
 };
 
 inline size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
-inline FwdWorkspace fwd_workspace(const Problem& p, int splits) {
+inline FwdWorkspace fwd_workspace(const Problem& p, int splits, bool tile_counter = false) {
   FwdWorkspace w;
   size_t off = 0;
   if (p.rotary_dim > 0) {
@@ -75,6 +82,11 @@ inline FwdWorkspace fwd_workspace(const Problem& p, int splits) {
     off += align256(size_t(splits) * size_t(w.rows) * size_t(p.dv) * 4);
     w.lse_offset = off;
     off += align256(size_t(splits) * size_t(w.rows) * 4);
+  }
+  if (tile_counter) {
+    w.has_tile_counter = true;
+    w.tile_counter_offset = off;
+    off += align256(sizeof(int32_t));
   }
   w.total = off;
   return w;

@@ -30,9 +30,10 @@
 //                   named barriers (buffer full / empty).
 //   No block-wide barrier inside the walk: the MMA warpgroups wait on each other only around
 //   dS^T, on the ring's `full` mbarriers and on a free dQ staging buffer.
-// D256 (bwd_hopper_d256_kernel): 64-key blocks, the warpgroups split the head dim of dK/dV/dQ and
-// the queries of S^T/dP^T, P^T and dS^T through shared memory (bwd_hopper.hpp); Q, dO, LSE2, D
-// of the next step stream in with cp.async (all 256 threads) while this one runs.
+// D256 (bwd_hopper_d256_kernel): the same three roles and ring (HopperBwdTileD256), 64-key blocks;
+// the MMA warpgroups split the head dim of dK/dV/dQ and the queries of S^T/dP^T, P^T and dS^T go
+// through shared memory (bwd_hopper.hpp); a step's dQ is staged in its own ring stage, which the
+// writer warp hands back to the loaders once the copy engine has read it.
 // The elementwise phases have straight-line loops for the common case (no softcap/ALiBi,
 // unswitched on the mask): per-element branches there cost v1 half its time (gpu_bwd_notes.md).
 #include <atomic>
@@ -80,8 +81,8 @@ __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wa
 // (zeroed by the preprocess). The launch walks the key blocks backwards (n = gridDim.x - 1 -
 // blockIdx.x), so a block only waits for blocks dispatched before it: no deadlock whatever the
 // residency. A block's turn passes once every issuer's bulk reduces are complete (wait_group 0),
-// fenced (the reduces are async-proxy writes) and joined by a barrier (the block's in the D256
-// kernel, the dQ-writer warp's in the D64/D128 kernel).
+// fenced (the reduces are async-proxy writes) and joined by the dQ-writer warp's __syncwarp
+// (write_dq_tile).
 __device__ __forceinline__ int32_t* dq_sema(const BwdArgs& a, int b, int h, int m) {
   return a.ws_sema + (int64_t(b) * a.hq + h) * a.m_blocks + m;
 }
@@ -145,33 +146,6 @@ __device__ __forceinline__ void load_kv_block(const BwdArgs& a, int b, int kvh, 
     const int64_t jj = in ? j : 0;
     cp_async_16(sK + soff + k * kRowStep * 64, a.k + k_base + jj * k_rs + rc.qk_col, in && rc.qk_in ? 16 : 0);
     cp_async_16(sV + soff + k * kRowStep * 64, a.v + v_base + jj * v_rs + rc.vo_col, in && rc.vo_in ? 16 : 0);
-  }
-}
-
-// One step's Q and dO rows [m BM, m BM + BM) of query head h (this thread's chunk of every
-// kRowStep-th row, at qsoff in the swizzled panels) and their LSE2 and D (thread tid < BM: row
-// tid) into step buffer `buf` (buffers kBufStride elements apart). Rows past Lq: zeros, LSE2 0,
-// D 0 -- their P is finite and their dS, dV contributions exactly 0, as in the mma.sync loop.
-template <int BM, int kRowStep, int kBufStride>
-__device__ __forceinline__ void load_q_do_step(const BwdArgs& a, int b, int64_t q_start, int64_t ws_row0, int lq,
-                                               int h, int m, int tid, int ld_row, int qsoff, const RowChunk& rc,
-                                               uint16_t* sQ, uint16_t* sdO, float* sL, float* sDs, int buf) {
-#pragma unroll
-  for (int k = 0; k < BM / kRowStep; ++k) {
-    const int i = m * BM + ld_row + k * kRowStep;
-    const bool in = i < lq;
-    const int ii = in ? i : 0;
-    cp_async_16(sQ + buf * kBufStride + qsoff + k * kRowStep * 64, a.q + a.q_addr.at(b, q_start, ii, h) + rc.qk_col,
-                in && rc.qk_in ? 16 : 0);
-    cp_async_16(sdO + buf * kBufStride + qsoff + k * kRowStep * 64,
-                a.dout + a.dout_addr.at(b, q_start, ii, h) + rc.vo_col, in && rc.vo_in ? 16 : 0);
-  }
-  if (tid < BM) {
-    const int i = m * BM + tid;
-    const bool in = i < lq;
-    const int64_t wrow = in ? int64_t(h) * a.total_rows + ws_row0 + i : 0;
-    cp_async_4(smem_u32(sL + buf * BM + tid), a.ws_lse2 + wrow, in ? 4 : 0);
-    cp_async_4(smem_u32(sDs + buf * BM + tid), a.ws_dsum + wrow, in ? 4 : 0);
   }
 }
 
@@ -322,8 +296,8 @@ __device__ __forceinline__ void p_and_ds(float (&s_acc)[4 * kQTiles], float (&dp
 // The producer's copy of one step's Q and dO rows [i0, i0 + BM) of query head h into a ring stage
 // (swizzled 64-column panels) and their LSE2 and D, by kLoaders threads (loader t: chunk
 // t % kChunks of rows t / kChunks + k kRowStep; LSE2 / D of rows t + k kLoaders). Rows past Lq:
-// zeros, LSE2 0, D 0 (load_q_do_step's contract: their P is finite, their dS and dV contributions
-// 0). The step's row-0 addresses are the same for the whole warp (uniform registers): the
+// zeros, LSE2 0, D 0: their P is finite and their dS, dV contributions exactly 0, as in the
+// mma.sync loop. The step's row-0 addresses are the same for the whole warp (uniform registers): the
 // producer has 24 registers.
 template <int BM, int kChunks, int kLoaders>
 __device__ __forceinline__ void load_q_do_stage(const BwdArgs& a, int b, int64_t q_start, int64_t ws_row0, int lq,
@@ -352,6 +326,41 @@ __device__ __forceinline__ void load_q_do_stage(const BwdArgs& a, int b, int64_t
     const int64_t wrow = wrow0 + (in ? row : 0);
     cp_async_4(smem_u32(sL + row), a.ws_lse2 + wrow, in ? 4 : 0);
     cp_async_4(smem_u32(sDs + row), a.ws_dsum + wrow, in ? 4 : 0);
+  }
+}
+
+// The dQ writer warp's part of one step (both kernels): the step's dQ, staged in shared memory at
+// `tile` as fp32 [BM][D] row-major, added into the workspace rows of query block m of head h. The
+// step's rows (those below Lq) are contiguous there, so one bulk reduce takes the whole tile when
+// the workspace rows are D floats (dacc = D); a padded call's rows (dacc < D) go one bulk reduce
+// per row (lane l: rows l, l + 32, ...). (One reduce per row throughout made the writer the D64
+// kernel's bottleneck: 128 serial issues a step.) Returns once the copy engine has read the tile.
+// Deterministic mode: the warp first waits for this block's turn at the query block (dq_sema) and
+// passes it on once its reduces are complete; only this warp waits, the MMA warpgroups go on.
+template <int BM, int BN, int D>
+__device__ __forceinline__ void write_dq_tile(const BwdArgs& a, const KernelScoreRules& S, int b, int h, int m,
+                                              int n_blk, int lq, int64_t ws_row0, uint32_t tile, int lane) {
+  if (a.deterministic) {
+    if (lane == 0) dq_wait_turn(dq_sema(a, b, h, m), S.last_key_block(m, BM, BN) - n_blk);
+    __syncwarp();
+    fence_proxy_async_global();
+  }
+  const int rows_in = min(lq - m * BM, BM);
+  float* dq_rows = a.ws_dq + (int64_t(h) * a.total_rows + ws_row0 + m * BM) * a.dacc;
+  if (a.dacc == D) {
+    if (lane == 0) bulk_reduce_add_f32(dq_rows, tile, rows_in * D * 4);
+  } else {
+#pragma unroll 1
+    for (int row = lane; row < rows_in; row += 32)
+      bulk_reduce_add_f32(dq_rows + int64_t(row) * a.dacc, tile + uint32_t(row * D * 4), a.dacc * 4);
+  }
+  bulk_commit();
+  if (a.deterministic) {
+    dq_reduces_done();
+    __syncwarp();
+    if (lane == 0) dq_pass_turn(dq_sema(a, b, h, m));
+  } else {
+    bulk_wait_read<0>();
   }
 }
 
@@ -460,41 +469,13 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
       }
       cp_async_wait<0>();
     } else {
-      // dQ writer (warp 3): step s's dQ, staged in buffer s & 1, added into the workspace: the
-      // step's rows (those below Lq) are contiguous there, so one bulk reduce takes the whole tile
-      // when the workspace rows are D floats (dacc = D); a padded call's rows (dacc < D) go one
-      // bulk reduce per row (lane l: rows l, l + 32, ...). (One reduce per row throughout made the
-      // writer the D64 kernel's bottleneck: 128 serial issues a step.) The buffer is free again
-      // once the copy engine has read it. Deterministic mode: the writer waits for this block's turn at the
-      // query block (dq_sema) and passes it on once its reduces are complete; only this warp
-      // waits, the MMA warpgroups go on with the next step (the staging is double-buffered).
+      // dQ writer (warp 3): step s's dQ, staged in buffer s & 1, into the workspace (write_dq_tile);
+      // the buffer is free again once the copy engine has read it.
       int h = kvh * a.group, m = m_lo;  // step s's head and query block
       for (int s = 0; s < steps; ++s) {
         const int sbuf = s & 1;
         named_sync<kDqSyncThreads>(kBarDqFull + sbuf);
-        if (a.deterministic) {
-          if (lane == 0) dq_wait_turn(dq_sema(a, b, h, m), S.last_key_block(m, BM, BN) - n_blk);
-          __syncwarp();
-          fence_proxy_async_global();
-        }
-        const uint32_t tile = smem_u32(sDq + sbuf * (BM * D));
-        const int rows_in = min(lq - m * BM, BM);
-        float* dq_rows = a.ws_dq + (int64_t(h) * a.total_rows + ws_row0 + m * BM) * a.dacc;
-        if (a.dacc == D) {
-          if (lane == 0) bulk_reduce_add_f32(dq_rows, tile, rows_in * D * 4);
-        } else {
-#pragma unroll 1
-          for (int row = lane; row < rows_in; row += 32)
-            bulk_reduce_add_f32(dq_rows + int64_t(row) * a.dacc, tile + uint32_t(row * D * 4), a.dacc * 4);
-        }
-        bulk_commit();
-        if (a.deterministic) {
-          dq_reduces_done();
-          __syncwarp();
-          if (lane == 0) dq_pass_turn(dq_sema(a, b, h, m));
-        } else {
-          bulk_wait_read<0>();
-        }
+        write_dq_tile<BM, BN, D>(a, S, b, h, m, n_blk, lq, ws_row0, smem_u32(sDq + sbuf * (BM * D)), lane);
         if (s + 2 < steps) named_arrive<kDqSyncThreads>(kBarDqEmpty + sbuf);
         if (++m == m_lo + nm) m = m_lo, ++h;
       }
@@ -696,51 +677,60 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
 
 // ---- D256 (HopperBwdTileD256; layout and reasons in bwd_hopper.hpp) ---------------------------
 // One block: BN = 64 keys of one kv head, walking every (query head of the group, BM = 64 query
-// block). Warpgroup w (wg): S^T / dP^T of queries [32w, 32w + 32) for all 64 keys (m64n32, K = 256),
-// P^T and dS^T -> shared memory; then dV, dK columns [128w, 128w + 128) (A = P^T / dS^T K-major from
-// shared memory, B = dO / Q MN-major) and dQ columns [128w, 128w + 128) (A = dS MN-major, B = K
-// MN-major), all 64 x 64 wgmmas per 64-column panel as in the D64/D128 kernel.
+// block), warp-specialised as bwd_hopper_kernel: the producer warpgroup (K, V once; warps 0-2 each
+// step's Q, dO, LSE2, D into the 2-stage ring; warp 3 the dQ writer) and MMA warpgroups 1, 2.
+// MMA warpgroup w (mwg = w - 1): S^T / dP^T of queries [32 mwg, 32 mwg + 32) for all 64 keys
+// (m64n32, K = 256), P^T and dS^T -> shared memory; then dQ, dV, dK columns [128 mwg, 128 mwg +
+// 128) (dV, dK: A = P^T / dS^T K-major from shared memory, B = dO / Q MN-major; dQ: A = dS
+// MN-major, B = K MN-major), all 64 x 64 wgmmas per 64-column panel as in the D64/D128 kernel.
+// The step's dQ (fp32 64 x 256) is staged in the step's own ring stage (its Q and dO, 64 KB, once
+// both warpgroups' products have read them); the writer releases the stage to the loaders once the
+// copy engine has read the tile.
 template <typename Elem, bool kDropout>
 __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d256_kernel(const __grid_constant__ BwdArgs a) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int D = HopperBwdTileD256::kD, BN = HopperBwdTileD256::kBlockN, BM = HopperBwdTileD256::kBlockM;
-  constexpr int NT = HopperBwdTileD256::kThreads;
+  using T = HopperBwdTileD256;
+  constexpr int D = T::kD, BN = T::kBlockN, BM = T::kBlockM, kStages = T::kStages;
   constexpr bool kBf16 = Elem::kIsBf16;
-  constexpr int kChunks = D / 8;   // 16-byte chunks per row
-  constexpr int kHalfQ = BM / 2;   // queries of S^T / dP^T per warpgroup
+  constexpr int kChunks = D / 8;       // 16-byte chunks per row
+  constexpr int kHalfQ = BM / 2;       // queries of S^T / dP^T per MMA warpgroup
   constexpr int kQTiles = kHalfQ / 8;  // 8-query accumulator tiles of the half
-  constexpr int kOwnPanels = 2;    // 64-column panels of dK / dV / dQ per warpgroup
+  constexpr int kOwnPanels = 2;        // 64-column panels of dK / dV / dQ per MMA warpgroup
+  constexpr int kStageElems = 2 * BM * D;  // a ring stage: Q, then dO; at the step's end its fp32 dQ
+  // Named barriers (0 is __syncthreads). P^T / dS^T ready: both halves stored. Stage read: both MMA
+  // warpgroups' products of the step are done (its Q, dO, P^T, dS^T may be overwritten). dQ staged,
+  // one per ring stage: the MMA side arrives, the writer syncs; an id's next use is two steps later,
+  // after the writer released the stage (the `full` wait), so no side arrives a generation ahead.
+  constexpr int kBarPdsReady = 1, kBarStageRead = 2, kBarDqFull = 3;
+  constexpr int kMmaThreads = 256, kDqSyncThreads = kMmaThreads + 32;
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_u32 = smem_u32(smem_raw);
   const uint32_t base_u32 = (raw_u32 + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
   uint16_t* sK = reinterpret_cast<uint16_t*>(smem_raw + (base_u32 - raw_u32));
   uint16_t* sV = sK + BN * D;
-  // Q(buf) = sQ + buf * kBufStride, dO(buf) = sdO + buf * kBufStride: Q(buf), dO(buf) adjacent
-  // (the pair is the step's dQ staging tile).
-  constexpr int kBufStride = 2 * BM * D;
-  constexpr int kDoOff = BM * D;
-  uint16_t* sQ = sV + BN * D;
-  uint16_t* sdO = sQ + kDoOff;
-  uint16_t* sP = sQ + 4 * BM * D;   // P^T: [BN keys][BM queries], one 64-query panel
-  uint16_t* sdS = sP + BN * BM;     // dS^T, same layout
-  float* sL = reinterpret_cast<float*>(sdS + BN * BM);  // [2][BM] LSE2
-  float* sDs = sL + 2 * BM;                             // [2][BM] D
+  uint16_t* sQ = sV + BN * D;                 // [kStages][Q: BM * D, dO: BM * D]
+  uint16_t* sP = sQ + kStages * kStageElems;  // P^T: [BN keys][BM queries], one 64-query panel
+  uint16_t* sdS = sP + BN * BM;               // dS^T, same layout
+  float* sL = reinterpret_cast<float*>(sdS + BN * BM);  // [kStages][BM] LSE2
+  float* sDs = sL + kStages * BM;                       // [kStages][BM] D
   const uint32_t sK_u32 = base_u32;
   const uint32_t sV_u32 = sK_u32 + BN * D * 2;
   const uint32_t sQ_u32 = sV_u32 + BN * D * 2;
-  const uint32_t sdO_u32 = sQ_u32 + kDoOff * 2;
-  const uint32_t sP_u32 = sQ_u32 + 4 * BM * D * 2;
+  const uint32_t sP_u32 = sQ_u32 + kStages * kStageElems * 2;
   const uint32_t sdS_u32 = sP_u32 + BN * BM * 2;
+  // mbarriers: stage landed (full) / released by the dQ writer (empty); K and V landed.
+  const uint32_t bars = smem_u32(sDs + kStages * BM);
+  auto full_bar = [&](int st) { return bars + 8u * uint32_t(st); };
+  auto empty_bar = [&](int st) { return bars + 8u * uint32_t(kStages + st); };
+  const uint32_t kv_bar = bars + 8u * uint32_t(2 * kStages);
 
   const int tid = threadIdx.x, lane = tid & 31;
-  const int wg = tid >> 7;           // warpgroup: queries [32 wg, +32) of S^T; columns [128 wg, +128)
-  const int wwarp = (tid >> 5) & 3;  // warp inside the warpgroup: 16 keys of each accumulator
+  const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);  // warp-uniform (bwd_hopper_kernel)
+  const int wg = warp >> 2;     // 0: producer; 1, 2: MMA warpgroups
+  const int wwarp = warp & 3;   // warp inside the warpgroup: 16 keys of each accumulator
   const int n_blk = a.deterministic ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);  // dq_sema
   const int kvh = blockIdx.y, b = blockIdx.z;
-  // Deterministic mode: the semaphore of the last dQ issued (thread 0's; in shared memory, so it
-  // takes no register over the step loop).
-  __shared__ int32_t* turn_sema;
   const int n0 = n_blk * BN;
   const ScoreRules& R = a.rules;
 
@@ -748,11 +738,76 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
   const int lq = seq.lq, lk = seq.lk;
   const int64_t q_start = seq.q_start, ws_row0 = seq.ws_row0;  // ws_row0: workspace row of i = 0
   const KernelScoreRules S(R, lq, lk, a.scale_log2, a.softcap_in, a.softcap_out);
+  // Steps as in bwd_hopper_kernel: step s is head kvh group + s / nm, query block m_lo + s % nm.
+  int m_lo = 0, nm = 0, steps = 0;
+  if (n0 < lk && lq > 0) {
+    const auto blocks = S.query_blocks(n0, BN, BM);
+    m_lo = blocks.first, nm = blocks.count;
+    steps = nm * a.group;
+  }
 
+  if (tid == 0) {
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) {
+      mbar_init(full_bar(st), T::kLoaders);  // one cp.async arrival per loader thread
+      mbar_init(empty_bar(st), 1);           // the dQ writer, once the stage's dQ tile was read
+    }
+    mbar_init(kv_bar, 128);  // the producer warpgroup's K/V copies
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer warpgroup ---------------------------------------------------------------------
+    regs_dec<T::kProducerRegs>();
+    if (steps == 0) return;
+    {
+      // Thread t: chunk t % 32 of rows t / 32 + 4k; load_kv_block's row step keeps the swizzle
+      // phase (a multiple of 8 rows), so rows t / 32 + 8k, then t / 32 + 4 + 8k.
+      const int ld_chunk = tid % kChunks;
+      const RowChunk rc(ld_chunk, a.d, a.dv);
+#pragma unroll 1
+      for (int half = 0; half < 2; ++half)
+        load_kv_block<BN, 8>(a, b, kvh, n0, lk, tid / kChunks + 4 * half, ld_chunk, rc, sK, sV);
+      cp_async_arrive(kv_bar);
+    }
+    if (warp < T::kLoaders / 32) {
+      // Loaders: stage s % kStages once the writer released its previous use (step s - kStages).
+      int h = kvh * a.group, m = m_lo;  // step s's head and query block
+      for (int s = 0; s < steps; ++s) {
+        const int st = s % kStages;
+        mbar_wait(empty_bar(st), ((s / kStages) & 1) ^ 1);
+        uint16_t* stage = sQ + st * kStageElems;
+        load_q_do_stage<BM, kChunks, T::kLoaders>(a, b, q_start, ws_row0, lq, h, m * BM, tid, stage, stage + BM * D,
+                                                  sL + st * BM, sDs + st * BM);
+        cp_async_arrive(full_bar(st));  // arrives once this thread's copies have landed
+        if (++m == m_lo + nm) m = m_lo, ++h;
+      }
+      cp_async_wait<0>();
+    } else {
+      // dQ writer (warp 3): step s's dQ, staged in ring stage s % kStages, into the workspace
+      // (write_dq_tile); then the stage goes back to the loaders.
+      int h = kvh * a.group, m = m_lo;  // step s's head and query block
+      for (int s = 0; s < steps; ++s) {
+        const int st = s % kStages;
+        named_sync<kDqSyncThreads>(kBarDqFull + st);
+        write_dq_tile<BM, BN, D>(a, S, b, h, m, n_blk, lq, ws_row0, sQ_u32 + st * (kStageElems * 2), lane);
+        __syncwarp();  // every lane's reduces have read the tile
+        if (lane == 0) mbar_arrive(empty_bar(st));
+        if (++m == m_lo + nm) m = m_lo, ++h;
+      }
+      bulk_wait_all();  // the staging tile must outlive the copy engine's reads
+    }
+    return;
+  }
+
+  // ---- MMA warpgroups -----------------------------------------------------------------------------
+  regs_inc<T::kMmaRegs>();
+  const int mwg = wg - 1;  // queries [32 mwg, +32) of S^T / dP^T; columns [128 mwg, +128) of dK, dV, dQ
   // This thread's accumulator rows (keys) in S^T, dP^T, dK, dV: key_loc0 and key_loc0 + 8.
   const int key_loc0 = wwarp * 16 + (lane >> 2);
   const int col_base = (lane & 3) * 2;
-  const int q_half0 = wg * kHalfQ;  // first query (within the block) of this warpgroup's S^T
+  const int q_half0 = mwg * kHalfQ;  // first query (within the block) of this warpgroup's S^T
 
   float dv_acc[kOwnPanels][32], dk_acc[kOwnPanels][32];
 #pragma unroll
@@ -760,230 +815,158 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
 #pragma unroll
     for (int e = 0; e < 32; ++e) dv_acc[p][e] = 0.0f, dk_acc[p][e] = 0.0f;
 
-  if (n0 < lk && lq > 0) {
-    const auto blocks = S.query_blocks(n0, BN, BM);
-    const int m_lo = blocks.first, nm = blocks.count;
-    const int steps = nm * a.group;
+  if (steps > 0) {
+    const bool transformed = S.softcapped() || S.alibi();
 
-    if (steps > 0) {
-      constexpr int kRowStep = NT / kChunks;
-      static_assert(kRowStep % 8 == 0 && BN % kRowStep == 0 && BM % kRowStep == 0, "load mapping");
-      const int ld_row = tid / kChunks, ld_chunk = tid % kChunks;
-      const RowChunk rc(ld_chunk, a.d, a.dv);
-      load_kv_block<BN, kRowStep>(a, b, kvh, n0, lk, ld_row, ld_chunk, rc, sK, sV);
-      const int qsoff = panel_offset(BM, ld_row, ld_chunk);
-      auto load_step = [&](int s, int buf) {
-        load_q_do_step<BM, kRowStep, kBufStride>(a, b, q_start, ws_row0, lq, kvh * a.group + s / nm, m_lo + s % nm,
-                                                 tid, ld_row, qsoff, rc, sQ, sdO, sL, sDs, buf);
-      };
-      load_step(0, 0);
-      cp_async_commit();
-
-      const bool transformed = S.softcapped() || S.alibi();
-
-      float dq_acc[kOwnPanels][32];  // dQ: 64 queries x columns [128 wg, +128)
-
-      // Bulk mode. stage_dq: this thread's dQ fragment into the staging tile of buffer `sbuf`
-      // (fp32 [BM][D] row-major, the workspace's column order). A quad's row is 1 KB apart from
-      // the next quad's, so store t of quad r writes 8-column chunk (t + r) & 7 (chunks rotated in
-      // registers by two select stages): the 8 quads of a warp cover 4 bank groups twice.
-      [[maybe_unused]] int dq_h = 0, dq_i0 = 0;  // the step whose dQ is staged
-      auto stage_dq = [&](int sbuf) {
-        float* tile = reinterpret_cast<float*>(sQ + sbuf * kBufStride);
-        const int row0 = wwarp * 16 + (lane >> 2);
-        const int rot = (lane >> 2) & 3;
+    float dq_acc[kOwnPanels][32];  // dQ: 64 queries x columns [128 mwg, +128)
+    // This thread's dQ fragment into ring stage `st` (fp32 [BM][D] row-major, the workspace's
+    // column order). A quad's row is 1 KB apart from the next quad's, so store t of quad r writes
+    // 8-column chunk (t + r) & 7 (chunks rotated in registers by two select stages): the 8 quads of
+    // a warp cover 4 bank groups twice.
+    auto stage_dq = [&](int st) {
+      float* tile = reinterpret_cast<float*>(sQ + st * kStageElems);
+      const int row0 = wwarp * 16 + (lane >> 2);
+      const int rot = (lane >> 2) & 3;
 #pragma unroll
-        for (int p = 0; p < kOwnPanels; ++p) {
-          float y[32], z[32];
+      for (int p = 0; p < kOwnPanels; ++p) {
+        float y[32], z[32];
 #pragma unroll
-          for (int t = 0; t < 8; ++t)
+        for (int t = 0; t < 8; ++t)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) y[4 * t + e] = (rot & 1) ? dq_acc[p][4 * ((t + 1) & 7) + e] : dq_acc[p][4 * t + e];
+          for (int e = 0; e < 4; ++e) y[4 * t + e] = (rot & 1) ? dq_acc[p][4 * ((t + 1) & 7) + e] : dq_acc[p][4 * t + e];
 #pragma unroll
-          for (int t = 0; t < 8; ++t)
+        for (int t = 0; t < 8; ++t)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) z[4 * t + e] = (rot & 2) ? y[4 * ((t + 2) & 7) + e] : y[4 * t + e];
+          for (int e = 0; e < 4; ++e) z[4 * t + e] = (rot & 2) ? y[4 * ((t + 2) & 7) + e] : y[4 * t + e];
 #pragma unroll
-          for (int t = 0; t < 8; ++t) {
-            const int col = (wg * kOwnPanels + p) * 64 + ((t + rot) & 7) * 8 + col_base;
+        for (int t = 0; t < 8; ++t) {
+          const int col = (mwg * kOwnPanels + p) * 64 + ((t + rot) & 7) * 8 + col_base;
 #pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
-              *reinterpret_cast<float2*>(tile + (row0 + 8 * hf) * D + col) = make_float2(z[4 * t + 2 * hf], z[4 * t + 2 * hf + 1]);
-          }
-        }
-      };
-      // issue_dq, after a block barrier: lane l < BM / 8 of warp w adds row 8w + l of staging
-      // buffer `sbuf` (the dQ of step (hh, ii0)) into the workspace, rows past Lq skipped; the
-      // workspace row's dacc = D columns (a padded instance's others are zeros).
-      constexpr int kDqRowsPerWarp = BM / 8;
-      const bool dq_issuer = lane < kDqRowsPerWarp;
-      const int dq_issue_row = (tid >> 5) * kDqRowsPerWarp + lane;
-      // Deterministic mode: the warp's lane 0 first waits for this block's turn at the query block.
-      auto issue_dq = [&](int sbuf, int hh, int ii0) {
-        if (a.deterministic) {
-          if (lane == 0) {
-            int32_t* sema = dq_sema(a, b, hh, ii0 / BM);
-            if (tid == 0) turn_sema = sema;
-            dq_wait_turn(sema, S.last_key_block(ii0 / BM, BM, BN) - n_blk);
-          }
-          __syncwarp();
-          if (dq_issuer) fence_proxy_async_global();
-        }
-        if (dq_issuer) {
-          const int i = ii0 + dq_issue_row;
-          if (i < lq)
-            bulk_reduce_add_f32(a.ws_dq + (int64_t(hh) * a.total_rows + ws_row0 + i) * a.dacc,
-                                sQ_u32 + sbuf * (kBufStride * 2) + dq_issue_row * (D * 4), a.dacc * 4);
-          bulk_commit();
-        }
-      };
-
-      // Dropout: this thread's keep bits of step st (step 0's before its products, the next
-      // step's while this step's dQ, dV, dK products run).
-      uint32_t keep[(4 * kQTiles + 31) / 32] = {};
-      auto step_keep = [&](int st) {
-        bwd_keep_bits<kQTiles>(keep, R, b, a.hq, kvh * a.group + st / nm, (m_lo + st % nm) * BM + q_half0,
-                               n0 + key_loc0);
-      };
-      if constexpr (kDropout) step_keep(0);
-
-      // Deterministic mode: the turn at the query block of the last dQ issued (turn_sema) passes
-      // once that dQ is complete: at the barrier in the middle of the step that issued it (the
-      // next key block in the order waits about half a step per link).
-      auto pass_turn_after_barrier = [&] {
-        if (tid == 0) dq_pass_turn(turn_sema);
-      };
-      for (int s = 0; s < steps; ++s) {
-        const int buf = s & 1;
-        cp_async_wait<0>();
-        fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
-        __syncthreads();      // step s landed everywhere; step s-1's products are all done
-        // Buffer buf ^ 1 holds step s-1's dQ until its reduce has read it, so the load waits for
-        // the middle barrier (except at s = 0).
-        if (s + 1 < steps && s == 0) {
-          load_step(s + 1, buf ^ 1);
-          cp_async_commit();
-        }
-        const int h = kvh * a.group + s / nm;
-        const int m = m_lo + s % nm;
-        const int i0 = m * BM;
-
-        // ---- S^T = K Q^T and dP^T = V dO^T for this warpgroup's 32 queries (two groups) ---------
-        float s_acc[kHalfQ / 2], dp_acc[kHalfQ / 2];
-        {
-          uint64_t k_desc = make_desc(sK_u32, 16, 1024);
-          asm volatile("" : "+l"(k_desc));
-          uint64_t q_desc = make_desc(sQ_u32 + buf * (kBufStride * 2) + q_half0 * 128, 16, 1024);
-          asm volatile("" : "+l"(q_desc));
-          wg_fence();
-#pragma unroll
-          for (int ks = 0; ks < D / 16; ++ks) {
-            const uint32_t koff = uint32_t((ks & 3) * 32);  // 16 columns = 32 bytes of the 128-byte row
-            wgmma_ss_m64n32k16<kBf16, 0, 0>(s_acc, k_desc + (((ks >> 2) * (BN * 128) + koff) >> 4),
-                                            q_desc + (((ks >> 2) * (BM * 128) + koff) >> 4), ks > 0 ? 1 : 0);
-          }
-          wg_commit();
-          uint64_t v_desc = make_desc(sV_u32, 16, 1024);
-          asm volatile("" : "+l"(v_desc));
-          uint64_t o_desc = make_desc(sdO_u32 + buf * (kBufStride * 2) + q_half0 * 128, 16, 1024);
-          asm volatile("" : "+l"(o_desc));
-#pragma unroll
-          for (int ks = 0; ks < D / 16; ++ks) {
-            const uint32_t koff = uint32_t((ks & 3) * 32);
-            wgmma_ss_m64n32k16<kBf16, 0, 0>(dp_acc, v_desc + (((ks >> 2) * (BN * 128) + koff) >> 4),
-                                            o_desc + (((ks >> 2) * (BM * 128) + koff) >> 4), ks > 0 ? 1 : 0);
-          }
-          wg_commit();
-        }
-        if (s > 0) issue_dq(buf ^ 1, dq_h, dq_i0);  // step s-1's dQ, while S^T and dP^T run
-
-        // ---- P^T, dS^T (s_acc[4t + 2hf + e2] is key n0 + key_loc0 + 8hf, query
-        //      i0 + q_half0 + 8t + col_base + e2)
-        p_and_ds<kQTiles, kDropout>(s_acc, dp_acc, S, transformed, S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1),
-                                    R.alibi ? -R.alibi_slope(b, h) * kBwdLog2eH : 0.0f, i0 + q_half0, n0 + key_loc0,
-                                    col_base, sL + buf * BM + q_half0, sDs + buf * BM + q_half0, keep);
-        // P^T, dS^T to shared memory: (key, queries q_half0 + 8t + col_base, +1) -> one 32-bit
-        // store each; the 16-byte chunk of query 8t' is chunk t' of the single 64-query panel.
-#pragma unroll
-        for (int t = 0; t < kQTiles; ++t)
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int off = panel_offset(BN, key_loc0 + 8 * hf, (q_half0 >> 3) + t) + col_base;
-            *reinterpret_cast<uint32_t*>(sP + off) = Elem::pack(s_acc[4 * t + 2 * hf], s_acc[4 * t + 2 * hf + 1]);
-            *reinterpret_cast<uint32_t*>(sdS + off) = Elem::pack(dp_acc[4 * t + 2 * hf], dp_acc[4 * t + 2 * hf + 1]);
-          }
-        if (dq_issuer) {  // step s-1's staging read: buffer buf ^ 1 is free (deterministic: its reduce is complete)
-          if (a.deterministic) dq_reduces_done();
-          else bulk_wait_read<0>();
-        }
-        fence_proxy_async();  // P^T / dS^T stores (generic proxy) -> wgmma reads (async proxy)
-        __syncthreads();      // P^T / dS^T of both warpgroups in shared memory
-        if (a.deterministic && s > 0) pass_turn_after_barrier();
-        if (s > 0 && s + 1 < steps) {
-          load_step(s + 1, buf ^ 1);
-          cp_async_commit();
-        }
-
-        // ---- dQ = dS K first (its atomics overlap dV, dK), then dV += P^T dO, dK += dS^T Q ------
-        {
-          uint64_t s_desc = make_desc(sdS_u32, BN * 128, 1024);  // dS: MN-major view of dS^T
-          asm volatile("" : "+l"(s_desc));
-          uint64_t kt_desc = make_desc(sK_u32 + wg * kOwnPanels * (BN * 128), BN * 128, 1024);
-          asm volatile("" : "+l"(kt_desc));
-          wg_fence();
-#pragma unroll
-          for (int ks = 0; ks < BN / 16; ++ks)
-#pragma unroll
-            for (int p = 0; p < kOwnPanels; ++p)
-              wgmma_ss_m64n64k16<kBf16, 1, 1>(dq_acc[p], s_desc + ((ks * 2048) >> 4),
-                                              kt_desc + ((p * (BN * 128) + ks * 2048) >> 4), ks > 0 ? 1 : 0);
-          wg_commit();
-          uint64_t p_desc = make_desc(sP_u32, 16, 1024);  // P^T, dS^T K-major (keys x queries)
-          asm volatile("" : "+l"(p_desc));
-          uint64_t ds_desc = make_desc(sdS_u32, 16, 1024);
-          asm volatile("" : "+l"(ds_desc));
-          uint64_t o_desc = make_desc(sdO_u32 + buf * (kBufStride * 2) + wg * kOwnPanels * (BM * 128), BM * 128, 1024);
-          asm volatile("" : "+l"(o_desc));
-          uint64_t q_desc = make_desc(sQ_u32 + buf * (kBufStride * 2) + wg * kOwnPanels * (BM * 128), BM * 128, 1024);
-          asm volatile("" : "+l"(q_desc));
-#pragma unroll
-          for (int ks = 0; ks < BM / 16; ++ks)
-#pragma unroll
-            for (int p = 0; p < kOwnPanels; ++p)
-              wgmma_ss_m64n64k16<kBf16, 0, 1>(dv_acc[p], p_desc + ((ks * 32) >> 4),
-                                              o_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
-#pragma unroll
-          for (int ks = 0; ks < BM / 16; ++ks)
-#pragma unroll
-            for (int p = 0; p < kOwnPanels; ++p)
-              wgmma_ss_m64n64k16<kBf16, 0, 1>(dk_acc[p], ds_desc + ((ks * 32) >> 4),
-                                              q_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
-          wg_commit();
-          if constexpr (kDropout) {
-            if (s + 1 < steps) step_keep(s + 1);
-          }
-          wg_wait<0>();
-#pragma unroll
-          for (int p = 0; p < kOwnPanels; ++p) fence_regs(dq_acc[p]), fence_regs(dv_acc[p]), fence_regs(dk_acc[p]);
-          __syncthreads();  // both warpgroups' dV/dK are done with Q(buf), dO(buf): staging tile
-          stage_dq(buf);    // fenced for the copy engine at the next step's barrier
-          dq_h = h, dq_i0 = i0;
+          for (int hf = 0; hf < 2; ++hf)
+            *reinterpret_cast<float2*>(tile + (row0 + 8 * hf) * D + col) = make_float2(z[4 * t + 2 * hf], z[4 * t + 2 * hf + 1]);
         }
       }
-      fence_proxy_async();
-      __syncthreads();
-      issue_dq((steps - 1) & 1, dq_h, dq_i0);
-      if (dq_issuer) bulk_wait_all();  // the staging tile must outlive the copy engine's reads
-      if (a.deterministic) {
-        if (dq_issuer) fence_proxy_async_global();
-        __syncthreads();
-        pass_turn_after_barrier();
+    };
+
+    // Dropout: this thread's keep bits of step `step` (step 0's before its products, the next
+    // step's while this step's dQ, dV, dK products run).
+    uint32_t keep[(4 * kQTiles + 31) / 32] = {};
+    auto step_keep = [&](int step) {
+      bwd_keep_bits<kQTiles>(keep, R, b, a.hq, kvh * a.group + step / nm, (m_lo + step % nm) * BM + q_half0,
+                             n0 + key_loc0);
+    };
+    if constexpr (kDropout) step_keep(0);
+
+    mbar_wait(kv_bar, 0);
+    for (int s = 0; s < steps; ++s) {
+      const int st = s % kStages;
+      const int h = kvh * a.group + s / nm;
+      const int m = m_lo + s % nm;
+      const int i0 = m * BM;
+      const uint32_t sQs_u32 = sQ_u32 + st * (kStageElems * 2), sdOs_u32 = sQs_u32 + BM * D * 2;
+      mbar_wait(full_bar(st), (s / kStages) & 1);
+      fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
+
+      // ---- S^T = K Q^T and dP^T = V dO^T for this warpgroup's 32 queries (two groups) -----------
+      float s_acc[kHalfQ / 2], dp_acc[kHalfQ / 2];
+      {
+        // Descriptors as base + offset (16-byte units); the opaque copies keep the compiler from
+        // hoisting loop-invariant 64-bit descriptors into registers.
+        uint64_t k_desc = make_desc(sK_u32, 16, 1024);
+        asm volatile("" : "+l"(k_desc));
+        uint64_t q_desc = make_desc(sQs_u32 + q_half0 * 128, 16, 1024);
+        asm volatile("" : "+l"(q_desc));
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+          const uint32_t koff = uint32_t((ks & 3) * 32);  // 16 columns = 32 bytes of the 128-byte row
+          wgmma_ss_m64n32k16<kBf16, 0, 0>(s_acc, k_desc + (((ks >> 2) * (BN * 128) + koff) >> 4),
+                                          q_desc + (((ks >> 2) * (BM * 128) + koff) >> 4), ks > 0 ? 1 : 0);
+        }
+        wg_commit();
+        uint64_t v_desc = make_desc(sV_u32, 16, 1024);
+        asm volatile("" : "+l"(v_desc));
+        uint64_t o_desc = make_desc(sdOs_u32 + q_half0 * 128, 16, 1024);
+        asm volatile("" : "+l"(o_desc));
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+          const uint32_t koff = uint32_t((ks & 3) * 32);
+          wgmma_ss_m64n32k16<kBf16, 0, 0>(dp_acc, v_desc + (((ks >> 2) * (BN * 128) + koff) >> 4),
+                                          o_desc + (((ks >> 2) * (BM * 128) + koff) >> 4), ks > 0 ? 1 : 0);
+        }
+        wg_commit();
       }
+
+      // ---- P^T, dS^T (s_acc[4t + 2hf + e2] is key n0 + key_loc0 + 8hf, query
+      //      i0 + q_half0 + 8t + col_base + e2)
+      p_and_ds<kQTiles, kDropout>(s_acc, dp_acc, S, transformed, S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1),
+                                  R.alibi ? -R.alibi_slope(b, h) * kBwdLog2eH : 0.0f, i0 + q_half0, n0 + key_loc0,
+                                  col_base, sL + st * BM + q_half0, sDs + st * BM + q_half0, keep);
+      // P^T, dS^T to shared memory (the previous step's products read them before its stage-read
+      // barrier): (key, queries q_half0 + 8t + col_base, +1) -> one 32-bit store each; the 16-byte
+      // chunk of query 8t' is chunk t' of the single 64-query panel.
+#pragma unroll
+      for (int t = 0; t < kQTiles; ++t)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int off = panel_offset(BN, key_loc0 + 8 * hf, (q_half0 >> 3) + t) + col_base;
+          *reinterpret_cast<uint32_t*>(sP + off) = Elem::pack(s_acc[4 * t + 2 * hf], s_acc[4 * t + 2 * hf + 1]);
+          *reinterpret_cast<uint32_t*>(sdS + off) = Elem::pack(dp_acc[4 * t + 2 * hf], dp_acc[4 * t + 2 * hf + 1]);
+        }
+      fence_proxy_async();  // P^T / dS^T stores (generic proxy) -> wgmma reads (async proxy)
+      named_sync<kMmaThreads>(kBarPdsReady);  // P^T / dS^T of both warpgroups in shared memory
+
+      // ---- dQ = dS K, dV += P^T dO, dK += dS^T Q ------------------------------------------------
+      {
+        uint64_t s_desc = make_desc(sdS_u32, BN * 128, 1024);  // dS: MN-major view of dS^T
+        asm volatile("" : "+l"(s_desc));
+        uint64_t kt_desc = make_desc(sK_u32 + mwg * kOwnPanels * (BN * 128), BN * 128, 1024);
+        asm volatile("" : "+l"(kt_desc));
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ++ks)
+#pragma unroll
+          for (int p = 0; p < kOwnPanels; ++p)
+            wgmma_ss_m64n64k16<kBf16, 1, 1>(dq_acc[p], s_desc + ((ks * 2048) >> 4),
+                                            kt_desc + ((p * (BN * 128) + ks * 2048) >> 4), ks > 0 ? 1 : 0);
+        wg_commit();
+        uint64_t p_desc = make_desc(sP_u32, 16, 1024);  // P^T, dS^T K-major (keys x queries)
+        asm volatile("" : "+l"(p_desc));
+        uint64_t ds_desc = make_desc(sdS_u32, 16, 1024);
+        asm volatile("" : "+l"(ds_desc));
+        uint64_t o_desc = make_desc(sdOs_u32 + mwg * kOwnPanels * (BM * 128), BM * 128, 1024);
+        asm volatile("" : "+l"(o_desc));
+        uint64_t q_desc = make_desc(sQs_u32 + mwg * kOwnPanels * (BM * 128), BM * 128, 1024);
+        asm volatile("" : "+l"(q_desc));
+#pragma unroll
+        for (int ks = 0; ks < BM / 16; ++ks)
+#pragma unroll
+          for (int p = 0; p < kOwnPanels; ++p)
+            wgmma_ss_m64n64k16<kBf16, 0, 1>(dv_acc[p], p_desc + ((ks * 32) >> 4),
+                                            o_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
+#pragma unroll
+        for (int ks = 0; ks < BM / 16; ++ks)
+#pragma unroll
+          for (int p = 0; p < kOwnPanels; ++p)
+            wgmma_ss_m64n64k16<kBf16, 0, 1>(dk_acc[p], ds_desc + ((ks * 32) >> 4),
+                                            q_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
+        wg_commit();
+      }
+      if constexpr (kDropout) {
+        if (s + 1 < steps) step_keep(s + 1);
+      }
+      wg_wait<0>();
+#pragma unroll
+      for (int p = 0; p < kOwnPanels; ++p) fence_regs(dq_acc[p]), fence_regs(dv_acc[p]), fence_regs(dk_acc[p]);
+      named_sync<kMmaThreads>(kBarStageRead);  // both warpgroups' products are done with the stage
+      stage_dq(st);
+      fence_proxy_async();  // staging stores (generic proxy) -> the bulk reduce's reads (async proxy)
+      named_arrive<kDqSyncThreads>(kBarDqFull + st);
     }
   }
 
-  // ---- epilogue: columns [128 wg, +128) -----------------------------------------------------------
-  store_dk_dv<kOwnPanels, Elem>(a, b, kvh, lk, n0 + key_loc0, wg * kOwnPanels, col_base, dk_acc, dv_acc);
+  // ---- epilogue: columns [128 mwg, +128) ----------------------------------------------------------
+  store_dk_dv<kOwnPanels, Elem>(a, b, kvh, lk, n0 + key_loc0, mwg * kOwnPanels, col_base, dk_acc, dv_acc);
 #else
   if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0)
     printf("flashport: the Hopper backward kernel needs sm_90a\n");
@@ -1043,7 +1026,7 @@ const char* hopper_bwd_name(int d) {
 
 // Query blocks per sequence of the instance (the semaphores of deterministic mode per (b, h)).
 int64_t hopper_bwd_m_blocks(const Problem& p) {
-  const int bucket = hopper_head_bucket(p);
+  const int bucket = hopper_bwd_head_bucket(p);
   const int bm = bucket == 256 ? HopperBwdTileD256::kBlockM : HopperBwdTile::block_m(bucket);
   return (p.seq.sq + bm - 1) / bm;
 }
@@ -1059,9 +1042,9 @@ bool hopper_bwd_plan(const BwdProblem& bp, Plan* plan) {
   const Problem& p = bp.fwd;
   *plan = Plan{};
   plan->workspace_bytes = hopper_bwd_workspace(bp).total;
-  const int bucket = hopper_head_bucket(p);
+  const int bucket = hopper_bwd_head_bucket(p);
   std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:%s%s:%s", hopper_bwd_name(bucket),
-                p.dtype == FP_BF16 ? "bf16" : "fp16", HopperDimsTag(p).text,
+                p.dtype == FP_BF16 ? "bf16" : "fp16", HopperDimsTag(p, bucket).text,
                 bp.deterministic ? "deterministic" : "atomic-dq");
   plan->num_splits = 1;
   plan->kernel_id = kKernelHopperBwd;
@@ -1083,7 +1066,7 @@ Status run_bwd_hopper(const BwdProblem& bp, const Plan& plan, void* workspace, g
 
   if (gpuError_t e = launch_bwd_preprocess(a, stream); e != gpuSuccess)
     return {FP_ERR_RUNTIME, std::string("cuda backend: backward preprocess launch: ") + gpuGetErrorString(e)};
-  const int bucket = hopper_head_bucket(p);  // the instance; smaller head dims run padded
+  const int bucket = hopper_bwd_head_bucket(p);  // the instance; smaller head dims run padded
   const int block_n = hopper_bwd_block_n(bucket);
   const int64_t key_blocks = (p.seq.sk + block_n - 1) / block_n;
   if (key_blocks > 0 && p.hkv > 0) {

@@ -6,18 +6,20 @@
 // plans the call.
 //
 // Scope (everything else declined here, never ignored): fp16/bf16, head dims D, Dv <= 256 in
-// multiples of 8 (any pair: instances for 64, 128, 256 as the forward's hopper_head_bucket picks
-// them, smaller dims padded inside the kernel: its copies zero-fill the columns past D and Dv, its
+// multiples of 8 (any pair: instances for 64, 128, 256, hopper_bwd_head_bucket; smaller dims,
+// 192 among them, padded inside the kernel: its copies zero-fill the columns past D and Dv, its
 // stores skip them), batched or varlen q/k/v/dout with 16-byte aligned rows and strides,
 // seqused_k, causal (both alignments), sliding windows, softcap (with its derivative), ALiBi,
 // sinks (d_sinks by the shared conversion step), GQA/MQA (dK/dV summed over the group in
 // registers), dropout (the keep mask replayed: dropout_hopper.cuh), dQ by bulk reduces in any
 // order or, in deterministic mode, in a fixed order per query block (semaphores in the workspace:
-// dq_sema in bwd_hopper.cu). The 256 instance is its own kernel (HopperBwdTileD256).
+// dq_sema in bwd_hopper.cu). The 256 instance is its own kernel (HopperBwdTileD256), with the same
+// warp-specialised roles.
 // Declined: FLASHPORT_HOPPER_BWD=0 (the user's kill switch), head dims above 256 or not multiples
 // of 8 (rows of such dims have 16-byte strides only in padded layouts), unaligned tensors, devices
 // other than sm_90.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -66,27 +68,41 @@ struct HopperBwdTile {
 
 // D256 (bwd_hopper.cu, bwd_hopper_d256_kernel): dK and dV of 64 keys x 256 columns would need 256
 // fp32 accumulator registers per thread in one warpgroup, so a block owns BN = 64 keys and the two
-// warpgroups split the head dim: warpgroup w keeps columns [128w, 128w + 128) of both dK and dV
-// (64 + 64 registers). Per step of BM = 64 queries, warpgroup w computes S^T and dP^T for queries
-// [32w, 32w + 32) (all 64 keys), P^T and dS^T go through shared memory (bf16/fp16, 8 KB each), and
-// dV, dK (A = P^T / dS^T from shared memory) and dQ (columns [128w, 128w + 128)) run on wgmma SS.
-// dQ through shared memory: Q and dO of a buffer sit next to each other (64 KB); once both
-// warpgroups' dV/dK are done with them they hold the step's fp32 dQ (64 x 256, row-major,
-// unpadded: each quad rotates its 8-column chunks so a warp's stores hit every bank twice), added
-// into the workspace by one cp.reduce.async.bulk per query row (1 KB) issued while the next step's
-// S^T/dP^T run. Measured on the H100: 1.08-1.32x FA2, against 0.93-1.17x with red.v4 atomics
-// (bench/results/HISTORY.md).
+// MMA warpgroups split the head dim: MMA warpgroup w keeps columns [128w, 128w + 128) of both dK
+// and dV (64 + 64 registers). Warp-specialised as HopperBwdTile (same roles, thread count, register
+// split, ring depth): the producer warpgroup copies K, V once, its warps 0-2 each step's Q, dO,
+// LSE2, D into the 2-stage ring, its warp 3 adds each step's dQ into the workspace (one bulk
+// reduce of the 64 KB tile, one per row for padded head dims); the MMA warpgroups sync on named
+// barriers only. Per step of BM = 64
+// queries, MMA warpgroup w computes S^T and dP^T for queries [32w, 32w + 32) (all 64 keys), P^T
+// and dS^T go through shared memory (bf16/fp16, 8 KB each), and dQ (columns [128w, 128w + 128)),
+// dV, dK (A = P^T / dS^T from shared memory) run on wgmma SS. dQ staging: a stage's Q and dO sit
+// next to each other (64 KB); once both MMA warpgroups' products are done with them they hold the
+// step's fp32 dQ (64 x 256, row-major, unpadded: each quad rotates its 8-column chunks so a warp's
+// stores hit every bank twice), and the writer hands the stage back to the loaders once the copy
+// engine has read it (no room for separate staging: 64 KB more would be 280 KB).
 struct HopperBwdTileD256 {
   static constexpr int kD = 256;
   static constexpr int kBlockN = 64;
   static constexpr int kBlockM = 64;
-  static constexpr int kThreads = 256;
-  // K, V; Q and dO double-buffered; P^T and dS^T; LSE2 and D double-buffered; + 1024 atom
-  // alignment slack: 210,944 bytes.
+  static constexpr int kThreads = HopperBwdTile::kThreads;
+  static constexpr int kLoaders = HopperBwdTile::kLoaders;
+  static constexpr int kStages = HopperBwdTile::kStages;
+  static constexpr int kProducerRegs = HopperBwdTile::kProducerRegs, kMmaRegs = HopperBwdTile::kMmaRegs;
+  // K, V; the Q and dO ring; P^T and dS^T; the LSE2 and D ring; mbarriers (full and empty per
+  // stage, K/V landed); + 1024 atom alignment slack: 215,080 bytes.
   static constexpr int smem_bytes() {
-    return (2 * kBlockN * kD + 4 * kBlockM * kD + 2 * kBlockN * kBlockM) * 2 + 4 * kBlockM * 4 + 1024;
+    return (2 * kBlockN * kD + 2 * kStages * kBlockM * kD + 2 * kBlockN * kBlockM) * 2 + 2 * kStages * kBlockM * 4 +
+           8 * (2 * kStages + 1) + 1024;
   }
 };
+// The backward's instance of a call: the smallest of 64, 128, 256 holding both head dims. The
+// forward's 192 bucket (hopper_head_bucket) has no backward instance: dims in (128, 256] run padded
+// in the 256 one.
+inline int hopper_bwd_head_bucket(const Problem& p) {
+  const int64_t m = std::max(p.d, p.dv);
+  return m <= 64 ? 64 : m <= 128 ? 128 : 256;
+}
 inline constexpr int hopper_bwd_block_n(int d) { return d == 256 ? HopperBwdTileD256::kBlockN : HopperBwdTile::kBlockN; }
 inline constexpr int hopper_bwd_smem_bytes(int d) {
   return d == 256 ? HopperBwdTileD256::smem_bytes() : HopperBwdTile::smem_bytes(d);
@@ -131,7 +147,7 @@ inline std::string hopper_bwd_check(const BwdProblem& bp, int arch, int smem_opt
   if (!aligned) return "hopper backward: q/k/v/dout rows or strides not 16-byte aligned";
   if (p.seq.batch > 65535 || p.hkv > 65535) return "hopper backward: grid too large (batch, kv heads <= 65535)";
   if (p.seq.sq > 0x3fffffff || p.seq.sk > 0x3fffffff) return "hopper backward: sequence lengths must fit int32";
-  const int bucket = hopper_head_bucket(p);
+  const int bucket = hopper_bwd_head_bucket(p);
   if (hopper_bwd_smem_bytes(bucket) > smem_optin) return "hopper backward: shared memory";
   const BwdKernelInfo ki = hopper_bwd_info_for(bucket, p.dtype == FP_BF16, p.device_index);
   if (ki.status != gpuSuccess) return std::string("hopper backward: no kernel image: ") + gpuGetErrorString(ki.status);

@@ -163,7 +163,7 @@ KernelInfo hopper_fwd_kernel_info(int device) {
 }
 
 template <int D, bool kBf16>
-gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, gpuStream_t stream) {
+gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, int32_t* tile_counter, gpuStream_t stream) {
   using Elem = std::conditional_t<kBf16, BFloat16, Half>;
   constexpr int64_t kBlockM = HopperTileV3::block_m(D);
   const int64_t m_blocks = (p.seq.sq + kBlockM - 1) / kBlockM;
@@ -179,6 +179,10 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, gpuSt
   // each, or the plan's persistent grid walking them.
   prm.work_tiles = int32_t(m_blocks * p.hq * p.seq.batch * std::max(a.splits, 1));
   const unsigned blocks = grid > 0 && grid < prm.work_tiles ? unsigned(grid) : unsigned(prm.work_tiles);
+  if (tile_counter != nullptr && blocks < unsigned(prm.work_tiles)) {
+    if (const gpuError_t e = cudaMemsetAsync(tile_counter, 0, sizeof(int32_t), stream); e != gpuSuccess) return e;
+    prm.tile_counter = tile_counter;
+  }
   const int threads = HopperTileV3::threads(D), smem = HopperTileV3::smem_bytes(D);
   if (rows)  // the candidate declines row copies with dropout
     sm90::fwd_hopper_v3_kernel<D, Elem, false, true><<<blocks, threads, smem, stream>>>(prm);
@@ -191,10 +195,11 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, gpuSt
 
 #define FP_INSTANTIATE_HOPPER(D, bf16)                       \
   template KernelInfo hopper_fwd_kernel_info<D, bf16>(int); \
-  template gpuError_t launch_hopper_fwd<D, bf16>(const Problem&, const FwdArgs&, int, gpuStream_t);
+  template gpuError_t launch_hopper_fwd<D, bf16>(const Problem&, const FwdArgs&, int, int32_t*, gpuStream_t);
 #define FP_INSTANTIATE_HOPPER_D(D) FP_INSTANTIATE_HOPPER(D, false) FP_INSTANTIATE_HOPPER(D, true)
 FP_INSTANTIATE_HOPPER_D(64)
 FP_INSTANTIATE_HOPPER_D(128)
+FP_INSTANTIATE_HOPPER_D(192)
 FP_INSTANTIATE_HOPPER_D(256)
 
 }  // namespace flashport::gpu

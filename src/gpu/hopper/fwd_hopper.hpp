@@ -4,7 +4,7 @@
 // (FLASHPORT_WITH_HOPPER_FWD).
 //
 // Scope (everything else is declined here, never ignored): fp16/bf16, head dims D, Dv <= 256 (any
-// pair: instances for 64, 128, 256, smaller dims padded inside the kernel; 16-byte strides),
+// pair: instances for 64, 128, 192, 256, smaller dims padded inside the kernel; 16-byte strides),
 // batched or varlen (packed) q/k/v with 16-byte aligned rows and strides, causal (both
 // alignments), sliding windows, GQA/MQA, LSE, softcap, ALiBi, sinks; split-KV (partials in the
 // workspace, then the combine kernel; hopper_fwd_candidate picks the count); KV caches:
@@ -41,13 +41,13 @@ namespace flashport::gpu {
 // D64: three consumers (BM = 192, 160 registers each): a 64-wide head dim gives each key tile
 // little tensor-core work per softmax, so a third warpgroup keeps the tensor cores fed where
 // two ping-ponging ones leave them idle (FlashAttention-3 picks 192 rows at D64 too).
-// D128, D256: two consumers (BM = 128, 240 registers) taking turns at the tensor cores (ping-pong).
+// D128, D192, D256: two consumers (BM = 128, 240 registers) taking turns at the tensor cores (ping-pong).
 struct HopperTileV3 {
   static constexpr int consumers(int d) { return d == 64 ? 3 : 2; }
   static constexpr int block_m(int d) { return 64 * consumers(d); }
   static constexpr int threads(int d) { return 128 * (consumers(d) + 1); }
   // K/V ring depth: 4 at D64 (16 KB tiles; +3-5% at S >= 4k over 2 on the H100), 2 otherwise (the
-  // 32 KB D128 / D256 tiles leave no room for more next to Q).
+  // 32 KB D128 / D256 and 24 KB D192 tiles leave no room for more next to Q).
   static constexpr int stages(int d) { return d == 64 ? 4 : 2; }
   // The producer gives back what the consumers take: launch registers 65536 / threads
   // (168 or 128), producer 24, consumers 240 (2 x 72 <= 144) or 160 (3 x 32 <= 104).
@@ -58,14 +58,19 @@ struct HopperTileV3 {
   static constexpr int consumer_regs(int d, bool kv_rows) {
     return consumers(d) == 3 ? 160 : kv_rows ? 232 : 240;
   }
-  static constexpr int block_n(int d) { return d == 256 ? 64 : 128; }
-  // full/empty Q, full/empty x K/V x stages, and `v_tail_zeroed` (KV-cache calls: the first V
-  // tile's rows past the keys are zeroed before P V reads them).
-  static constexpr int barrier_bytes(int d) { return 8 * (3 + 4 * stages(d)); }
+  // Key tile: 128 up to D128; 96 at D192 (230,528 bytes: the most that fits next to Q and the O
+  // staging), 64 at D256. With 96, pages of 64, 128, 256 rows do not tile a key tile with TMA boxes:
+  // row copies (dropout: declined, the mma.sync kernel runs them).
+  static constexpr int block_n(int d) { return d == 192 ? 96 : d == 256 ? 64 : 128; }
+  // full/empty Q, full/empty x K/V x stages, `v_tail_zeroed` (KV-cache calls: the first V tile's
+  // rows past the keys are zeroed before P V reads them), and the dynamic walk's two tile-id slots
+  // (full/empty each, and the ids: 8 bytes).
+  static constexpr int barrier_bytes(int d) { return 8 * (8 + 4 * stages(d)); }
   // O leaves through shared memory (HopperRows::epilogue): each consumer warpgroup stages its 64
-  // rows, kOutStageRowBytes per row and pass (16-bit O: one pass up to D128, two at D256; fp32
-  // split-KV partials: one pass per 64 columns). 16 KB per consumer fits next to every ring:
-  // D64 205,976 bytes, D128 197,720, D256 230,488 of the 232,448 an H100 block may opt in to.
+  // rows, kOutStageRowBytes per row and pass (16-bit O: one pass up to D128, three of 64 columns at
+  // D192, two at D256; fp32 split-KV partials: one pass per 64 columns). 16 KB per consumer fits next
+  // to every ring: D64 206,016 bytes, D128 197,760, D192 230,528, D256 230,528 of the 232,448 an H100
+  // block may opt in to.
   static constexpr int kOutStageRowBytes = 256;
   static constexpr int out_stage_bytes(int d) { return consumers(d) * 64 * kOutStageRowBytes; }
   static constexpr int smem_bytes(int d) {
@@ -73,12 +78,13 @@ struct HopperTileV3 {
   }
 };
 
-// The kernel instance (head-dim bucket) of a call: the smallest of 64, 128, 256 holding both head
-// dims. Smaller dims run padded inside the kernel: TMA zero-fills the columns past D (and Dv), so
-// the padded products are exact, and the epilogue stores the Dv columns only.
+// The kernel instance (head-dim bucket) of a call: the smallest of 64, 128, 192, 256 holding both
+// head dims (192/128, DeepSeek-V3's prefill, runs the 192 instance). Smaller dims run padded inside
+// the kernel: TMA zero-fills the columns past D (and Dv), so the padded products are exact, and the
+// epilogue stores the Dv columns only. The backward has no 192 instance (hopper_bwd_head_bucket).
 inline int hopper_head_bucket(const Problem& p) {
   const int64_t m = std::max(p.d, p.dv);
-  return m <= 64 ? 64 : m <= 128 ? 128 : 256;
+  return m <= 64 ? 64 : m <= 128 ? 128 : m <= 192 ? 192 : 256;
 }
 
 #if defined(FLASHPORT_WITH_HOPPER_FWD)
@@ -88,7 +94,8 @@ KernelInfo hopper_fwd_kernel_info(int device);
 // sequence); with a.splits > 1 the partials land in a.ws_o / a.ws_lse and the caller launches
 // the combine after it. Encodes the kernel's three TMA maps (q, k, v) from the call.
 template <int D, bool kBf16>
-gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, gpuStream_t stream);
+// tile_counter: the dynamic walk's counter (4 bytes of workspace, zeroed here on `stream`), or null.
+gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, int32_t* tile_counter, gpuStream_t stream);
 // Empty when cuTensorMapEncodeTiled accepts the q/k/v views of the call (the rules it documents,
 // checked without encoding); otherwise why not.
 std::string hopper_tma_reason(const Problem& p, int splits);
@@ -97,26 +104,29 @@ inline KernelInfo hopper_info_for(int d, bool bf16, int dev) {
   switch (d) {
     case 64: return bf16 ? hopper_fwd_kernel_info<64, true>(dev) : hopper_fwd_kernel_info<64, false>(dev);
     case 128: return bf16 ? hopper_fwd_kernel_info<128, true>(dev) : hopper_fwd_kernel_info<128, false>(dev);
+    case 192: return bf16 ? hopper_fwd_kernel_info<192, true>(dev) : hopper_fwd_kernel_info<192, false>(dev);
     default: return bf16 ? hopper_fwd_kernel_info<256, true>(dev) : hopper_fwd_kernel_info<256, false>(dev);
   }
 }
-// grid: the plan's persistent block count (hopper_persistent_grid), 0 for one block per work tile.
-inline gpuError_t hopper_launch(const Problem& p, const FwdArgs& a, int grid, gpuStream_t s) {
+// grid: the plan's persistent block count (hopper_grid), 0 for one block per work tile; c: the
+// dynamic walk's counter or null.
+inline gpuError_t hopper_launch(const Problem& p, const FwdArgs& a, int grid, int32_t* c, gpuStream_t s) {
   const bool bf16 = p.dtype == FP_BF16;
   switch (hopper_head_bucket(p)) {
-    case 64: return bf16 ? launch_hopper_fwd<64, true>(p, a, grid, s) : launch_hopper_fwd<64, false>(p, a, grid, s);
-    case 128: return bf16 ? launch_hopper_fwd<128, true>(p, a, grid, s) : launch_hopper_fwd<128, false>(p, a, grid, s);
-    default: return bf16 ? launch_hopper_fwd<256, true>(p, a, grid, s) : launch_hopper_fwd<256, false>(p, a, grid, s);
+    case 64: return bf16 ? launch_hopper_fwd<64, true>(p, a, grid, c, s) : launch_hopper_fwd<64, false>(p, a, grid, c, s);
+    case 128: return bf16 ? launch_hopper_fwd<128, true>(p, a, grid, c, s) : launch_hopper_fwd<128, false>(p, a, grid, c, s);
+    case 192: return bf16 ? launch_hopper_fwd<192, true>(p, a, grid, c, s) : launch_hopper_fwd<192, false>(p, a, grid, c, s);
+    default: return bf16 ? launch_hopper_fwd<256, true>(p, a, grid, c, s) : launch_hopper_fwd<256, false>(p, a, grid, c, s);
   }
 }
 #endif
 
-// The head dims of a call run padded inside its instance, as the Hopper plans' names show them
-// (":d96_dv96"); empty when the call's dims are the instance's.
+// The head dims of a call run padded inside its instance (the forward's bucket, or the one given),
+// as the Hopper plans' names show them (":d96_dv96"); empty when the call's dims are the instance's.
 struct HopperDimsTag {
   char text[32] = "";
-  explicit HopperDimsTag(const Problem& p) {
-    const int bucket = hopper_head_bucket(p);
+  explicit HopperDimsTag(const Problem& p) : HopperDimsTag(p, hopper_head_bucket(p)) {}
+  HopperDimsTag(const Problem& p, int bucket) {
     if (p.d != bucket || p.dv != bucket) std::snprintf(text, sizeof(text), ":d%d_dv%d", int(p.d), int(p.dv));
   }
 };
@@ -168,23 +178,32 @@ inline bool decode_shaped(const Problem& p) {
   return p.seq.sq * gqa_pack(p) <= kTileConfigs[tile_id_for(std::max(p.d, p.dv), true)].block_m;
 }
 
-// Persistent grid: when every work tile of a call costs the same (no causal or window mask, every
-// sequence as long as the batched tensors, no split) and is short (at most 64 key tiles), one block
-// per resident slot walks the tiles (blockIdx.x, + gridDim.x, ...), so the producer loads the next
-// tile's Q and K/V while the consumers finish the current one instead of each block paying its own
-// start and end. Measured on the H100 (bf16, interleaved A/B): +4-11% at S = 1k, +2-4% at 4k, -0.5
-// to -2.7% at 16k (hence the length limit). Calls whose tiles differ keep one block per tile: the
-// hardware then hands the next tile to whichever slot frees first (a static walk measured up to
-// 46% slower on causal calls: HISTORY.md). Returns the block count, or 0 for one block per tile.
-inline int hopper_persistent_grid(const Problem& p, int splits, int64_t slots) {
+// Persistent grids: with more work tiles than resident slots, one block per slot walks the tiles,
+// so the producer loads the next tile's Q and K/V while the consumers finish the current one
+// instead of each block paying its own start and end.
+//   Static walk (blockIdx.x, + gridDim.x, ...) when every tile costs the same (no causal or window
+//   mask, every sequence as long as the batched tensors, no split) and is short (at most 64 key
+//   tiles). Measured on the H100 (bf16, interleaved A/B): +4-11% at S = 1k, +2-4% at 4k, -0.5 to
+//   -2.7% at 16k (hence the length limit; longer ones keep one block per tile).
+//   Dynamic walk for calls whose tiles differ (causal, windows, varlen, caches, splits): each block
+//   takes its next tile from a counter in the workspace (zeroed by the launch), in the order of the
+//   tile index (heaviest query blocks of a head first), as the hardware hands blocks to free slots;
+//   a static walk of such tiles measured up to 46% slower (HISTORY.md).
+struct HopperGrid {
+  int blocks = 0;        // 0: one block per work tile
+  bool dynamic = false;  // the walk takes tiles from the workspace's counter
+};
+inline HopperGrid hopper_grid(const Problem& p, int splits, int64_t slots) {
   constexpr int64_t kMaxKeyTiles = 64;
   const int d = hopper_head_bucket(p);
+  const int64_t bm = HopperTileV3::block_m(d);
+  const int64_t tiles = (p.seq.sq + bm - 1) / bm * p.hq * p.seq.batch * std::max(splits, 1);
+  if (tiles <= slots) return {};
   const bool uniform = splits == 1 && p.rules.window_left < 0 && p.rules.window_right < 0 &&
                        p.seq.cu_q == nullptr && p.seq.cu_k == nullptr && !is_kv_cache_call(p);  // paged: a cache call
-  if (!uniform || (p.seq.sk + HopperTileV3::block_n(d) - 1) / HopperTileV3::block_n(d) > kMaxKeyTiles) return 0;
-  const int64_t bm = HopperTileV3::block_m(d);
-  const int64_t tiles = (p.seq.sq + bm - 1) / bm * p.hq * p.seq.batch;
-  return tiles > slots ? int(slots) : 0;
+  if (!uniform) return {int(slots), true};
+  if ((p.seq.sk + HopperTileV3::block_n(d) - 1) / HopperTileV3::block_n(d) > kMaxKeyTiles) return {};
+  return {int(slots), false};
 }
 
 // The Hopper candidate: empty string and *splits when the kernel runs the call, else the reason
@@ -194,7 +213,7 @@ inline int hopper_persistent_grid(const Problem& p, int splits, int64_t slots) {
 // kernel's work tiles (query blocks of block_m rows x heads x batch), key tiles (block_n) and occupancy
 // (SMs x blocks per SM).
 inline std::string hopper_fwd_candidate(const Problem& p, int arch, int sm_count, int smem_optin, int* splits,
-                                        int* grid) {
+                                        HopperGrid* grid) {
 #if !defined(FLASHPORT_WITH_HOPPER_FWD)
   (void)p, (void)arch, (void)sm_count, (void)smem_optin, (void)splits, (void)grid;
   return "hopper path: not built (90 not in CMAKE_CUDA_ARCHITECTURES)";
@@ -238,7 +257,7 @@ inline std::string hopper_fwd_candidate(const Problem& p, int arch, int sm_count
   if (n < 1 || n > kMaxSplits) return "hopper path: split count out of range";
   if (std::string why = hopper_tma_reason(p, n); !why.empty()) return why;
   *splits = n;
-  *grid = hopper_persistent_grid(p, n, int64_t(std::max(sm_count, 1)) * std::max(ki.blocks_per_sm, 1));
+  *grid = hopper_grid(p, n, int64_t(std::max(sm_count, 1)) * std::max(ki.blocks_per_sm, 1));
   return std::string();
 #endif
 }

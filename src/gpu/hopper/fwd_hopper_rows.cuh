@@ -56,6 +56,12 @@ __device__ __forceinline__ void st_global_16(void* ptr, const uint4& v) {
 
 // One block's query rows [m0, m0 + BM) of (sequence b, head); this thread's two rows. BN: keys per
 // step. Tiles are numbered nb (keys [nb BN, nb BN + BN)); the visible ones are [n_lo, n_hi).
+// Query block mb starts at row mb BM, or, when the call's visible keys end at a right edge (causal,
+// windows with one), at mb BM - shift with shift = (-lq) mod BM: the blocks then end at the
+// sequence's last row and a partial block sits at its first rows, which see the fewest keys,
+// instead of its last (D64, BM = 192, causal S = 1k: 27 key tiles of work instead of 32). Rows
+// above the sequence (i < 0) are computed from zero-filled or neighbouring q rows and never stored;
+// each row's softmax and P V are its own.
 template <int BN>
 struct HopperRows {
   static constexpr int kNTiles = BN / 8;  // 8-key accumulator tiles per step
@@ -69,15 +75,17 @@ struct HopperRows {
   float mul, slope;
   float row_max[2], row_sum[2];
 
-  __device__ __forceinline__ HopperRows(const FwdArgs& args, int b_, int head_, int m0_, int block_rows, int row_loc)
-      : a(args), b(b_), head(head_), m0(m0_), row_loc0(row_loc) {
+  __device__ __forceinline__ HopperRows(const FwdArgs& args, int b_, int head_, int mb, int block_rows, int row_loc)
+      : a(args), b(b_), head(head_), row_loc0(row_loc) {
     const ScoreRules& R = a.rules;
     const FwdSeqLengths lengths(a, b);
     lq = lengths.lq, lk = lengths.lk;
     q_start = a.seq.q_start(b);
     rules = KernelScoreRules(R, lq, lk, a.scale_log2, a.softcap_in, a.softcap_out);
     const KernelScoreRules& S = rules;
-    i_min = m0;
+    const int shift = R.window_right >= 0 ? (block_rows - lq % block_rows) % block_rows : 0;
+    m0 = mb * block_rows - shift;
+    i_min = m0 > 0 ? m0 : 0;
     i_max = (m0 + block_rows < lq ? m0 + block_rows : lq) - 1;
     const int key_lo = S.vis_lo(i_min), key_hi = S.vis_hi(i_max);
     n_lo = key_lo / BN;
@@ -218,19 +226,20 @@ struct HopperRows {
       lse[hf] = l > 0.0f ? (mx + __log2f(l)) * kLn2 : -INFINITY;
     }
     const int wg_row0 = row_loc0 & ~63;       // this warpgroup's first row in the block
-    const int rows = lq - (m0 + wg_row0);      // its rows inside the sequence (none when <= 0)
+    const int rows = lq - (m0 + wg_row0);      // its rows inside the sequence: [row_lo, rows)
+    const int row_lo = m0 + wg_row0 < 0 ? -(m0 + wg_row0) : 0;
     if (a.splits > 1) {
       const int64_t row0 = (int64_t(b) * a.hq + head) * a.seq.sq + m0 + wg_row0;
       float* part = a.ws_o + (int64_t(split) * a.ws_rows + row0) * a.dv;
       // The caller's workspace need not be 16-byte aligned (then 4-byte stores).
       if (((reinterpret_cast<uintptr_t>(a.ws_o) & 15) | uintptr_t(a.dv & 3)) == 0)
-        store_staged<Elem>(o, inv, part, a.dv, rows, a.dv, stage);
+        store_staged<Elem>(o, inv, part, a.dv, row_lo, rows, a.dv, stage);
       else
-        store_direct<Elem>(o, inv, part, a.dv, rows, a.dv, false);
+        store_direct<Elem>(o, inv, part, a.dv, row_lo, rows, a.dv, false);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = m0 + row_loc0 + hf * 8;
-        if (i < lq && (lane & 3) == 0) a.ws_lse[int64_t(split) * a.ws_rows + row0 + (row_loc0 & 63) + hf * 8] = lse[hf];
+        if (i >= 0 && i < lq && (lane & 3) == 0) a.ws_lse[int64_t(split) * a.ws_rows + row0 + (row_loc0 & 63) + hf * 8] = lse[hf];
       }
       return;
     }
@@ -238,33 +247,36 @@ struct HopperRows {
     typename Elem::T* dst =
         static_cast<typename Elem::T*>(a.out) + a.out_addr.at(b, q_start, m0 + wg_row0, head);
     if (a.out_vec16_ok)
-      store_staged<Elem>(o, inv, dst, a.out_addr.row_stride, rows, a.dv, stage);
+      store_staged<Elem>(o, inv, dst, a.out_addr.row_stride, row_lo, rows, a.dv, stage);
     else
-      store_direct<Elem>(o, inv, dst, a.out_addr.row_stride, rows, a.dv, a.out_vec_ok);
+      store_direct<Elem>(o, inv, dst, a.out_addr.row_stride, row_lo, rows, a.dv, a.out_vec_ok);
     if (a.lse != nullptr && (lane & 3) == 0) {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = m0 + row_loc0 + hf * 8;
-        if (i < lq) a.lse[a.lse_addr.at(b, q_start, head, i)] = lse[hf];
+        if (i >= 0 && i < lq) a.lse[a.lse_addr.at(b, q_start, head, i)] = lse[hf];
       }
     }
   }
 
   // This warpgroup's 64 x (kPanels * 64) tile of O (row hf of a thread scaled by inv[hf]), as Out
-  // (Elem::T or fp32), to rows dst + r * row_stride for r < rows, columns < cols, through the
+  // (Elem::T or fp32), to rows dst + r * row_stride for row_lo <= r < rows, columns < cols, through the
   // warpgroup's staging tile: the fragments go in (stmatrix for 16-bit, 8-byte stores for fp32),
   // then each thread stores whole 16-byte chunks of rows, so a warp's stores cover complete row
-  // segments. Staged rows hold kPassCols columns (kOutStageRowBytes at most); wider O goes in
-  // passes. 16-byte chunk c of staged row r sits at chunk c ^ (r % 8): the fragment writes (8 rows
-  // at one chunk) and the row reads (8 chunks of one row) hit every bank once per 128 bytes.
+  // segments. Staged rows hold kPassCols columns: as many whole panels as kOutStageRowBytes holds
+  // when they divide the tile's panels, else one (D192 16-bit: three passes of 64 columns); wider O
+  // goes in passes. 16-byte chunk c of staged row r sits at chunk c ^ (r % 8): the fragment writes
+  // (8 rows at one chunk) and the row reads (8 chunks of one row) hit every bank once per 128 bytes.
   // Needs dst and row_stride 16-byte aligned and cols a multiple of a chunk.
   template <typename Elem, typename Out, int kPanels>
   __device__ __forceinline__ static void store_staged(const float (&o)[kPanels][32], const float (&inv)[2], Out* dst,
-                                                      int64_t row_stride, int rows, int cols, const OutStage& stage) {
+                                                      int64_t row_stride, int row_lo, int rows, int cols,
+                                                      const OutStage& stage) {
     constexpr int kOutBytes = int(sizeof(Out));
     constexpr int kRowBytes = HopperTileV3::kOutStageRowBytes;
-    constexpr int kPassCols = kPanels * 64 * kOutBytes < kRowBytes ? kPanels * 64 : kRowBytes / kOutBytes;
-    constexpr int kPanelsPerPass = kPassCols / 64;
+    constexpr int kRowPanels = kRowBytes / (64 * kOutBytes);  // panels a staged row holds: 2 (16-bit), 1 (fp32)
+    constexpr int kPanelsPerPass = kPanels % kRowPanels == 0 ? kRowPanels : 1;
+    constexpr int kPassCols = kPanelsPerPass * 64;
     constexpr int kRowChunks = kPassCols * kOutBytes / 16;  // 16-byte chunks per staged row
     constexpr int kPitch = kRowChunks * 16;
     constexpr int kRowsPerStep = 128 / kRowChunks;          // a multiple of 8: one swizzle per thread
@@ -313,7 +325,8 @@ struct HopperRows {
 #pragma unroll
         for (int k = 0; k < 64 / kRowsPerStep; ++k) {
           const int r = read_row + k * kRowsPerStep;
-          if (r < rows) st_global_16(dst + r * row_stride + col, ld_shared_16(read_addr + k * kRowsPerStep * kPitch));
+          if (r >= row_lo && r < rows)
+            st_global_16(dst + r * row_stride + col, ld_shared_16(read_addr + k * kRowsPerStep * kPitch));
         }
       }
     }
@@ -324,11 +337,11 @@ struct HopperRows {
   // full-width tile keeps its unguarded, fully unrolled stores.
   template <typename Elem, typename Out, int kPanels>
   __device__ __forceinline__ void store_direct(const float (&o)[kPanels][32], const float (&inv)[2], Out* dst,
-                                               int64_t row_stride, int rows, int cols, bool pairs) const {
+                                               int64_t row_stride, int row_lo, int rows, int cols, bool pairs) const {
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int r = (row_loc0 & 63) + hf * 8;
-      if (r >= rows) continue;
+      if (r < row_lo || r >= rows) continue;
       Out* row = dst + r * row_stride;
       auto store = [&](auto guard) {
         constexpr bool kGuard = decltype(guard)::value;

@@ -2,7 +2,7 @@
 // Included by fwd_hopper.cu only (sm_90a object).
 //
 // Block = a producer warpgroup and 2 or 3 consumer warpgroups of 64 query rows (HopperTileV3:
-// BM = 128 at D128/D256, 192 at D64):
+// BM = 128 at D128/D192/D256, 192 at D64):
 //   warpgroup 0, the producer: drops to 24 registers (setmaxnreg; 40 in the paged row-copy instances,
 //     kKvRows: its 128 threads copy K/V rows with cp.async instead); one thread issues every copy
 //     as TMA (cp.async.bulk.tensor, 64-column boxes, 128B swizzle: the panel layout wgmma reads):
@@ -24,10 +24,12 @@
 //   sequence); each covers a contiguous range of the sequence's key tiles (HopperRows::
 //   clip_to_split) and stores its normalised fp32 partial and LSE in the workspace, every row,
 //   empty ranges too (LSE = -inf); the combine kernel merges them. Tiles stay independent.
-// Grid: one block per work tile (query block x [split x] head x sequence), or, for calls of short,
-//   equal tiles, one block per resident slot (hopper_persistent_grid in fwd_hopper.hpp). The loops
-//   below walk w = blockIdx.x, + gridDim.x, ..., so the ring and Q-round bookkeeping stays right
-//   for any grid, and the producer runs into the next tile while the consumers finish this one.
+// Grid: one block per work tile (query block x [split x] head x sequence), or one block per
+//   resident slot walking the tiles (hopper_grid in fwd_hopper.hpp): statically (w = blockIdx.x,
+//   + gridDim.x, ...) for calls of short, equal tiles, dynamically otherwise (the next tile from a
+//   counter in the workspace, taken by the producer and handed to every walking warp through
+//   shared memory). The ring and Q-round bookkeeping stays right for any walk, and the producer
+//   runs into the next tile while the consumers finish this one.
 #pragma once
 #include <cuda.h>
 
@@ -50,6 +52,10 @@ struct HopperV3Params {
   int32_t m_blocks = 0;    // query blocks per (head, sequence): ceil(Sq / BM)
   int32_t work_tiles = 0;  // m_blocks x splits x Hq x B; block i takes tiles i, i + gridDim.x, ...
   int32_t kv_box_rows = 0; // rows of one K/V box: the key tile, or a page when pages are smaller
+  // Dynamic persistent grid (hopper_grid in fwd_hopper.hpp): the call's tile counter in the
+  // workspace, zeroed before the launch; a block's next work tile is gridDim.x + atomicAdd(counter, 1).
+  // Null: the static walk w = blockIdx.x, + gridDim.x, ...
+  int32_t* tile_counter = nullptr;
   // KV-cache calls: cache rows past a sequence's keys hold whatever the caller left there (NaN
   // too), and P V would turn 0 x NaN into NaN, so warp 1 zeroes the V rows past the keys of each
   // work tile's first (tail) tile before the consumers read it. Rows past the tensor are zero-filled
@@ -95,6 +101,10 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
   auto empty_v = [&](int s) { return bars + 8u * uint32_t(1 + 3 * S + s); };
   const uint32_t empty_q = bars + 8u * uint32_t(1 + 4 * S);
   const uint32_t v_tail_zeroed = bars + 8u * uint32_t(2 + 4 * S);
+  // The dynamic walk's hand-over: two slots of tile ids, full (taken) / empty (read by every walker).
+  auto tile_full = [&](int s) { return bars + 8u * uint32_t(3 + 4 * S + s); };
+  auto tile_empty = [&](int s) { return bars + 8u * uint32_t(5 + 4 * S + s); };
+  const uint32_t tile_ids = bars + 8u * uint32_t(7 + 4 * S);
 
   const int tid = threadIdx.x, lane = tid & 31;
   const int wg = tid >> 7;           // 0: producer; 1..kConsumers: consumers
@@ -105,9 +115,9 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
   // query blocks first. (Query-block-major order -- each block in flight on its own head --
   // measured 0.61-0.96x of this order on the H100, worst at S = 1k: gpu_hopper_v3.md, run 2.)
   // Split-KV: the split index sits between the query block and the head.
-  auto decode = [&](int w, int& m0, int& head, int& b, int& split) {
+  auto decode = [&](int w, int& mb, int& head, int& b, int& split) {
     const int hsb = w / P.m_blocks, mb_rev = w - hsb * P.m_blocks;
-    m0 = (P.m_blocks - 1 - mb_rev) * BM;
+    mb = P.m_blocks - 1 - mb_rev;  // HopperRows places query block mb in its sequence
     const int hb = hsb / a.splits;
     split = hsb - hb * a.splits;
     head = hb % a.hq;
@@ -118,6 +128,13 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
     mbar_init(full_q, 1);
     mbar_init(empty_q, 4 * kConsumers);
     mbar_init(v_tail_zeroed, 1);
+    // The warps that read the walk's tile ids: every consumer warp and the producer warps that walk
+    // besides warp 0 (which takes them): 1-3 copying rows, or warp 1 zeroing V tails.
+    const uint32_t walkers = 4 * kConsumers + (kKvRows ? 3u : P.zero_v_tail ? 1u : 0u);
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(tile_full(s), 1);
+      mbar_init(tile_empty(s), walkers);
+    }
     const uint32_t kv_arrivals = kKvRows ? 128u : 1u;  // the producer's threads, or the TMA issuer
 #pragma unroll
     for (int s = 0; s < S; ++s) {
@@ -130,20 +147,47 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
   }
   __syncthreads();
 
-  // Both roles walk the same work tiles (blockIdx.x, + gridDim.x, ...: one per block unless the
-  // grid were persistent) and the same key tiles, so the ring position `it` and the Q round `qr`
-  // (work tiles with keys) advance identically on both sides. The producer's roles (the copies,
-  // the tail zeroing) visit only the tiles with keys: body(rows, m0, head, b), rows clipped to
-  // the tile's split.
+  // The block's walk over work tiles: blockIdx.x first; then, on a static grid, + gridDim.x each
+  // step; on a dynamic one (P.tile_counter), the tile producer warp 0 takes from the call's counter
+  // (lane 0) and hands to every other warp that walks through the two id slots in shared memory
+  // (tile_full / tile_empty), so all of them visit the same tiles in the same order. Walk step k
+  // (k = 0 for the tile after the first) uses slot k % 2 in round k / 2. The last id handed over
+  // is past the tiles: every walker stops on it.
+  auto take_next_tile = [&](int w, uint32_t k) -> int {  // warp 0, every lane
+    if (P.tile_counter == nullptr) return w + int(gridDim.x);
+    int next = 0;
+    if (lane == 0) {
+      next = int(gridDim.x) + atomicAdd(P.tile_counter, 1);
+      mbar_wait(tile_empty(int(k & 1)), ((k >> 1) & 1) ^ 1);
+      st_shared_s32(tile_ids + 4u * (k & 1), next);
+      mbar_arrive(tile_full(int(k & 1)));  // release: the id is visible to the waiters
+    }
+    return __shfl_sync(0xffffffffu, next, 0);
+  };
+  auto read_next_tile = [&](int w, uint32_t k) -> int {  // the other walkers, every lane of a warp
+    if (P.tile_counter == nullptr) return w + int(gridDim.x);
+    mbar_wait(tile_full(int(k & 1)), (k >> 1) & 1);
+    const int next = ld_shared_s32(tile_ids + 4u * (k & 1));
+    __syncwarp();
+    if (lane == 0) mbar_arrive(tile_empty(int(k & 1)));
+    return next;
+  };
+  auto next_tile = [&](int w, uint32_t k) { return tid < 32 ? take_next_tile(w, k) : read_next_tile(w, k); };
+
+  // Both roles walk the same work tiles and the same key tiles, so the ring position `it` and the
+  // Q round `qr` (work tiles with keys) advance identically on both sides. The producer's roles
+  // (the copies, the tail zeroing) visit only the tiles with keys: body(rows, m0, head, b), rows
+  // clipped to the tile's split.
   auto for_each_tile_with_keys = [&](auto&& body) {
-    for (int w = blockIdx.x; w < P.work_tiles; w += gridDim.x) {
-      int m0, head, b, split;
-      decode(w, m0, head, b, split);
-      Rows rows(a, b, head, m0, BM, 0);
+    uint32_t k = 0;
+    for (int w = blockIdx.x; w < P.work_tiles; w = next_tile(w, k++)) {
+      int mb, head, b, split;
+      decode(w, mb, head, b, split);
+      Rows rows(a, b, head, mb, BM, 0);
       if (rows.empty()) continue;
       rows.clip_to_split(split, a.splits);
       if (rows.n_hi - rows.n_lo <= 0) continue;
-      body(rows, m0, head, b);
+      body(rows, rows.m0, head, b);
     }
   };
   // The Q block of a work tile (one thread issues; the caller has waited for the Q buffer).
@@ -164,13 +208,16 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
       // tile's rows [w * kWarpRows, + kWarpRows). Lane i finds row i's cache offset once per tile
       // (its page id: one load per lane, issued before the slot wait); then each pass shuffles
       // kPassRows rows' offsets to the lanes copying them, adjacent lanes on adjacent chunks of a
-      // row, so a warp instruction reads whole 32-byte sectors (512 bytes). Rows past the keys
+      // row, so a warp instruction reads whole 32-byte sectors (512 bytes; 384 at D192). Rows past the keys
       // and chunks past the head dim (padded dims; the candidate wants dims of whole chunks) are
       // zero-filled without a read: no tail zeroing needed.
-      constexpr int kRowChunks = D / 8;               // 16-byte chunks per row: 8, 16, 32
-      constexpr int kPassRows = 32 / kRowChunks;      // rows per warp instruction: 4, 2, 1
-      constexpr int kWarpRows = BN / 4;               // 32, 32, 16
-      constexpr int kPasses = kWarpRows / kPassRows;  // 8, 16, 16
+      constexpr int kRowChunks = D / 8;               // 16-byte chunks per row: 8, 16, 24, 32
+      constexpr int kPassRows = 32 / kRowChunks;      // rows per warp instruction: 4, 2, 1, 1
+      constexpr int kWarpRows = BN / 4;               // 32, 32, 16, 16
+      constexpr int kPasses = kWarpRows / kPassRows;  // 8, 16, 16, 16
+      // D192: a row's 24 chunks take lanes 0..23 of a pass; lanes 24..31 copy nothing (their `sub`
+      // would name the pass's next row, which is another pass's).
+      constexpr int kCopyLanes = kPassRows * kRowChunks;
       // Pass j copies rows j * kPassRows + sub of the warp's part; warp parts start at multiples
       // of 8 rows and sub < kPassRows, so the row's swizzle term is sub ^ (j * kPassRows % 8):
       // kPatterns values. Passes run pattern by pattern, one destination register each.
@@ -180,6 +227,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
       const uint32_t lane_dst =
           uint32_t((chunk / 8) * (BN * 128) + (warp_row0 + sub) * 128 + (((chunk % 8) ^ sub) << 4));
       const bool k_chunk = chunk * 8 < a.d, v_chunk = chunk * 8 < a.dv;
+      const bool lane_copies = kCopyLanes == 32 || lane < kCopyLanes;
       // A row past the keys: zero-filled. Row byte offsets are multiples of 16 (16-byte strides),
       // so the odd marker is told apart by its low bit, and masking that bit leaves an address
       // inside the tensor (its first row) for the copy that does not read it.
@@ -195,15 +243,16 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
           for (int y = 0; y < kPasses / kPatterns; ++y) {
             const int64_t off = __shfl_sync(0xffffffffu, row_off, (x + y * kPatterns) * kPassRows + sub);
             const bool row_ok = (uint32_t(off) & uint32_t(kNoRow)) == 0;
-            cp_async_16_or_zeros(dst + uint32_t(y * 1024), col_base + (off & ~kNoRow), chunk_ok && row_ok);
+            if (lane_copies)
+              cp_async_16_or_zeros(dst + uint32_t(y * 1024), col_base + (off & ~kNoRow), chunk_ok && row_ok);
           }
         }
       };
       if (tid == 0) tma_prefetch_desc(&P.tq);
       uint32_t it = 0, qr = 0;
       for_each_tile_with_keys([&](const Rows& rows, int m0, int head, int b) {
-        // Q first: these KV-cache calls run one block per work tile (never the persistent grid),
-        // so the Q buffer is free at once and m0/head need no register past this point.
+        // Q first (once the previous work tile's last S is done), so m0/head need no register past
+        // this point.
         if (tid == 0) {
           mbar_wait(empty_q, (qr & 1) ^ 1);
           issue_q(rows, m0, head, b);
@@ -361,11 +410,11 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
       __syncwarp();
       if (lane == 0) mbar_arrive(bar);
     };
-    uint32_t it = 0, qr = 0, zeroed = 0;
-    for (int w = blockIdx.x; w < P.work_tiles; w += gridDim.x) {
-      int m0, head, b, split;
-      decode(w, m0, head, b, split);
-      Rows rows(a, b, head, m0, BM, row_loc);
+    uint32_t it = 0, qr = 0, zeroed = 0, k = 0;
+    for (int w = blockIdx.x; w < P.work_tiles; w = read_next_tile(w, k++)) {
+      int mb, head, b, split;
+      decode(w, mb, head, b, split);
+      Rows rows(a, b, head, mb, BM, row_loc);
       if (rows.empty()) continue;
       rows.clip_to_split(split, a.splits);
       const int n_hi = rows.n_hi, count = n_hi - rows.n_lo;

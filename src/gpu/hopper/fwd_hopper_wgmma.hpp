@@ -27,6 +27,24 @@ __device__ __forceinline__ void wgmma_ss_m64n128k16(float (&d)[64], uint64_t des
   }
 }
 
+// D[64 x 96] (+)= A[64 x 16] * B[16 x 96]; A and B K-major in shared memory.
+template <bool kBf16>
+__device__ __forceinline__ void wgmma_ss_m64n96k16(float (&d)[48], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  if constexpr (kBf16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, %48, %49, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, %48, %49, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  }
+}
+
 // D[64 x 64] (+)= A[64 x 16] * B[16 x 64]; A and B K-major in shared memory.
 template <bool kBf16>
 __device__ __forceinline__ void wgmma_ss_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
@@ -74,7 +92,7 @@ __device__ __forceinline__ void wgmma_rs_m64n64k16_tb(float (&d)[32], const uint
 // BN-row K tile (K-major both).
 template <int D, int BM, int BN, bool kBf16>
 __device__ __forceinline__ void issue_qk(float (&s)[BN / 2], uint32_t q_smem, uint32_t k_smem) {
-  static_assert(BN == 128 || BN == 64, "S tiles of 64 or 128 keys");
+  static_assert(BN == 128 || BN == 96 || BN == 64, "S tiles of 64, 96 or 128 keys");
   uint64_t q_desc = make_desc(q_smem, 16, 1024);
   asm volatile("" : "+l"(q_desc));
   uint64_t k_desc = make_desc(k_smem, 16, 1024);
@@ -85,6 +103,7 @@ __device__ __forceinline__ void issue_qk(float (&s)[BN / 2], uint32_t q_smem, ui
     const uint64_t da = q_desc + (((ks >> 2) * (BM * 128) + koff) >> 4);
     const uint64_t db = k_desc + (((ks >> 2) * (BN * 128) + koff) >> 4);
     if constexpr (BN == 128) wgmma_ss_m64n128k16<kBf16>(s, da, db, ks > 0 ? 1 : 0);
+    else if constexpr (BN == 96) wgmma_ss_m64n96k16<kBf16>(s, da, db, ks > 0 ? 1 : 0);
     else wgmma_ss_m64n64k16<kBf16>(s, da, db, ks > 0 ? 1 : 0);
   }
   wg_commit();
