@@ -15,6 +15,11 @@
 
 namespace flashport {
 
+// log2(e) and ln(2): the kernels' softmax runs in base 2 (exp2 of scores scaled by log2(e)); the
+// LSE they return is natural-log (the log2 sum times ln(2)).
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
 // tanh of a softcapped score. fp64 (reference): the library's. fp32 (kernels): through exp,
 // relative error ~1e-6; the MUFU tanh of fast-math is ~1e-3, too coarse for softcaps of 30-50
 // where it scales the score error.

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "bwd_harness.hpp"
+#include "scenarios.hpp"
 
 namespace gputest {
 namespace {
@@ -38,70 +39,26 @@ TEST(CudaBwd, ScalarPathForUnalignedHeadDims) {
 
 TEST(CudaBwd, DqDifferentFromDv) {
   SKIP_WITHOUT_GPU();
-  for (auto [d, dv] : {std::pair<int64_t, int64_t>{64, 32}, {128, 64}, {40, 200}, {192, 128}, {256, 8}}) {
-    Case c;
-    c.dtype = rand_dtype();
-    c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = dv, c.sq = 100, c.sk = 300;
-    c.causal = rand_int(0, 1);
+  for (auto [d, dv] : kDqDvPairs) {
+    Case c = rand_dtype_case();
+    set_dq_dv_case(c, d, dv);
     check_bwd(c);
   }
 }
 
 TEST(CudaBwd, GqaRatios) {
   SKIP_WITHOUT_GPU();
-  for (auto [hq, hkv] : {std::pair<int64_t, int64_t>{8, 8}, {8, 2}, {8, 1}, {12, 3}}) {
-    Case c;
-    c.dtype = rand_dtype();
-    c.batch = 2, c.hq = hq, c.hkv = hkv, c.d = 128, c.dv = 128, c.sq = rand_int(1, 300), c.sk = 517;
-    c.causal = rand_int(0, 1);
-    check_bwd(c);
-  }
+  for_each_gqa_case(rand_dtype_case, [](const Case& c) { check_bwd(c); });
 }
 
 TEST(CudaBwd, CausalBothAlignmentsAndWindows) {
   SKIP_WITHOUT_GPU();
-  for (bool top_left : {false, true}) {
-    for (auto [sq, sk] : {std::pair<int64_t, int64_t>{300, 300}, {100, 400}, {400, 100}, {1, 64}, {65, 1}}) {
-      Case c;
-      c.dtype = rand_dtype();
-      c.batch = 2, c.hq = 4, c.hkv = 2, c.d = 64, c.dv = 64, c.sq = sq, c.sk = sk;
-      c.causal = true, c.top_left = top_left;
-      check_bwd(c);
-      c.causal = false;
-      c.wl = static_cast<int32_t>(rand_int(0, 70)), c.wr = static_cast<int32_t>(rand_int(-1, 40));
-      check_bwd(c);
-      c.wr = 0;
-      check_bwd(c);
-    }
-  }
+  for_each_causal_window_case(rand_dtype_case, [](const Case& c) { check_bwd(c); });
 }
 
 TEST(CudaBwd, ScoreFeatures) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128, 256}) {
-    Case base;
-    base.dtype = rand_dtype();
-    base.batch = 2, base.hq = 4, base.hkv = 2, base.d = d, base.dv = d, base.sq = 150, base.sk = 333;
-    Case c = base;
-    c.softcap = 30.0f, c.input_std = 3.0;
-    check_bwd(c);
-    c = base;
-    c.alibi = true, c.causal = true;
-    check_bwd(c);
-    c = base;
-    c.alibi = true, c.alibi_per_batch = true;
-    check_bwd(c);
-    c = base;
-    c.sinks = true;
-    check_bwd(c);
-    c = base;
-    c.sinks = true, c.causal = true, c.sq = 400, c.sk = 100;  // rows with no key: sink only
-    check_bwd(c);
-    c = base;
-    c.scale = 0.3f;
-    c.softcap = 5.0f, c.alibi = true, c.sinks = true, c.causal = true, c.wl = 50;
-    check_bwd(c);
-  }
+  for_each_score_feature_case(rand_dtype_case, [](const Case& c) { check_bwd(c); });
 }
 
 TEST(CudaBwd, RowsWithoutKeys) {
@@ -124,13 +81,10 @@ TEST(CudaBwd, DropoutReplayFromDeviceRngState) {
 
 TEST(CudaBwd, DropoutReplay) {
   SKIP_WITHOUT_GPU();
-  for (float p : {0.1f, 0.5f}) {
+  for (float p : kDropoutRates) {
     for (int64_t d : {64, 128}) {
-      Case c;
-      c.dtype = rand_dtype();
-      c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = d, c.sq = 130, c.sk = 260;
-      c.dropout = p;
-      c.causal = rand_int(0, 1);
+      Case c = rand_dtype_case();
+      set_dropout_bwd_case(c, d, p);
       check_bwd(c);
     }
   }

@@ -19,6 +19,7 @@
 #include "bwd_harness.hpp"
 #include "core/config.hpp"
 #include "core/philox.hpp"
+#include "scenarios.hpp"
 
 namespace gputest {
 namespace {
@@ -56,9 +57,8 @@ void check_bwd_hopper(const Case& c) {
 
 TEST(CudaHopperDropoutFwd, ForwardAgainstReference) {
   SKIP_WITHOUT_GPU();
-  struct W { bool causal, top_left; int wl, wr; };
   for (int64_t d : {64, 128, 192, 256}) {
-    for (float p : {0.1f, 0.5f}) {
+    for (float p : kDropoutRates) {
       // Head dims, GQA, odd lengths (tails of query blocks and key tiles in both directions).
       for (auto [sq, sk] : {std::pair<int64_t, int64_t>{129, 257}, {300, 333}, {77, 1025}, {1025, 77}}) {
         Case c;
@@ -69,20 +69,18 @@ TEST(CudaHopperDropoutFwd, ForwardAgainstReference) {
       }
     }
     // Causal in both alignments and windows.
-    for (W w : {W{true, false, -1, -1}, W{true, true, -1, -1}, W{false, false, 100, 0}, W{false, false, 37, 200}}) {
+    for (const MaskVariant& w : mask_variants(4)) {
       Case c;
       c.dtype = rand_dtype();
       c.batch = 2, c.hq = 3, c.hkv = 1, c.d = d, c.dv = d, c.sq = 700, c.sk = 500, c.dropout = 0.2f;
-      c.causal = w.causal, c.top_left = w.top_left, c.wl = w.wl, c.wr = w.wr;
+      w.apply(c);
       check_fwd(c);
     }
     // Varlen: empty sequences, one-row sequences, per-sequence key tails.
     Case v;
     v.dtype = rand_dtype();
-    v.varlen = true;
+    set_awkward_varlen(v);
     v.hq = 4, v.hkv = 2, v.d = d, v.dv = d, v.dropout = 0.3f;
-    v.lq = {1, 3, 113, 1025, 200, 0, 130};
-    v.lk = {1, 113, 3, 1025, 700, 5, 0};
     v.causal = true;
     check_fwd(v);
     // Score features with dropout: softcap, ALiBi, sinks (the sink is never dropped).
@@ -135,20 +133,19 @@ TEST(CudaHopperDropoutFwd, ForwardSplitsCachesAndDeviceRng) {
 
 TEST(CudaHopperDropoutBwd, BackwardAgainstReference) {
   SKIP_WITHOUT_GPU();
-  struct W { bool causal, top_left; int wl, wr; };
   for (int64_t d : {64, 128, 256}) {
-    for (float p : {0.1f, 0.5f})
+    for (float p : kDropoutRates)
       for (auto [sq, sk] : {std::pair<int64_t, int64_t>{129, 257}, {300, 200}, {65, 63}}) {
         Case c;
         c.dtype = rand_dtype();
         c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = d, c.sq = sq, c.sk = sk, c.dropout = p;
         check_bwd_hopper(c);
       }
-    for (W w : {W{true, false, -1, -1}, W{true, true, -1, -1}, W{false, false, 100, 0}}) {
+    for (const MaskVariant& w : mask_variants(3)) {
       Case c;
       c.dtype = rand_dtype();
       c.batch = 2, c.hq = 2, c.hkv = 1, c.d = d, c.dv = d, c.sq = 400, c.sk = 300, c.dropout = 0.2f;
-      c.causal = w.causal, c.top_left = w.top_left, c.wl = w.wl, c.wr = w.wr;
+      w.apply(c);
       check_bwd_hopper(c);
     }
     Case v;

@@ -20,6 +20,7 @@
 #include "bwd_harness.hpp"
 #include "core/score_rules.hpp"
 #include "gpu/f32/tf32_frag.hpp"
+#include "scenarios.hpp"
 
 namespace gputest {
 namespace {
@@ -303,26 +304,23 @@ TEST(CudaF32Fwd, HeadDimsAndOddLengths) {
 
 TEST(CudaF32Fwd, DqDifferentFromDvAndGqa) {
   SKIP_WITHOUT_GPU();
-  for (auto [d, dv] : {std::pair<int64_t, int64_t>{64, 32}, {128, 64}, {40, 200}, {192, 128}, {256, 8}, {3, 77}}) {
+  for (auto [d, dv] : kDqDvPairs) {
     Case c = f32_case();
-    c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = dv, c.sq = 100, c.sk = 300;
-    c.causal = rand_int(0, 1);
+    set_dq_dv_case(c, d, dv);
     check_f32(c);
   }
-  for (auto [hq, hkv] : {std::pair<int64_t, int64_t>{8, 8}, {8, 2}, {8, 1}, {12, 3}}) {
-    Case c = f32_case();
-    c.batch = 2, c.hq = hq, c.hkv = hkv, c.d = 128, c.dv = 128, c.sq = rand_int(1, 300), c.sk = 517;
-    c.causal = rand_int(0, 1);
-    check_f32(c);
-  }
+  Case odd = f32_case();  // odd head dims: D = 3, Dv = 77
+  set_dq_dv_case(odd, 3, 77);
+  check_f32(odd);
+  for_each_gqa_case(f32_case, check_f32);
 }
 
 TEST(CudaF32Fwd, CausalBothAlignmentsAndWindows) {
   SKIP_WITHOUT_GPU();
   for (bool top_left : {false, true}) {
-    for (auto [sq, sk] : {std::pair<int64_t, int64_t>{300, 300}, {100, 400}, {400, 100}, {1, 64}, {65, 1}}) {
+    for (auto [sq, sk] : kCausalWindowShapes) {
       Case c = f32_case();
-      c.batch = 2, c.hq = 4, c.hkv = 2, c.d = 64, c.dv = 64, c.sq = sq, c.sk = sk;
+      set_causal_window_shape(c, sq, sk);
       c.causal = true, c.top_left = top_left;
       check_f32(c);
       c.wl = static_cast<int32_t>(rand_int(0, 70));  // causal ∧ window
@@ -336,29 +334,7 @@ TEST(CudaF32Fwd, CausalBothAlignmentsAndWindows) {
 
 TEST(CudaF32Fwd, ScoreFeatures) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128, 256}) {
-    Case base = f32_case();
-    base.batch = 2, base.hq = 4, base.hkv = 2, base.d = d, base.dv = d, base.sq = 150, base.sk = 333;
-    Case c = base;
-    c.softcap = 30.0f, c.input_std = 3.0;
-    check_f32(c);
-    c = base;
-    c.alibi = true, c.causal = true;
-    check_f32(c);
-    c = base;
-    c.alibi = true, c.alibi_per_batch = true;
-    check_f32(c);
-    c = base;
-    c.sinks = true;
-    check_f32(c);
-    c = base;
-    c.sinks = true, c.causal = true, c.sq = 400, c.sk = 100;  // rows with no key: sink only
-    check_f32(c);
-    c = base;
-    c.scale = 0.3f;
-    c.softcap = 5.0f, c.alibi = true, c.sinks = true, c.causal = true, c.wl = 50;
-    check_f32(c);
-  }
+  for_each_score_feature_case(f32_case, check_f32);
 }
 
 TEST(CudaF32Fwd, RowsWithoutKeysGetZeroAndMinusInf) {
@@ -371,11 +347,10 @@ TEST(CudaF32Fwd, RowsWithoutKeysGetZeroAndMinusInf) {
 
 TEST(CudaF32Fwd, Dropout) {
   SKIP_WITHOUT_GPU();
-  for (float p : {0.1f, 0.5f}) {
+  for (float p : kDropoutRates) {
     for (int64_t d : {64, 128, 256}) {
       Case c = f32_case();
-      c.batch = 2, c.hq = 4, c.hkv = 1, c.d = d, c.dv = d, c.sq = 131, c.sk = 257, c.dropout = p;
-      c.causal = d == 128;
+      set_dropout_fwd_case(c, d, p);
       check_f32(c);
       c.sq = 1;
       c.rng_on_device = true;
@@ -399,22 +374,7 @@ TEST(CudaF32Fwd, NoLseAndStridedTensors) {
 
 TEST(CudaF32Fwd, VarlenAndSplitKv) {
   SKIP_WITHOUT_GPU();
-  for (int rep = 0; rep < 4; ++rep) {
-    Case c = f32_case();
-    c.varlen = true;
-    const int64_t nb = rand_int(1, 5);
-    for (int64_t b = 0; b < nb; ++b) {
-      c.lq.push_back(rand_int(1, 300));
-      c.lk.push_back(rand_int(1, 400));
-    }
-    c.hq = 4, c.hkv = rep % 2 ? 1 : 4, c.d = rep < 2 ? 64 : 128, c.dv = c.d;
-    c.causal = rep & 1;
-    c.sinks = rep == 3;
-    c.alibi = rep == 2;
-    check_f32(c);
-    c.splits = 3;
-    check_f32(c);
-  }
+  for_each_random_varlen_case(f32_case, check_f32);
   for (int32_t s : {0, 2, 7, 64}) {
     Case c = f32_case();
     c.batch = 1, c.hq = 4, c.hkv = 4, c.d = 64, c.dv = 64, c.sq = 70, c.sk = 3000, c.splits = s;
@@ -627,72 +587,30 @@ TEST(CudaF32Bwd, HeadDimsAndOddLengths) {
 
 TEST(CudaF32Bwd, DqDifferentFromDvAndGqa) {
   SKIP_WITHOUT_GPU();
-  for (auto [d, dv] : {std::pair<int64_t, int64_t>{64, 32}, {128, 64}, {40, 200}, {192, 128}, {256, 8}}) {
+  for (auto [d, dv] : kDqDvPairs) {
     Case c = f32_case();
-    c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = dv, c.sq = 100, c.sk = 300;
-    c.causal = rand_int(0, 1);
+    set_dq_dv_case(c, d, dv);
     check_f32_bwd(c);
   }
-  for (auto [hq, hkv] : {std::pair<int64_t, int64_t>{8, 8}, {8, 2}, {8, 1}, {12, 3}}) {
-    Case c = f32_case();
-    c.batch = 2, c.hq = hq, c.hkv = hkv, c.d = 128, c.dv = 128, c.sq = rand_int(1, 300), c.sk = 517;
-    c.causal = rand_int(0, 1);
-    check_f32_bwd(c);
-  }
+  for_each_gqa_case(f32_case, [](const Case& c) { check_f32_bwd(c); });
 }
 
 TEST(CudaF32Bwd, CausalBothAlignmentsAndWindows) {
   SKIP_WITHOUT_GPU();
-  for (bool top_left : {false, true}) {
-    for (auto [sq, sk] : {std::pair<int64_t, int64_t>{300, 300}, {100, 400}, {400, 100}, {1, 64}, {65, 1}}) {
-      Case c = f32_case();
-      c.batch = 2, c.hq = 4, c.hkv = 2, c.d = 64, c.dv = 64, c.sq = sq, c.sk = sk;
-      c.causal = true, c.top_left = top_left;
-      check_f32_bwd(c);
-      c.causal = false;
-      c.wl = static_cast<int32_t>(rand_int(0, 70)), c.wr = static_cast<int32_t>(rand_int(-1, 40));
-      check_f32_bwd(c);
-      c.wr = 0;
-      check_f32_bwd(c);
-    }
-  }
+  for_each_causal_window_case(f32_case, [](const Case& c) { check_f32_bwd(c); });
 }
 
 TEST(CudaF32Bwd, ScoreFeatures) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128, 256}) {
-    Case base = f32_case();
-    base.batch = 2, base.hq = 4, base.hkv = 2, base.d = d, base.dv = d, base.sq = 150, base.sk = 333;
-    Case c = base;
-    c.softcap = 30.0f, c.input_std = 3.0;
-    check_f32_bwd(c);
-    c = base;
-    c.alibi = true, c.causal = true;
-    check_f32_bwd(c);
-    c = base;
-    c.alibi = true, c.alibi_per_batch = true;
-    check_f32_bwd(c);
-    c = base;
-    c.sinks = true;
-    check_f32_bwd(c);
-    c = base;
-    c.sinks = true, c.causal = true, c.sq = 400, c.sk = 100;  // rows with no key
-    check_f32_bwd(c);
-    c = base;
-    c.scale = 0.3f;
-    c.softcap = 5.0f, c.alibi = true, c.sinks = true, c.causal = true, c.wl = 50;
-    check_f32_bwd(c);
-  }
+  for_each_score_feature_case(f32_case, [](const Case& c) { check_f32_bwd(c); });
 }
 
 TEST(CudaF32Bwd, DropoutReplay) {
   SKIP_WITHOUT_GPU();
-  for (float p : {0.1f, 0.5f}) {
+  for (float p : kDropoutRates) {
     for (int64_t d : {64, 128, 256}) {
       Case c = f32_case();
-      c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = d, c.sq = 130, c.sk = 260;
-      c.dropout = p;
-      c.causal = rand_int(0, 1);
+      set_dropout_bwd_case(c, d, p);
       c.rng_on_device = d == 128;
       check_f32_bwd(c);
     }

@@ -17,6 +17,7 @@
 #include "gpu/hopper/bwd_hopper.hpp"
 #include "gpu/hopper/fwd_hopper.hpp"
 #include "gpu_harness.hpp"
+#include "scenarios.hpp"
 
 namespace gputest {
 namespace {
@@ -142,15 +143,13 @@ TEST(CudaHopperFwd, HeadDimsDtypesAndOddLengths) {
 
 TEST(CudaHopperFwd, CausalBothAlignmentsAndWindows) {
   SKIP_WITHOUT_GPU();
-  struct W { bool causal, top_left; int wl, wr; };
   for (int64_t d : {64, 128, 192, 256})
-    for (W w : {W{true, false, -1, -1}, W{true, true, -1, -1}, W{false, false, 100, 0}, W{false, false, 37, 200},
-                W{false, true, 0, 0}, W{false, false, -1, 5}, W{true, false, 300, -1}})
+    for (const MaskVariant& w : mask_variants())
       for (auto [sq, sk] : {std::pair<int64_t, int64_t>{1025, 1025}, {200, 700}, {700, 200}, {129, 131}}) {
         Case c;
         c.dtype = rand_dtype();
         c.batch = 2, c.hq = 3, c.hkv = 1, c.d = d, c.dv = d, c.sq = sq, c.sk = sk;
-        c.causal = w.causal, c.top_left = w.top_left, c.wl = w.wl, c.wr = w.wr;
+        w.apply(c);
         check_hopper(c, true);
       }
 }
@@ -169,10 +168,8 @@ TEST(CudaHopperFwd, GqaVarlenAndNoLse) {
   for (int64_t d : {64, 128, 192, 256}) {
     Case c;
     c.dtype = rand_dtype();
-    c.varlen = true;
+    set_awkward_varlen(c);
     c.hq = 4, c.hkv = 2, c.d = d, c.dv = d;
-    c.lq = {1, 3, 113, 1025, 200, 0, 130};
-    c.lk = {1, 113, 3, 1025, 700, 5, 0};
     c.causal = true;
     c.top_left = d == 64;
     check_hopper(c, true);
@@ -790,15 +787,13 @@ TEST(CudaHopperFwd, SplitKvAutoLongKeys) {
 // windows, GQA, sinks (split 0 only), ALiBi, softcap, no LSE.
 TEST(CudaHopperFwd, SplitKvFeatures) {
   SKIP_WITHOUT_GPU();
-  struct W { bool causal, top_left; int wl, wr; };
   for (int64_t d : {64, 128, 192, 256})
-    for (W w : {W{true, false, -1, -1}, W{true, true, -1, -1}, W{false, false, 100, 0}, W{false, false, 37, 200},
-                W{false, true, 0, 0}})
+    for (const MaskVariant& w : mask_variants(5))
       for (auto [sq, sk] : {std::pair<int64_t, int64_t>{300, 900}, {700, 200}}) {
         Case c;
         c.dtype = rand_dtype();
         c.batch = rand_int(1, 2), c.hq = 2, c.hkv = 1, c.d = d, c.dv = d, c.sq = sq, c.sk = sk;
-        c.causal = w.causal, c.top_left = w.top_left, c.wl = w.wl, c.wr = w.wr;
+        w.apply(c);
         c.splits = int32_t(rand_int(2, 5));
         c.sinks = rand_int(0, 2) == 0;
         c.lse = rand_int(0, 3) != 0;
@@ -828,10 +823,8 @@ TEST(CudaHopperFwd, SplitKvVarlen) {
   for (int64_t d : {64, 128, 192, 256}) {
     Case c;
     c.dtype = rand_dtype();
-    c.varlen = true;
+    set_awkward_varlen(c);
     c.hq = 4, c.hkv = 2, c.d = d, c.dv = d;
-    c.lq = {1, 3, 113, 1025, 200, 0, 130};
-    c.lk = {1, 113, 3, 1025, 700, 5, 0};
     c.causal = true;
     c.top_left = d == 64;
     c.splits = 4;

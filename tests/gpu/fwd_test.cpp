@@ -8,6 +8,7 @@
 #include "core/heuristics.hpp"
 #include "gpu/common/tile_config.hpp"
 #include "gpu_harness.hpp"
+#include "scenarios.hpp"
 
 namespace gputest {
 namespace {
@@ -47,11 +48,9 @@ TEST(CudaFwd, ScalarPathForUnalignedHeadDims) {
 
 TEST(CudaFwd, DqDifferentFromDv) {
   SKIP_WITHOUT_GPU();
-  for (auto [d, dv] : {std::pair<int64_t, int64_t>{64, 32}, {128, 64}, {40, 200}, {192, 128}, {256, 8}}) {
-    Case c;
-    c.dtype = rand_dtype();
-    c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = dv, c.sq = 100, c.sk = 300;
-    c.causal = rand_int(0, 1);
+  for (auto [d, dv] : kDqDvPairs) {
+    Case c = rand_dtype_case();
+    set_dq_dv_case(c, d, dv);
     check_case(c);
   }
 }
@@ -71,49 +70,12 @@ TEST(CudaFwd, GqaRatiosPrefillAndDecode) {
 
 TEST(CudaFwd, CausalBothAlignmentsAndWindows) {
   SKIP_WITHOUT_GPU();
-  for (bool top_left : {false, true}) {
-    for (auto [sq, sk] : {std::pair<int64_t, int64_t>{300, 300}, {100, 400}, {400, 100}, {1, 64}, {65, 1}}) {
-      Case c;
-      c.dtype = rand_dtype();
-      c.batch = 2, c.hq = 4, c.hkv = 2, c.d = 64, c.dv = 64, c.sq = sq, c.sk = sk;
-      c.causal = true, c.top_left = top_left;
-      check_case(c);
-      c.causal = false;
-      c.wl = static_cast<int32_t>(rand_int(0, 70)), c.wr = static_cast<int32_t>(rand_int(-1, 40));
-      check_case(c);
-      c.wr = 0;
-      check_case(c);
-    }
-  }
+  for_each_causal_window_case(rand_dtype_case, [](const Case& c) { check_case(c); });
 }
 
 TEST(CudaFwd, ScoreFeatures) {
   SKIP_WITHOUT_GPU();
-  for (int64_t d : {64, 128, 256}) {
-    Case base;
-    base.dtype = rand_dtype();
-    base.batch = 2, base.hq = 4, base.hkv = 2, base.d = d, base.dv = d, base.sq = 150, base.sk = 333;
-    Case c = base;
-    c.softcap = 30.0f, c.input_std = 3.0;
-    check_case(c);
-    c = base;
-    c.alibi = true;
-    c.causal = true;
-    check_case(c);
-    c = base;
-    c.alibi = true, c.alibi_per_batch = true;
-    check_case(c);
-    c = base;
-    c.sinks = true;
-    check_case(c);
-    c = base;
-    c.sinks = true, c.causal = true, c.sq = 400, c.sk = 100;  // rows with no key: sink only
-    check_case(c);
-    c = base;
-    c.scale = 0.3f;
-    c.softcap = 5.0f, c.alibi = true, c.sinks = true, c.causal = true, c.wl = 50;
-    check_case(c);
-  }
+  for_each_score_feature_case(rand_dtype_case, [](const Case& c) { check_case(c); });
 }
 
 TEST(CudaFwd, RowsWithoutKeysGetZeroAndMinusInf) {
@@ -127,12 +89,10 @@ TEST(CudaFwd, RowsWithoutKeysGetZeroAndMinusInf) {
 
 TEST(CudaFwd, Dropout) {
   SKIP_WITHOUT_GPU();
-  for (float p : {0.1f, 0.5f}) {
+  for (float p : kDropoutRates) {
     for (int64_t d : {64, 128}) {
-      Case c;
-      c.dtype = rand_dtype();
-      c.batch = 2, c.hq = 4, c.hkv = 1, c.d = d, c.dv = d, c.sq = 131, c.sk = 257, c.dropout = p;
-      c.causal = d == 128;
+      Case c = rand_dtype_case();
+      set_dropout_fwd_case(c, d, p);
       check_case(c);
       c.sq = 1;  // decode tile, packed GQA rows
       check_case(c);
@@ -156,23 +116,7 @@ TEST(CudaFwd, NoLseAndStridedTensors) {
 
 TEST(CudaFwd, Varlen) {
   SKIP_WITHOUT_GPU();
-  for (int rep = 0; rep < 4; ++rep) {
-    Case c;
-    c.dtype = rand_dtype();
-    c.varlen = true;
-    const int64_t nb = rand_int(1, 5);
-    for (int64_t b = 0; b < nb; ++b) {
-      c.lq.push_back(rand_int(1, 300));
-      c.lk.push_back(rand_int(1, 400));
-    }
-    c.hq = 4, c.hkv = rep % 2 ? 1 : 4, c.d = rep < 2 ? 64 : 128, c.dv = c.d;
-    c.causal = rep & 1;
-    c.sinks = rep == 3;
-    c.alibi = rep == 2;
-    check_case(c);
-    c.splits = 3;
-    check_case(c);
-  }
+  for_each_random_varlen_case(rand_dtype_case, [](const Case& c) { check_case(c); });
 }
 
 TEST(CudaFwd, SplitKvForcedAndAuto) {
@@ -222,6 +166,44 @@ TEST(CudaFwd, KvCachePagedAnyPageSize) {
     c.batch = 2, c.hq = 4, c.hkv = 2, c.d = 64, c.dv = 64, c.sq = ps == 7 ? 20 : 1, c.sk = 600;
     c.causal = true;
     check_case(c);
+  }
+}
+
+// Page ids in a device-resident block table are not validated: an id below 0 reads page 0 and one
+// past the pool the pool's last page (kernel_args.hpp clamp_page_id), never a fault. The fp64
+// reference runs the same call with those ids clamped on the host. Pages of 16 rows: the row-copy
+// paths (mma.sync, the Hopper kv_rows producer) and the fp32 kernel.
+TEST(CudaFwd, KvCachePagedDeviceIdsAreClamped) {
+  SKIP_WITHOUT_GPU();
+  for (fp_dtype dtype : {rand_dtype(), FP_F32}) {
+    Case c;
+    c.dtype = dtype;
+    c.cache = true, c.paged = true, c.page_size = 16;
+    c.batch = 2, c.hq = 4, c.hkv = 2, c.d = 64, c.dv = 64, c.sq = 5, c.sk = 200;
+    c.seqused = {200, 150};
+    c.causal = true;
+    SCOPED_TRACE(c.describe());
+    Call call(c);
+    DeviceCall dev(call);
+    const int32_t pool = static_cast<int32_t>(call.k.dim(0));
+    std::vector<int32_t> ids = call.block_table.to_i32();
+    ids[1] = -7, ids[3] = pool + 50;  // sequence 0, keys 16..31 and 48..63
+    const HostTensor bad = HostTensor::i32(call.block_table.shape(), ids);
+    dev.block_table.upload(bad);  // same shape: the views stay valid
+    dev.views.block_table = dev.block_table.view(bad);
+    call.block_table.set_linear(1, 0.0);
+    call.block_table.set_linear(3, double(pool - 1));
+    const Outputs ref = run_reference(call);
+    ASSERT_TRUE(ref.ok) << ref.error;
+    const Outputs got = run_cuda(call, dev);
+    ASSERT_TRUE(got.ok) << got.error;
+    SCOPED_TRACE(std::string("kernel ") + got.sel.kernel);
+    const double tol = flashport::test::tolerance(c.dtype);
+    EXPECT_TRUE(flashport::test::close(gather_rows(call, got.out, false), gather_rows(call, ref.out, false), tol,
+                                       "out"));
+    EXPECT_TRUE(flashport::test::close(gather_rows(call, got.lse, true), gather_rows(call, ref.lse, true), 1e-4,
+                                       "lse"));
+    EXPECT_TRUE(dev.out.sentinel_intact());
   }
 }
 

@@ -157,18 +157,6 @@ __global__ void __launch_bounds__(kMergeWarps * kWarpSize) merge_bwd_kernel(cons
                  s * g.d_lse_part_stride[3]] = w == 0.0f ? 0.0f : w * (dot + dl);
 }
 
-// Element offset of cache row `pos` of sequence b, kv head h (page ids clamped into the pool).
-// `pos` is an absolute cache row (appends land at seqused_k + j whatever the left pad).
-__device__ __forceinline__ int64_t cache_row(const SeqInfo& seq, const KvAddr& ad, int64_t num_pages,
-                                             int64_t b, int64_t pos, int64_t h) {
-  if (ad.layout == KvLayout::Paged) {
-    int64_t page = seq.block_table[b * seq.block_table_stride + pos / seq.page_size];
-    page = page < 0 ? 0 : (num_pages > 0 && page >= num_pages ? num_pages - 1 : page);
-    return page * ad.s0 + (pos % seq.page_size) * ad.s1 + h * ad.s2;
-  }
-  return ad.at_row(seq, b, pos, h);
-}
-
 // cos / sin of pair t at table row `pos` (the table's dtype: fp32 or the elements').
 template <typename Elem>
 __device__ __forceinline__ void rotary_cs(const AppendArgs& a, int64_t pos, int t, float& c, float& sn) {
@@ -295,8 +283,8 @@ __global__ void __launch_bounds__(kAppendWarps * kWarpSize) append_kv_kernel(con
   if (pos < 0 || pos >= cap) return;  // out of the cache: clamp (skip), don't fault
   const T* kn = reinterpret_cast<const T*>(a.k_new) + a.k_new_addr.at(b, 0, j, h);
   const T* vn = reinterpret_cast<const T*>(a.v_new) + a.v_new_addr.at(b, 0, j, h);
-  T* kd = reinterpret_cast<T*>(a.k) + cache_row(a.seq, a.k_addr, a.num_pages, b, pos, h);
-  T* vd = reinterpret_cast<T*>(a.v) + cache_row(a.seq, a.v_addr, a.num_pages, b, pos, h);
+  T* kd = reinterpret_cast<T*>(a.k) + kv_row_offset(a.seq, a.k_addr, a.num_pages, b, pos, h);
+  T* vd = reinterpret_cast<T*>(a.v) + kv_row_offset(a.seq, a.v_addr, a.num_pages, b, pos, h);
   rotate_row<Elem>(a, kn, kd, a.d, pos, lane);
   constexpr int kPerChunk = int(16 / sizeof(T));  // elements in 16 bytes
   if (a.dv % kPerChunk == 0 && ((reinterpret_cast<uintptr_t>(vn) | reinterpret_cast<uintptr_t>(vd)) & 15) == 0) {

@@ -51,6 +51,19 @@ struct FwdSeqLengths {
   }
 };
 
+// Split-KV: the key blocks [n_lo, n_hi) (of bn keys) a forward work tile visits, cut to split
+// `split` of `splits` contiguous shares of the sequence's ceil(lk / bn) blocks (every forward
+// kernel, each in its own bn). The cut may miss the tile's visible keys (n_lo >= n_hi): the tile
+// then stores empty partials (O = 0, LSE = -inf), which the combine skips.
+FP_HD void clip_key_blocks_to_split(int& n_lo, int& n_hi, int lk, int bn, int split, int splits) {
+  if (splits <= 1) return;
+  const int total = (lk + bn - 1) / bn;
+  const int per = (total + splits - 1) / splits;
+  const int s_lo = split * per, s_hi = s_lo + per < total ? s_lo + per : total;
+  n_lo = n_lo > s_lo ? n_lo : s_lo;
+  n_hi = n_hi < s_hi ? n_hi : s_hi;
+}
+
 // Merge of split partials (the internal split-KV combine and the public fp_merge_fwd).
 // Shapes normalised to (split, b, s, h, d); the output may be packed by cu_q (varlen).
 struct MergeArgs {
@@ -162,12 +175,38 @@ inline int64_t kv_num_pages(const Problem& p) {
   return p.seq.kv_layout == KvLayout::Paged ? p.raw->k.shape[0] : 0;
 }
 
+// A page id read from a device-resident block table, clamped into the pool of `num_pages` pages
+// (0 when the pool is empty): a bad table reads a wrong page, never faults. `Int`: the caller's
+// index width (the Hopper producer keeps 32-bit registers).
+template <typename Int>
+FP_HD Int clamp_page_id(Int id, Int num_pages) {
+  const Int last = num_pages - 1;
+  id = id > last ? last : id;
+  return id < 0 ? Int(0) : id;
+}
+
+// Element offset of cache row `row` of sequence b, kv head h (KvAddr::at_row: rows counted from
+// the sequence's first cache row; key j is row seq.key_row(b, j)), a paged page id clamped.
+FP_HD int64_t kv_row_offset(const SeqInfo& seq, const KvAddr& ad, int64_t num_pages, int64_t b, int64_t row,
+                            int64_t h) {
+  if (ad.layout != KvLayout::Paged) return ad.at_row(seq, b, row, h);
+  const int64_t page = clamp_page_id<int64_t>(seq.block_table[b * seq.block_table_stride + row / seq.page_size],
+                                              num_pages);
+  return page * ad.s0 + (row % seq.page_size) * ad.s1 + h * ad.s2;
+}
+
+// The same for key j of sequence b (KvAddr::at: cache row seq.key_row(b, j), past the left pad).
+FP_HD int64_t kv_key_offset(const SeqInfo& seq, const KvAddr& ad, int64_t num_pages, int64_t b, int64_t j,
+                            int64_t h) {
+  if (ad.layout != KvLayout::Paged) return ad.at(seq, b, j, h);
+  return kv_row_offset(seq, ad, num_pages, b, seq.key_row(b, j), h);
+}
+
 // The main loop's arguments for q at (q, q_addr): the caller's q or its rotated workspace copy.
 // The split-KV workspace areas (ws_o, ws_lse, ws_rows) are the caller's to set (fwd_plan.hpp).
 inline FwdArgs fwd_args(const Problem& p, const uint16_t* q, const RowAddr& q_addr, int pack, int splits) {
   auto aligned16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
   auto mult8 = [](int64_t x) { return (x & 7) == 0; };
-  constexpr float kLog2e = 1.4426950408889634f;
   FwdArgs a;
   a.q = q;
   a.q_addr = q_addr;

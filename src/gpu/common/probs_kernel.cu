@@ -18,16 +18,6 @@ __device__ __forceinline__ float load_elem(const void* p, bool bf16, bool f32, i
               : Half::to_float(static_cast<const Half::T*>(p)[i]);
 }
 
-// Element offset of key j of sequence b, kv head h: the shared addressing, with page ids clamped
-// into the pool (device-resident tables are not validated).
-__device__ __forceinline__ int64_t key_offset(const ProbsArgs& a, int64_t b, int64_t j, int64_t h) {
-  if (a.k_addr.layout != KvLayout::Paged) return a.k_addr.at(a.seq, b, j, h);
-  const int64_t row = a.seq.key_row(b, j);
-  int64_t page = a.seq.block_table[b * a.seq.block_table_stride + row / a.seq.page_size];
-  page = page < 0 ? 0 : (a.num_pages > 0 && page >= a.num_pages ? a.num_pages - 1 : page);
-  return page * a.k_addr.s0 + (row % a.seq.page_size) * a.k_addr.s1 + h * a.k_addr.s2;
-}
-
 __global__ void __launch_bounds__(kProbsThreads) probs_kernel(const FP_GRID_CONSTANT ProbsArgs a) {
   const SeqInfo& seq = a.seq;
   const ScoreRules& R = a.rules;
@@ -51,7 +41,8 @@ __global__ void __launch_bounds__(kProbsThreads) probs_kernel(const FP_GRID_CONS
         const int64_t q0 = seq.q_start(b);
         const float lse = a.lse[a.lse_addr.at(b, q0, h, i)];
         if (lse != -INFINITY) {
-          const int64_t qo = a.q_addr.at(b, q0, i, h), ko = key_offset(a, b, j, h / a.group);
+          const int64_t qo = a.q_addr.at(b, q0, i, h);
+          const int64_t ko = kv_key_offset(seq, a.k_addr, a.num_pages, b, j, h / a.group);
           float s = 0.0f;
           for (int x = 0; x < a.d; ++x) s += load_elem(a.q, a.bf16, a.f32, qo + x) * load_elem(a.k, a.bf16, a.f32, ko + x);
           s = S.score(s);

@@ -1,6 +1,6 @@
 // Device pieces shared by the fp32 forward and backward kernels (fwd_f32.cu, bwd_f32.cu): 4- and
-// 16-byte asynchronous copies of fp32 elements, the shared-tile row loader, the paged key offset,
-// the 3xTF32 mma products (the split itself: tf32_frag.hpp) and the dropout keep rule.
+// 16-byte asynchronous copies of fp32 elements, the shared-tile row loader, the 3xTF32 mma
+// products (the split itself: tf32_frag.hpp) and the dropout keep rule.
 #pragma once
 #include <cstdint>
 
@@ -11,24 +11,10 @@
 
 namespace flashport::gpu::f32 {
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
 // One fp32 element global -> shared; src_bytes 0 stores zero (rows/columns past the end).
 __device__ __forceinline__ void cp_async_f32(float* smem, const float* gmem, int src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),
                "r"(src_bytes));
-}
-
-// Element offset of key j (past the left pad) of sequence b, kv head h: KvAddr::at, with a paged
-// cache's page id clamped into the pool so that a bad device-resident table cannot fault.
-__device__ __forceinline__ int64_t kv_offset(const SeqInfo& seq, const KvAddr& ad, int64_t num_pages, int64_t b,
-                                             int64_t j, int64_t h) {
-  if (ad.layout != KvLayout::Paged) return ad.at(seq, b, j, h);
-  const int64_t row = seq.key_row(b, j);
-  int64_t page = seq.block_table[b * seq.block_table_stride + row / seq.page_size];
-  page = page < 0 ? 0 : (num_pages > 0 && page >= num_pages ? num_pages - 1 : page);
-  return page * ad.s0 + (row % seq.page_size) * ad.s1 + h * ad.s2;
 }
 
 // 16 bytes (4 fp32) global -> shared; src_bytes < 16 zero-fills the rest.

@@ -64,13 +64,7 @@ __global__ void __launch_bounds__(128, 2) fwd_f32_kernel(const __grid_constant__
   const int key_hi = static_cast<int>(block_rules.vis_hi(i_last));
   int n_lo = key_lo / BN;
   int n_hi = key_hi > key_lo ? (key_hi + BN - 1) / BN : n_lo;
-  if (a.splits > 1) {
-    const int total = (lk + BN - 1) / BN;
-    const int per = (total + a.splits - 1) / a.splits;
-    const int s_lo = split * per, s_hi = s_lo + per < total ? s_lo + per : total;
-    n_lo = n_lo > s_lo ? n_lo : s_lo;
-    n_hi = n_hi < s_hi ? n_hi : s_hi;
-  }
+  clip_key_blocks_to_split(n_lo, n_hi, lk, BN, split, a.splits);
 
   // O accumulator in the C-fragment layout: o[n][0..1] row row0, o[n][2..3] row row0 + 8, columns
   // 8n + 2t, 8n + 2t + 1. Row statistics of rows row0 (index 0) and row0 + 8 (index 1).
@@ -93,7 +87,7 @@ __global__ void __launch_bounds__(128, 2) fwd_f32_kernel(const __grid_constant__
     auto load_kv = [&](float* tile, const float* base, const KvAddr& ad, int cols, int nb) {
       load_rows<BN, D, S, NT, true>(tile, cols, tid, base, [&](int r) -> const float* {
         const int j = nb * BN + r;
-        return j < lk ? base + kv_offset(a.seq, ad, a.num_pages, b, j, kvh) : nullptr;
+        return j < lk ? base + kv_key_offset(a.seq, ad, a.num_pages, b, j, kvh) : nullptr;
       });
     };
     load_kv(sK, k, a.k_addr, a.d, n_hi - 1);

@@ -21,7 +21,6 @@ FP_TARGET_NS_BEGIN
 
 namespace {
 
-constexpr float kLog2eAux = 1.4426950408889634f;
 constexpr int kAuxWarps = 8;
 constexpr int kLaneBits = kWarpSize == 64 ? 6 : 5;  // warp of a global thread index: >> kLaneBits
 static_assert((1 << kLaneBits) == kWarpSize, "warp size is 32 or 64");
@@ -72,7 +71,7 @@ __global__ void __launch_bounds__(kAuxWarps * kWarpSize) bwd_preprocess_kernel(c
     const float lse = a.lse[a.lse_addr.at(rr.b, 0, h, rr.i)];
     a.ws_dsum[w] = dot;
     // A row that saw nothing (lse = -inf) has P = 0: +inf makes exp2(s - lse2) zero.
-    a.ws_lse2[w] = lse == -INFINITY ? INFINITY : lse * kLog2eAux;
+    a.ws_lse2[w] = lse == -INFINITY ? INFINITY : lse * kLog2e;
   }
 }
 
@@ -98,7 +97,7 @@ __global__ void __launch_bounds__(kSinkThreads) bwd_sink_kernel(const FP_GRID_CO
     const int64_t used = a.seq.cu_q[a.seq.batch];
     rows = used < rows ? (used < 0 ? 0 : used) : rows;
   }
-  const float sink2 = a.rules.sinks[h] * kLog2eAux;
+  const float sink2 = a.rules.sinks[h] * kLog2e;
   double acc = 0.0;
   for (int64_t r = threadIdx.x; r < rows; r += kSinkThreads) {
     const int64_t w = int64_t(h) * a.total_rows + r;

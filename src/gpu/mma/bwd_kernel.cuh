@@ -33,8 +33,6 @@
 namespace flashport::gpu {
 FP_TARGET_NS_BEGIN
 
-constexpr float kBwdLog2e = 1.4426950408889634f;
-
 // Element offset of key row j of sequence b, head kvh in a batched or packed k-like tensor (the
 // backward takes no paged cache and no cache_batch_idx: resolve_bwd declines them).
 struct BwdKvRows {
@@ -414,7 +412,7 @@ __global__ void FP_LAUNCH_BOUNDS(kBwdTiles[kTile].threads(kWarpSize), kBwdTiles[
 
         // ---- P and dS (element (key j, query i)) ----------------------------------------------
         const bool need_mask = S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1);
-        const float slope_log2 = R.alibi ? -R.alibi_slope(b, h) * kBwdLog2e : 0.0f;
+        const float slope_log2 = R.alibi ? -R.alibi_slope(b, h) * kLog2e : 0.0f;
 #pragma unroll
         for (int kr = 0; kr < KR; ++kr)
 #pragma unroll

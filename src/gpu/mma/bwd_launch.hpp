@@ -180,7 +180,6 @@ inline BwdWorkspace bwd_workspace(const Problem& p, int64_t sema_count) {
 // scales, sizes, and the lse2/dsum/dq_acc areas of `workspace`. The caller sets the rest
 // (m_blocks, vec_ok, deterministic, semaphores).
 inline BwdArgs bwd_common_args(const BwdProblem& bp, const BwdWorkspace& w, void* workspace) {
-  constexpr float kLog2e = 1.4426950408889634f;
   const Problem& p = bp.fwd;
   char* ws = static_cast<char*>(workspace);
   BwdArgs a;

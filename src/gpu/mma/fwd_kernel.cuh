@@ -32,9 +32,6 @@
 namespace flashport::gpu {
 FP_TARGET_NS_BEGIN
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
 // Loads key/value tiles of one (sequence, kv head) into a swizzled shared tile. Each thread owns
 // one 16-byte column chunk and every (threads / chunks)-th row, so the common case (batched or
 // packed layout, 16-byte aligned, whole chunk inside the head dim) is a straight line of cp.async
@@ -96,8 +93,7 @@ struct KvTileLoader {
           if (table_row != nullptr) {
             const int ps = static_cast<int>(a.seq.page_size);
             const int row = static_cast<int>(stride_or_pad) + j;
-            int64_t page = table_row[row / ps];
-            page = page < 0 ? 0 : (a.num_pages > 0 && page >= a.num_pages ? a.num_pages - 1 : page);
+            const int64_t page = clamp_page_id<int64_t>(table_row[row / ps], a.num_pages);
             src = base + page * ad.s0 + int64_t(row % ps) * ad.s1;
           } else {
             src = base + int64_t(j) * stride_or_pad;
@@ -228,13 +224,7 @@ __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileCo
   const int key_hi = S.vis_hi(i_max);
   int n_lo = key_lo / BN;
   int n_hi = key_hi > key_lo ? (key_hi + BN - 1) / BN : n_lo;
-  if (a.splits > 1) {
-    const int total = (lk + BN - 1) / BN;
-    const int per = (total + a.splits - 1) / a.splits;
-    const int s_lo = split * per, s_hi = s_lo + per < total ? s_lo + per : total;
-    n_lo = n_lo > s_lo ? n_lo : s_lo;
-    n_hi = n_hi < s_hi ? n_hi : s_hi;
-  }
+  clip_key_blocks_to_split(n_lo, n_hi, lk, BN, split, a.splits);
 
   FragC acc_o[MT][kDTiles];
   zero_acc(acc_o);
