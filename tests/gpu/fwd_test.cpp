@@ -171,15 +171,18 @@ TEST(CudaFwd, KvCachePagedAnyPageSize) {
 
 // Page ids in a device-resident block table are not validated: an id below 0 reads page 0 and one
 // past the pool the pool's last page (kernel_args.hpp clamp_page_id), never a fault. The fp64
-// reference runs the same call with those ids clamped on the host. Pages of 16 rows: the row-copy
-// paths (mma.sync, the Hopper kv_rows producer) and the fp32 kernel.
+// reference runs the same call with those ids clamped on the host. Decode-shaped calls (5 query
+// rows: the mma.sync decode tile) and prefill chunks (300 rows: on sm_90 the Hopper kernel, pages
+// of 16 rows by its kv_rows producer, of 64 by one TMA box per page), and the fp32 kernel.
 TEST(CudaFwd, KvCachePagedDeviceIdsAreClamped) {
   SKIP_WITHOUT_GPU();
-  for (fp_dtype dtype : {rand_dtype(), FP_F32}) {
+  for (fp_dtype dtype : {rand_dtype(), FP_F32})
+  for (int64_t page : {16, 64})
+  for (int64_t sq : {5, 300}) {
     Case c;
     c.dtype = dtype;
-    c.cache = true, c.paged = true, c.page_size = 16;
-    c.batch = 2, c.hq = 4, c.hkv = 2, c.d = 64, c.dv = 64, c.sq = 5, c.sk = 200;
+    c.cache = true, c.paged = true, c.page_size = page;
+    c.batch = 2, c.hq = 4, c.hkv = 2, c.d = 64, c.dv = 64, c.sq = sq, c.sk = 200;
     c.seqused = {200, 150};
     c.causal = true;
     SCOPED_TRACE(c.describe());
@@ -187,7 +190,7 @@ TEST(CudaFwd, KvCachePagedDeviceIdsAreClamped) {
     DeviceCall dev(call);
     const int32_t pool = static_cast<int32_t>(call.k.dim(0));
     std::vector<int32_t> ids = call.block_table.to_i32();
-    ids[1] = -7, ids[3] = pool + 50;  // sequence 0, keys 16..31 and 48..63
+    ids[1] = -7, ids[3] = pool + 50;  // sequence 0, its second and fourth pages
     const HostTensor bad = HostTensor::i32(call.block_table.shape(), ids);
     dev.block_table.upload(bad);  // same shape: the views stay valid
     dev.views.block_table = dev.block_table.view(bad);

@@ -54,8 +54,6 @@
 namespace flashport::gpu {
 namespace sm90 {
 
-constexpr float kBwdLog2eH = 1.4426950408889634f;
-
 // 4 bytes global -> shared; src_bytes 0 stores zero.
 __device__ __forceinline__ void cp_async_4(uint32_t smem, const void* gmem, int src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));
@@ -588,7 +586,7 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
 
       // ---- P^T, dS^T (s_acc[4t + 2hf + e2] is key n0 + key_loc0 + 8hf, query i0 + 8t + col_base + e2)
       p_and_ds<kQTiles, kDropout>(s_acc, dp_acc, S, transformed, S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1),
-                                  R.alibi ? -R.alibi_slope(b, h) * kBwdLog2eH : 0.0f, i0, n0 + key_loc0, col_base,
+                                  R.alibi ? -R.alibi_slope(b, h) * kLog2e : 0.0f, i0, n0 + key_loc0, col_base,
                                   sL + st * BM, sDs + st * BM, keep);
       uint32_t pa[kQSteps][4], da[kQSteps][4];
 #pragma unroll
@@ -900,7 +898,7 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
       // ---- P^T, dS^T (s_acc[4t + 2hf + e2] is key n0 + key_loc0 + 8hf, query
       //      i0 + q_half0 + 8t + col_base + e2)
       p_and_ds<kQTiles, kDropout>(s_acc, dp_acc, S, transformed, S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1),
-                                  R.alibi ? -R.alibi_slope(b, h) * kBwdLog2eH : 0.0f, i0 + q_half0, n0 + key_loc0,
+                                  R.alibi ? -R.alibi_slope(b, h) * kLog2e : 0.0f, i0 + q_half0, n0 + key_loc0,
                                   col_base, sL + st * BM + q_half0, sDs + st * BM + q_half0, keep);
       // P^T, dS^T to shared memory (the previous step's products read them before its stage-read
       // barrier): (key, queries q_half0 + 8t + col_base, +1) -> one 32-bit store each; the 16-byte

@@ -19,9 +19,6 @@
 
 namespace flashport::gpu::sm90 {
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
 // A consumer warpgroup's output staging tile (HopperTileV3::out_stage_bytes: 64 rows of
 // kOutStageRowBytes) and the named barrier of its 128 threads.
 struct OutStage {
@@ -105,12 +102,7 @@ struct HopperRows {
   // keys entirely (n_lo >= n_hi): the block then still stores its rows' partials (O = 0,
   // LSE = -inf), which the combine skips.
   __device__ __forceinline__ void clip_to_split(int split, int splits) {
-    if (splits <= 1) return;
-    const int total = (lk + BN - 1) / BN;
-    const int per = (total + splits - 1) / splits;
-    const int s_lo = split * per, s_hi = s_lo + per < total ? s_lo + per : total;
-    n_lo = n_lo > s_lo ? n_lo : s_lo;
-    n_hi = n_hi < s_hi ? n_hi : s_hi;
+    clip_key_blocks_to_split(n_lo, n_hi, lk, BN, split, splits);
   }
 
 

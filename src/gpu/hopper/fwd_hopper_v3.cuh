@@ -272,8 +272,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
             const uint32_t page_idx = cache_row / page_size;
             const int id = pages[page_idx];
             // Page ids are never trusted to fault: clamped into the cache.
-            const int last_page = a.num_pages > 0 ? int(a.num_pages) - 1 : 0;
-            const uint32_t page = uint32_t(id < 0 ? 0 : id > last_page ? last_page : id);
+            const uint32_t page = uint32_t(clamp_page_id(id, int(a.num_pages)));
             const uint32_t in_page = cache_row - page_idx * page_size;
             k_off = 2 * int64_t(uint64_t(page) * uint64_t(a.k_addr.s0) + uint64_t(in_page) * uint64_t(a.k_addr.s1) +
                                 uint64_t(kvh) * uint64_t(a.k_addr.s2));
@@ -355,7 +354,8 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
             if constexpr (kPaged) {
               const int box = P.kv_box_rows;
               boxes = min(BN / box, (rows.lk - key0 + box - 1) / box);
-              if (lane < boxes) my_page = pages[(key0 + lane * box) / int(a.seq.page_size)];
+              if (lane < boxes)
+                my_page = clamp_page_id(pages[(key0 + lane * box) / int(a.seq.page_size)], int(a.num_pages));
             }
             mbar_wait(empty_k(s), free_parity);
             load_kv(sK + s * kTileBytes, &P.tk, full_k(s), key0, boxes, my_page);
