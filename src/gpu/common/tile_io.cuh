@@ -5,11 +5,7 @@
 #include <cstdint>
 
 #include "gpu/common/gpu_target.hpp"
-#if defined(FP_TARGET_AMD)
-#include "gpu/amd/tile_mma_amd.hpp"
-#else
-#include "gpu/common/tile_mma.hpp"
-#endif
+#include "gpu/common/tile_layer.hpp"
 
 namespace flashport::gpu {
 FP_TARGET_NS_BEGIN

@@ -19,6 +19,7 @@
 #include "gpu/f32/f32_common.cuh"
 #include "gpu/f32/f32_launch.hpp"
 #include "gpu/f32/tf32_frag.hpp"
+#include "gpu/mma/bwd_block.cuh"
 #include "gpu/mma/bwd_launch.hpp"
 
 namespace flashport::gpu {
@@ -124,17 +125,12 @@ __global__ void __launch_bounds__(256, kTile == kF32D64 ? 2 : 1) bwd_f32_kernel(
   const int col2 = 8 * NC2 * (warp / MK);       // stage 2: the warp's first column
   const int q_tile3 = 16 * (warp % MQ);         // stage 3: the warp's first query (local)
   const int col3 = 8 * NC3 * (warp / MQ);       // stage 3: the warp's first column
-  // Deterministic mode launches key blocks in descending order: a block only waits for blocks
-  // launched before it.
-  const int n_blk = a.deterministic ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
-  const int kvh = blockIdx.y, b = blockIdx.z;
-  const int n0 = n_blk * BN;
+  const BwdBlock blk(a, BN);
+  const int n_blk = blk.n_blk, kvh = blk.kvh, b = blk.b, n0 = blk.n0;
+  const int lq = blk.seq.lq, lk = blk.seq.lk;
+  const int64_t q_start = blk.seq.q_start, ws_row0 = blk.seq.ws_row0;  // ws_row0: workspace row of i = 0
+  const KernelScoreRules& seq_rules = blk.rules;
   const ScoreRules& R = a.rules;
-
-  const BwdSeq seq(a, b);
-  const int lq = seq.lq, lk = seq.lk;
-  const int64_t q_start = seq.q_start, ws_row0 = seq.ws_row0;  // ws_row0: workspace row of i = 0
-  const KernelScoreRules seq_rules(R, lq, lk, a.scale_log2, a.softcap_in, a.softcap_out);
 
   // dK, dV of keys key_tile + c_row(lane, e), columns col2 + 8c + c_col(lane, e).
   float acc_dk[NC2][4], acc_dv[NC2][4];
@@ -143,10 +139,9 @@ __global__ void __launch_bounds__(256, kTile == kF32D64 ? 2 : 1) bwd_f32_kernel(
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc_dk[c][e] = 0.0f, acc_dv[c][e] = 0.0f;
 
-  if (n0 < lk && lq > 0) {
-    const auto blocks = seq_rules.query_blocks(n0, BN, BM);
-    const int m_lo = blocks.first, nm = blocks.count;
-    const int steps = nm * a.group;
+  if (blk.has_walk()) {
+    const BwdWalk walk = blk.walk(a, BN, BM);
+    const int m_lo = walk.m_lo, nm = walk.nm, steps = walk.steps;
 
     if (steps > 0) {
       load_rows<BN, D, S, NT, true>(sK, a.d, tid, k, [&](int r) -> const float* {

@@ -50,6 +50,7 @@
 #include "gpu/common/kernel_info.cuh"
 #include "gpu/common/tile_io.cuh"
 #include "gpu/common/tile_mma.hpp"
+#include "gpu/mma/bwd_block.cuh"
 
 namespace flashport::gpu {
 namespace sm90 {
@@ -414,22 +415,17 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
   const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
   const int wg = warp >> 2;     // 0: producer; 1, 2: MMA warpgroups
   const int wwarp = warp & 3;   // warp inside the warpgroup
-  const int n_blk = a.deterministic ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);  // dq_sema
-  const int kvh = blockIdx.y, b = blockIdx.z;
-  const int n0 = n_blk * BN;
+  const BwdBlock blk(a, BN);
+  const int n_blk = blk.n_blk, kvh = blk.kvh, b = blk.b, n0 = blk.n0;
+  const int lq = blk.seq.lq, lk = blk.seq.lk;
+  const int64_t q_start = blk.seq.q_start, ws_row0 = blk.seq.ws_row0;  // ws_row0: workspace row of i = 0
+  const KernelScoreRules& S = blk.rules;
   const ScoreRules& R = a.rules;
-
-  const BwdSeq seq(a, b);
-  const int lq = seq.lq, lk = seq.lk;
-  const int64_t q_start = seq.q_start, ws_row0 = seq.ws_row0;  // ws_row0: workspace row of i = 0
-  const KernelScoreRules S(R, lq, lk, a.scale_log2, a.softcap_in, a.softcap_out);
-  // Steps: every query block [m_lo, m_lo + nm) that sees a key of the block, for each query head
-  // of the group; step s is head kvh group + s / nm, block m_lo + s % nm. Both roles walk them.
+  // Steps (BwdWalk): step s is query head kvh group + s / nm, block m_lo + s % nm. Both roles walk them.
   int m_lo = 0, nm = 0, steps = 0;
-  if (n0 < lk && lq > 0) {
-    const auto blocks = S.query_blocks(n0, BN, BM);
-    m_lo = blocks.first, nm = blocks.count;
-    steps = nm * a.group;
+  if (blk.has_walk()) {
+    const BwdWalk walk = blk.walk(a, BN, BM);
+    m_lo = walk.m_lo, nm = walk.nm, steps = walk.steps;
   }
 
   if (tid == 0) {
@@ -727,21 +723,17 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
   const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);  // warp-uniform (bwd_hopper_kernel)
   const int wg = warp >> 2;     // 0: producer; 1, 2: MMA warpgroups
   const int wwarp = warp & 3;   // warp inside the warpgroup: 16 keys of each accumulator
-  const int n_blk = a.deterministic ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);  // dq_sema
-  const int kvh = blockIdx.y, b = blockIdx.z;
-  const int n0 = n_blk * BN;
+  const BwdBlock blk(a, BN);
+  const int n_blk = blk.n_blk, kvh = blk.kvh, b = blk.b, n0 = blk.n0;
+  const int lq = blk.seq.lq, lk = blk.seq.lk;
+  const int64_t q_start = blk.seq.q_start, ws_row0 = blk.seq.ws_row0;  // ws_row0: workspace row of i = 0
+  const KernelScoreRules& S = blk.rules;
   const ScoreRules& R = a.rules;
-
-  const BwdSeq seq(a, b);
-  const int lq = seq.lq, lk = seq.lk;
-  const int64_t q_start = seq.q_start, ws_row0 = seq.ws_row0;  // ws_row0: workspace row of i = 0
-  const KernelScoreRules S(R, lq, lk, a.scale_log2, a.softcap_in, a.softcap_out);
   // Steps as in bwd_hopper_kernel: step s is head kvh group + s / nm, query block m_lo + s % nm.
   int m_lo = 0, nm = 0, steps = 0;
-  if (n0 < lk && lq > 0) {
-    const auto blocks = S.query_blocks(n0, BN, BM);
-    m_lo = blocks.first, nm = blocks.count;
-    steps = nm * a.group;
+  if (blk.has_walk()) {
+    const BwdWalk walk = blk.walk(a, BN, BM);
+    m_lo = walk.m_lo, nm = walk.nm, steps = walk.steps;
   }
 
   if (tid == 0) {

@@ -9,12 +9,8 @@
 #include <cstdint>
 
 #include "gpu/common/gpu_target.hpp"
+#include "gpu/common/tile_layer.hpp"
 #include "gpu/mma/bwd_launch.hpp"
-#if defined(FP_TARGET_AMD)
-#include "gpu/amd/tile_mma_amd.hpp"
-#else
-#include "gpu/common/tile_mma.hpp"
-#endif
 
 namespace flashport::gpu {
 FP_TARGET_NS_BEGIN

@@ -28,6 +28,7 @@
 #include "core/philox.hpp"
 #include "gpu/common/gpu_target.hpp"
 #include "gpu/common/tile_io.cuh"
+#include "gpu/mma/bwd_block.cuh"
 #include "gpu/mma/bwd_launch.hpp"
 
 namespace flashport::gpu {
@@ -265,17 +266,12 @@ __global__ void FP_LAUNCH_BOUNDS(kBwdTiles[kTile].threads(kWarpSize), kBwdTiles[
   constexpr int kLaneBits = kWarpSize == 64 ? 6 : 5;
   static_assert((1 << kLaneBits) == kWarpSize, "warp size is 32 or 64");
   const int tid = threadIdx.x, lane = tid & (kWarpSize - 1), warp = tid >> kLaneBits;
-  // Deterministic mode launches key blocks in descending order: a block only waits for blocks
-  // launched before it (no deadlock whatever the residency).
-  const int n_blk = a.deterministic ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
-  const int kvh = blockIdx.y, b = blockIdx.z;
-  const int n0 = n_blk * BN;
+  const BwdBlock blk(a, BN);
+  const int n_blk = blk.n_blk, kvh = blk.kvh, b = blk.b, n0 = blk.n0;
+  const int lq = blk.seq.lq, lk = blk.seq.lk;
+  const int64_t q_start = blk.seq.q_start, ws_row0 = blk.seq.ws_row0;  // ws_row0: workspace row of i = 0
+  const KernelScoreRules& S = blk.rules;
   const ScoreRules& R = a.rules;
-
-  const BwdSeq seq(a, b);
-  const int lq = seq.lq, lk = seq.lk;
-  const int64_t q_start = seq.q_start, ws_row0 = seq.ws_row0;  // ws_row0: workspace row of i = 0
-  const KernelScoreRules S(R, lq, lk, a.scale_log2, a.softcap_in, a.softcap_out);
 
   const int kg = warp % KW, qg = warp / KW;  // stages 1-2
   const int mg = warp % MR, cg = warp / MR;  // stage 3
@@ -290,10 +286,9 @@ __global__ void FP_LAUNCH_BOUNDS(kBwdTiles[kTile].threads(kWarpSize), kBwdTiles[
 #pragma unroll
       for (int e = 0; e < kAccElems; ++e) acc_dk[kr][t].r[e] = 0.0f, acc_dv[kr][t].r[e] = 0.0f;
 
-  if (n0 < lk && lq > 0) {
-    const auto blocks = S.query_blocks(n0, BN, BM);
-    const int m_lo = blocks.first, nm = blocks.count;
-    const int steps = nm * a.group;
+  if (blk.has_walk()) {
+    const BwdWalk walk = blk.walk(a, BN, BM);
+    const int m_lo = walk.m_lo, nm = walk.nm, steps = walk.steps;
 
     if (steps > 0) {
       const BwdKvRows krows(a.seq, a.k_addr, b, kvh);
