@@ -34,4 +34,17 @@ KernelInfo cached_kernel_info(int device, int threads, int smem) {
   return info;
 }
 
+// One kernel instance with the block shape it runs with: the per-device query and the launch read
+// the same threads and dynamic shared memory, so "usable on this device" describes the launch.
+template <auto kKernel, int kThreads, int kSmemBytes>
+struct KernelInstance {
+  static KernelInfo info(int device) { return cached_kernel_info<kKernel>(device, kThreads, kSmemBytes); }
+  // On the caller's stream; returns the launch's error.
+  template <typename Args>
+  static gpuError_t launch(const Args& a, dim3 grid, gpuStream_t stream) {
+    kKernel<<<grid, kThreads, kSmemBytes, stream>>>(a);
+    return gpuGetLastError();
+  }
+};
+
 }  // namespace flashport::gpu

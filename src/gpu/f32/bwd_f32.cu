@@ -349,28 +349,23 @@ __global__ void __launch_bounds__(256, kTile == kF32D64 ? 2 : 1) bwd_f32_kernel(
 namespace {
 
 template <int kTile>
-KernelInfo f32_bwd_info(int device) {
-  return cached_kernel_info<f32::bwd_f32_kernel<kTile>>(device, kF32BwdTiles[kTile].threads,
-                                                        kF32BwdTiles[kTile].bwd_smem_bytes());
-}
+using F32BwdInstance =
+    KernelInstance<f32::bwd_f32_kernel<kTile>, kF32BwdTiles[kTile].threads, kF32BwdTiles[kTile].bwd_smem_bytes()>;
 
 KernelInfo f32_bwd_info_of(int tile, int device) {
   switch (tile) {
-    case kF32D64: return f32_bwd_info<kF32D64>(device);
-    case kF32D128: return f32_bwd_info<kF32D128>(device);
-    case kF32D256: return f32_bwd_info<kF32D256>(device);
+    case kF32D64: return F32BwdInstance<kF32D64>::info(device);
+    case kF32D128: return F32BwdInstance<kF32D128>::info(device);
+    case kF32D256: return F32BwdInstance<kF32D256>::info(device);
   }
   return KernelInfo{gpuErrorInvalidDevice};
 }
 
 gpuError_t launch_f32_bwd(int tile, const BwdArgs& a, dim3 grid, gpuStream_t stream) {
   switch (tile) {
-#define FP_CASE(t)                                                                                   \
-  case t:                                                                                            \
-    f32::bwd_f32_kernel<t><<<grid, kF32BwdTiles[t].threads, kF32BwdTiles[t].bwd_smem_bytes(), stream>>>(a); \
-    return gpuGetLastError();
-    FP_CASE(kF32D64) FP_CASE(kF32D128) FP_CASE(kF32D256)
-#undef FP_CASE
+    case kF32D64: return F32BwdInstance<kF32D64>::launch(a, grid, stream);
+    case kF32D128: return F32BwdInstance<kF32D128>::launch(a, grid, stream);
+    case kF32D256: return F32BwdInstance<kF32D256>::launch(a, grid, stream);
   }
   return gpuErrorInvalidDevice;
 }

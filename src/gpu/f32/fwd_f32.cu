@@ -259,16 +259,14 @@ __global__ void __launch_bounds__(128, 2) fwd_f32_kernel(const __grid_constant__
 namespace {
 
 template <int kTile>
-KernelInfo f32_fwd_info(int device) {
-  return cached_kernel_info<f32::fwd_f32_kernel<kTile>>(device, kF32FwdTiles[kTile].threads,
-                                                        kF32FwdTiles[kTile].fwd_smem_bytes());
-}
+using F32FwdInstance =
+    KernelInstance<f32::fwd_f32_kernel<kTile>, kF32FwdTiles[kTile].threads, kF32FwdTiles[kTile].fwd_smem_bytes()>;
 
 KernelInfo f32_fwd_info_of(int tile, int device) {
   switch (tile) {
-    case kF32D64: return f32_fwd_info<kF32D64>(device);
-    case kF32D128: return f32_fwd_info<kF32D128>(device);
-    case kF32D256: return f32_fwd_info<kF32D256>(device);
+    case kF32D64: return F32FwdInstance<kF32D64>::info(device);
+    case kF32D128: return F32FwdInstance<kF32D128>::info(device);
+    case kF32D256: return F32FwdInstance<kF32D256>::info(device);
   }
   return KernelInfo{gpuErrorInvalidDevice};
 }
@@ -305,12 +303,9 @@ dim3 f32_fwd_grid(const Problem& p, int tile, int splits) {
 
 gpuError_t launch_f32_fwd(int tile, const FwdArgs& a, dim3 grid, gpuStream_t stream) {
   switch (tile) {
-#define FP_CASE(t)                                                                                  \
-  case t:                                                                                           \
-    f32::fwd_f32_kernel<t><<<grid, kF32FwdTiles[t].threads, kF32FwdTiles[t].fwd_smem_bytes(), stream>>>(a); \
-    return gpuGetLastError();
-    FP_CASE(kF32D64) FP_CASE(kF32D128) FP_CASE(kF32D256)
-#undef FP_CASE
+    case kF32D64: return F32FwdInstance<kF32D64>::launch(a, grid, stream);
+    case kF32D128: return F32FwdInstance<kF32D128>::launch(a, grid, stream);
+    case kF32D256: return F32FwdInstance<kF32D256>::launch(a, grid, stream);
   }
   return gpuErrorInvalidDevice;
 }

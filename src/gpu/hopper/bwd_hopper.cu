@@ -974,28 +974,24 @@ constexpr auto hopper_bwd_kernel_for() {
   else return sm90::bwd_hopper_kernel<D, Elem, kDropout>;
 }
 constexpr int hopper_bwd_threads(int d) { return d == 256 ? HopperBwdTileD256::kThreads : HopperBwdTile::kThreads; }
+template <int D, bool kBf16, bool kDropout>
+using HopperBwdInstance = KernelInstance<hopper_bwd_kernel_for<D, std::conditional_t<kBf16, BFloat16, Half>, kDropout>(),
+                                         hopper_bwd_threads(D), hopper_bwd_smem_bytes(D)>;
 
 // Both instances of the head dim (without and with dropout), so the check holds for either launch
 // and both kernels get their shared-memory attribute: the first failure, else the lower occupancy.
 template <int D, bool kBf16>
 BwdKernelInfo hopper_bwd_kernel_info(int device) {
-  using Elem = std::conditional_t<kBf16, BFloat16, Half>;
-  const BwdKernelInfo plain = cached_kernel_info<hopper_bwd_kernel_for<D, Elem, false>()>(
-      device, hopper_bwd_threads(D), hopper_bwd_smem_bytes(D));
-  const BwdKernelInfo drop = cached_kernel_info<hopper_bwd_kernel_for<D, Elem, true>()>(
-      device, hopper_bwd_threads(D), hopper_bwd_smem_bytes(D));
+  const BwdKernelInfo plain = HopperBwdInstance<D, kBf16, false>::info(device);
+  const BwdKernelInfo drop = HopperBwdInstance<D, kBf16, true>::info(device);
   if (plain.status != gpuSuccess) return plain;
   return drop.status != gpuSuccess || drop.blocks_per_sm < plain.blocks_per_sm ? drop : plain;
 }
 
 template <int D, bool kBf16>
 gpuError_t launch_hopper_bwd(const BwdArgs& a, dim3 grid, gpuStream_t stream) {
-  using Elem = std::conditional_t<kBf16, BFloat16, Half>;
-  if (a.rules.dropout_p > 0.0f)
-    hopper_bwd_kernel_for<D, Elem, true>()<<<grid, hopper_bwd_threads(D), hopper_bwd_smem_bytes(D), stream>>>(a);
-  else
-    hopper_bwd_kernel_for<D, Elem, false>()<<<grid, hopper_bwd_threads(D), hopper_bwd_smem_bytes(D), stream>>>(a);
-  return gpuGetLastError();
+  if (a.rules.dropout_p > 0.0f) return HopperBwdInstance<D, kBf16, true>::launch(a, grid, stream);
+  return HopperBwdInstance<D, kBf16, false>::launch(a, grid, stream);
 }
 
 #define FP_INSTANTIATE_HOPPER_BWD(D, bf16)                           \

@@ -621,18 +621,17 @@ FP_TARGET_NS_END
 namespace flashport::gpu {
 
 template <int kTile, bool kBf16>
+using BwdInstance = KernelInstance<bwd_kernel<kTile, std::conditional_t<kBf16, BFloat16, Half>>,
+                                   kBwdTiles[kTile].threads(), kBwdTiles[kTile].smem_bytes()>;
+
+template <int kTile, bool kBf16>
 BwdKernelInfo bwd_kernel_info(int device) {
-  using Elem = std::conditional_t<kBf16, BFloat16, Half>;
-  constexpr BwdTile C = kBwdTiles[kTile];
-  return cached_kernel_info<bwd_kernel<kTile, Elem>>(device, C.threads(), C.smem_bytes());
+  return BwdInstance<kTile, kBf16>::info(device);
 }
 
 template <int kTile, bool kBf16>
 gpuError_t launch_bwd(const BwdArgs& a, dim3 grid, gpuStream_t stream) {
-  using Elem = std::conditional_t<kBf16, BFloat16, Half>;
-  constexpr BwdTile C = kBwdTiles[kTile];
-  bwd_kernel<kTile, Elem><<<grid, C.threads(), C.smem_bytes(), stream>>>(a);
-  return gpuGetLastError();
+  return BwdInstance<kTile, kBf16>::launch(a, grid, stream);
 }
 
 #define FP_INSTANTIATE_BWD(tile)                                                  \

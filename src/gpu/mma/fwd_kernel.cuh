@@ -507,18 +507,17 @@ FP_TARGET_NS_END
 namespace flashport::gpu {
 
 template <int kTile, bool kBf16>
+using FwdInstance = KernelInstance<fwd_kernel<kTile, std::conditional_t<kBf16, BFloat16, Half>>,
+                                   kTileConfigs[kTile].threads(), kTileConfigs[kTile].smem_bytes()>;
+
+template <int kTile, bool kBf16>
 KernelInfo fwd_kernel_info(int device) {
-  using Elem = std::conditional_t<kBf16, BFloat16, Half>;
-  constexpr TileConfig C = kTileConfigs[kTile];
-  return cached_kernel_info<fwd_kernel<kTile, Elem>>(device, C.threads(), C.smem_bytes());
+  return FwdInstance<kTile, kBf16>::info(device);
 }
 
 template <int kTile, bool kBf16>
 gpuError_t launch_fwd(const FwdArgs& a, dim3 grid, gpuStream_t stream) {
-  using Elem = std::conditional_t<kBf16, BFloat16, Half>;
-  constexpr TileConfig C = kTileConfigs[kTile];
-  fwd_kernel<kTile, Elem><<<grid, C.threads(), C.smem_bytes(), stream>>>(a);
-  return gpuGetLastError();
+  return FwdInstance<kTile, kBf16>::launch(a, grid, stream);
 }
 
 #define FP_INSTANTIATE_FWD(tile)                                                 \
