@@ -14,6 +14,7 @@ import os
 import tempfile
 import time
 import traceback
+import warnings
 
 import pytest
 import torch
@@ -253,23 +254,35 @@ def _worker(rank, world, store_path, out_dir):
 
 
 def _run_world(world):
+    """Each rank's per-case results. A rank that died before writing them (a crash in a case,
+    or a hang past the deadline) fails every case; one that wrote them and then died in
+    torch.distributed's teardown (gloo's threads aborting at destroy_process_group or exit, seen
+    about once in ten CI runs as SIGABRT "terminate called without an active exception", after
+    every case had finished) only warns: no flashport code runs there."""
     out_dir = tempfile.mkdtemp(prefix=f"fp_ring{world}_")
     ctx = mp.start_processes(_worker, args=(world, os.path.join(out_dir, "store"), out_dir),
                              nprocs=world, join=False, start_method="spawn")
     deadline = time.time() + SPAWN_TIMEOUT_S
     try:
-        while not ctx.join(timeout=max(1.0, deadline - time.time())):
-            if time.time() > deadline:
-                raise TimeoutError(f"{world}-rank ring attention workers hung (> "
-                                   f"{SPAWN_TIMEOUT_S} s)")
+        for p in ctx.processes:
+            p.join(timeout=max(0.0, deadline - time.time()))
+        if any(p.is_alive() for p in ctx.processes):
+            raise TimeoutError(f"{world}-rank ring attention workers hung (> {SPAWN_TIMEOUT_S} s)")
     finally:
         for p in ctx.processes:
             if p.is_alive():
                 p.kill()
     results = []
-    for r in range(world):
-        with open(os.path.join(out_dir, f"rank{r}.json")) as f:
+    for r, p in enumerate(ctx.processes):
+        path = os.path.join(out_dir, f"rank{r}.json")
+        if not os.path.exists(path):
+            raise RuntimeError(f"rank {r} of {world} exited (code {p.exitcode}) before writing its results")
+        with open(path) as f:
             results.append(json.load(f))
+    crashed = {r: p.exitcode for r, p in enumerate(ctx.processes) if p.exitcode != 0}
+    if crashed:
+        warnings.warn(f"{world}-rank run: ranks {crashed} (exit codes) died in torch.distributed's "
+                      "teardown after writing their results")
     return results
 
 
