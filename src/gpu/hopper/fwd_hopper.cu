@@ -118,9 +118,7 @@ std::string make_v3_maps(const Problem& p, const FwdArgs& a, HopperV3Params* prm
 // the candidate checked). Checked here without encoding, so a call encodes its three maps once,
 // at the launch.
 std::string hopper_tma_reason(const Problem& p, int splits) {
-  const int64_t bm = HopperTileV3::block_m(hopper_head_bucket(p));
-  const int64_t tiles = (p.seq.sq + bm - 1) / bm * p.hq * p.seq.batch * std::max(splits, 1);
-  if (tiles > int64_t(INT32_MAX)) return "hopper path: more than 2^31 work tiles";
+  if (hopper_work_tiles(p, splits) > int64_t(INT32_MAX)) return "hopper path: more than 2^31 work tiles";
   if (tensor_map_encoder() == nullptr) return "hopper path: the driver has no cuTensorMapEncodeTiled";
   // q as the kernel reads it: with rotary, the rotated copy in the workspace (its layout only).
   RowAddr q_addr = p.q;
@@ -179,7 +177,7 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, int32
   // each, or the plan's persistent grid walking them.
   prm.work_tiles = int32_t(m_blocks * p.hq * p.seq.batch * std::max(a.splits, 1));
   const unsigned blocks = grid > 0 && grid < prm.work_tiles ? unsigned(grid) : unsigned(prm.work_tiles);
-  if (tile_counter != nullptr && blocks < unsigned(prm.work_tiles)) {
+  if (tile_counter != nullptr) {
     if (const gpuError_t e = cudaMemsetAsync(tile_counter, 0, sizeof(int32_t), stream); e != gpuSuccess) return e;
     prm.tile_counter = tile_counter;
   }

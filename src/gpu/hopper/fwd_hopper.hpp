@@ -159,6 +159,13 @@ inline bool kv_by_rows(const Problem& p) {
   return p.seq.cache_leftpad != nullptr || !(page % bn == 0 || (bn % page == 0 && page >= 64));
 }
 
+// Work tiles of a call: query blocks of block_m rows x splits x heads x sequences (the kernel's
+// grid unit; a persistent block walks several).
+inline int64_t hopper_work_tiles(const Problem& p, int splits) {
+  const int64_t bm = HopperTileV3::block_m(hopper_head_bucket(p));
+  return (p.seq.sq + bm - 1) / bm * p.hq * p.seq.batch * std::max(splits, 1);
+}
+
 // The plan's kernel name; split-KV adds ":splitkv+combine" (as the mma.sync plans do), a paged
 // cache copied by the producer's threads ":kv_rows" (kv_by_rows).
 inline void hopper_kernel_name(char* buf, size_t size, const Problem& p, int splits) {
@@ -196,9 +203,7 @@ struct HopperGrid {
 inline HopperGrid hopper_grid(const Problem& p, int splits, int64_t slots) {
   constexpr int64_t kMaxKeyTiles = 64;
   const int d = hopper_head_bucket(p);
-  const int64_t bm = HopperTileV3::block_m(d);
-  const int64_t tiles = (p.seq.sq + bm - 1) / bm * p.hq * p.seq.batch * std::max(splits, 1);
-  if (tiles <= slots) return {};
+  if (hopper_work_tiles(p, splits) <= slots) return {};
   const bool uniform = splits == 1 && p.rules.window_left < 0 && p.rules.window_right < 0 &&
                        p.seq.cu_q == nullptr && p.seq.cu_k == nullptr && !is_kv_cache_call(p);  // paged: a cache call
   if (!uniform) return {int(slots), true};
@@ -248,8 +253,8 @@ inline std::string hopper_fwd_candidate(const Problem& p, int arch, int sm_count
     const int64_t key_blocks64 = std::max<int64_t>(1, (keys + 63) / 64);
     n = resolve_num_splits(p.num_splits, 1, key_blocks64, 1, kMaxSplits);
   } else {
-    const int64_t bm = HopperTileV3::block_m(d), bn = HopperTileV3::block_n(d);
-    const int64_t tiles = (p.seq.sq + bm - 1) / bm * p.hq * p.seq.batch;
+    const int64_t bn = HopperTileV3::block_n(d);
+    const int64_t tiles = hopper_work_tiles(p, 1);
     const int64_t key_blocks = std::max<int64_t>(1, (keys + bn - 1) / bn);
     const int64_t slots = int64_t(std::max(sm_count, 1)) * std::max(ki.blocks_per_sm, 1);
     n = resolve_num_splits(0, tiles, key_blocks, slots, kMaxSplits);

@@ -50,7 +50,7 @@ struct HopperV3Params {
   FwdArgs a;
   CUtensorMap tq, tk, tv;  // 4-d (col, row, head, batch) views of q, k, v; paged k/v: (col, row in page, head, page)
   int32_t m_blocks = 0;    // query blocks per (head, sequence): ceil(Sq / BM)
-  int32_t work_tiles = 0;  // m_blocks x splits x Hq x B; block i takes tiles i, i + gridDim.x, ...
+  int32_t work_tiles = 0;  // m_blocks x splits x Hq x B; block i takes tile i first, then walks (tile_counter)
   int32_t kv_box_rows = 0; // rows of one K/V box: the key tile, or a page when pages are smaller
   // Dynamic persistent grid (hopper_grid in fwd_hopper.hpp): the call's tile counter in the
   // workspace, zeroed before the launch; a block's next work tile is gridDim.x + atomicAdd(counter, 1).
