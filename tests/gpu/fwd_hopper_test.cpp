@@ -772,7 +772,9 @@ TEST(CudaHopperFwd, SplitKvAutoLongKeys) {
     c.splits = 0;
     if (hopper_here()) {
       using flashport::gpu::HopperTileV3;
-      const int64_t bm = HopperTileV3::block_m(int(sh.d)), bn = HopperTileV3::block_n(int(sh.d));
+      flashport::Problem dims;  // the call's key tile (D128 at 9000 keys: the wide one)
+      dims.d = dims.dv = sh.d, dims.seq.sk = sh.sk;
+      const int64_t bm = HopperTileV3::block_m(int(sh.d)), bn = flashport::gpu::hopper_block_n(dims);
       const int want = flashport::resolve_num_splits(0, (sh.sq + bm - 1) / bm * sh.hq, (sh.sk + bn - 1) / bn, sms,
                                                      flashport::gpu::kMaxSplits);
       ASSERT_GT(want, 1) << "the shape should split";
@@ -897,6 +899,183 @@ TEST(CudaHopperFwd, SplitKvKillSwitch) {
   }
   const fp_selection sel = check_hopper_split(c, 3);
   EXPECT_EQ(std::string(sel.kernel).find(kHopperName) != std::string::npos, hopper_here()) << sel.kernel;
+}
+
+// ---- D128's wide key tile (fwd_hopper.hpp hopper_wide_tile) --------------------------------
+
+// Runs the case against the reference; on sm_90 the Hopper kernel takes it, with the 160-key tile
+// exactly when `wide` (the plan's name shows the tile).
+void check_key_tile(const Case& c, bool wide) {
+  fp_selection sel{};
+  check_case(c, &sel);
+  const std::string ran(sel.kernel);
+  EXPECT_EQ(ran.find(kHopperName) != std::string::npos, hopper_here()) << c.describe() << " ran " << ran;
+  if (!hopper_here()) return;
+  EXPECT_NE(ran.find(wide ? "_m128n160_" : "_m128n128_"), std::string::npos) << c.describe() << " ran " << ran;
+  expect_split_tag(sel, c.describe());
+}
+
+// Long unmasked D128 calls: key lengths with a partial last 160-key tile (2001, 2100, 4095) and a
+// whole one (2080 = 13 tiles), both dtypes, GQA and MQA, padded head dims (the 128 instance),
+// with and without LSE; score features: softcap, ALiBi (per head and per batch), sinks, a
+// non-positive scale.
+TEST(CudaHopperFwd, WideKeyTileLongUnmaskedCalls) {
+  SKIP_WITHOUT_GPU();
+  for (fp_dtype t : {FP_BF16, FP_F16})
+    for (int64_t sk : {2001, 2080, 2100, 4095}) {
+      Case c;
+      c.dtype = t;
+      c.batch = 2, c.hq = 4, c.hkv = sk == 2100 ? 1 : 2, c.d = 128, c.dv = 128, c.sq = 257, c.sk = sk;
+      c.lse = sk != 2080;
+      check_key_tile(c, true);
+    }
+  {
+    Case c;
+    c.dtype = rand_dtype();
+    c.batch = 1, c.hq = 6, c.hkv = 3, c.d = 112, c.dv = 72, c.sq = 130, c.sk = 2222;
+    check_key_tile(c, true);
+  }
+  Case f;
+  f.dtype = rand_dtype();
+  f.batch = 2, f.hq = 4, f.hkv = 2, f.d = 128, f.dv = 128, f.sq = 200, f.sk = 2100;
+  f.softcap = 30.0f, f.input_std = 3.0;
+  check_key_tile(f, true);
+  f.softcap = 0.0f, f.input_std = 1.0, f.alibi = true;
+  check_key_tile(f, true);
+  f.alibi_per_batch = true, f.sinks = true;
+  check_key_tile(f, true);
+  f.alibi = f.alibi_per_batch = false, f.scale = -0.05f;
+  check_key_tile(f, true);
+}
+
+// The calls that keep the 128-key tile: shorter keys, causal (both alignments), windows, dropout,
+// varlen, KV caches (contiguous and paged); each still right.
+TEST(CudaHopperFwd, WideKeyTileDeclinedCalls) {
+  SKIP_WITHOUT_GPU();
+  Case base;
+  base.dtype = rand_dtype();
+  base.batch = 1, base.hq = 2, base.hkv = 1, base.d = 128, base.dv = 128, base.sq = 200, base.sk = 2100;
+  check_key_tile(base, true);
+  Case c = base;
+  c.sk = 2047;
+  check_key_tile(c, false);
+  for (const MaskVariant& w : mask_variants()) {
+    c = base;
+    w.apply(c);
+    check_key_tile(c, false);
+  }
+  c = base;
+  c.dropout = 0.15f;
+  check_key_tile(c, false);
+  c = base;
+  c.varlen = true, c.batch = 3, c.lq = {200, 1, 130}, c.lk = {2100, 3000, 17};
+  check_key_tile(c, false);
+  c = base;
+  c.cache = true, c.nan_unused_cache = true, c.seqused = {2050};
+  check_key_tile(c, false);
+  c.paged = true, c.page_size = 128;
+  check_key_tile(c, false);
+}
+
+// Split-KV over 160-key tiles: forced counts resolve in 64-key blocks (as on the mma.sync kernel),
+// so 64 splits of 4095 keys leave 38 of the 26-tile ranges empty (LSE = -inf, skipped by the
+// combine); 2, 3, 7 split unequally. Partials over a garbage workspace; automatic counts on a
+// small grid.
+TEST(CudaHopperFwd, WideKeyTileSplitKv) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t sk : {2100, 4095})
+    for (int32_t s : {2, 3, 7, 64}) {
+      Case c;
+      c.dtype = rand_dtype();
+      c.batch = 1, c.hq = 2, c.hkv = 1, c.d = 128, c.dv = 128, c.sq = 150, c.sk = sk;
+      c.splits = s;
+      c.sinks = s == 3;
+      const fp_selection sel = check_hopper_split(c, forced_splits(c, s));
+      if (hopper_here()) EXPECT_NE(std::string(sel.kernel).find("_m128n160_"), std::string::npos) << sel.kernel;
+    }
+  Case a;
+  a.dtype = rand_dtype();
+  a.batch = 1, a.hq = 2, a.hkv = 2, a.d = 128, a.dv = 128, a.sq = 128, a.sk = 12000, a.splits = 0;
+  const fp_selection sel = check_hopper_split(a, 0);
+  if (hopper_here()) EXPECT_NE(std::string(sel.kernel).find("_m128n160_"), std::string::npos) << sel.kernel;
+}
+
+// More work tiles (query blocks x heads x batch) than an H100's 132 slots: the static persistent
+// walk over 160-key tiles (14 tiles of 2100 keys, a partial last one), GQA, LSE; and under
+// CUDA-graph replay.
+TEST(CudaHopperFwd, WideKeyTilePersistentGrid) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.dtype = rand_dtype();
+  c.batch = 2, c.hq = 24, c.hkv = 8, c.d = 128, c.dv = 128, c.sq = 333, c.sk = 2100;  // 3 x 24 x 2 = 144 tiles
+  check_key_tile(c, true);
+  c.sinks = true, c.dtype = c.dtype == FP_BF16 ? FP_F16 : FP_BF16;
+  check_key_tile(c, true);
+  Call call(c);
+  DeviceCall direct(call);
+  const Outputs want = run_cuda(call, direct);
+  ASSERT_TRUE(want.ok) << want.error;
+  expect_graph_replay_equals(call, want, /*garbage_workspace=*/true);
+}
+
+// The choice rule and the plan names (no device needed): D128 (and dims padded into it) with at
+// least kWideMinKeys keys and equal-cost tiles runs 160-key tiles; masks, dropout, varlen, caches,
+// short keys and the other head dims keep theirs. Its shared memory fits an H100 block; the
+// persistent grid's 64-key-tile limit counts its tiles.
+TEST(HopperFwdPlan, WideKeyTileChoice) {
+  namespace g = flashport::gpu;
+  using g::HopperTileV3;
+  auto problem = [](int64_t d, int64_t sk) {
+    flashport::Problem p;
+    p.dtype = FP_BF16;
+    p.d = p.dv = d;
+    p.hq = p.hkv = 16;
+    p.seq.batch = 1, p.seq.sq = 10240, p.seq.sk = sk;
+    return p;
+  };
+  auto name = [](const flashport::Problem& p, int splits) {
+    char buf[160];
+    g::hopper_kernel_name(buf, sizeof(buf), p, splits);
+    return std::string(buf);
+  };
+  flashport::Problem p = problem(128, 2048);
+  EXPECT_TRUE(g::hopper_wide_tile(p));
+  EXPECT_EQ(g::hopper_block_n(p), 160);
+  EXPECT_EQ(name(p, 1), "cuda:sm90_wgmma_prefill_d128_m128n160_tma_ws:bf16");
+  EXPECT_EQ(name(p, 3), "cuda:sm90_wgmma_prefill_d128_m128n160_tma_ws:bf16:splitkv+combine");
+  p.d = 96, p.dv = 64;
+  EXPECT_EQ(name(p, 1), "cuda:sm90_wgmma_prefill_d128_m128n160_tma_ws:bf16:d96_dv64");
+  p = problem(128, HopperTileV3::kWideMinKeys - 1);
+  EXPECT_EQ(g::hopper_block_n(p), 128);
+  EXPECT_EQ(name(p, 1), "cuda:sm90_wgmma_prefill_d128_m128n128_tma_ws:bf16");
+  for (int64_t d : {64, 192, 256}) {
+    p = problem(d, 16384);
+    EXPECT_FALSE(g::hopper_wide_tile(p)) << "d " << d;
+    EXPECT_EQ(g::hopper_block_n(p), HopperTileV3::block_n(int(d))) << "d " << d;
+  }
+  const int32_t lengths[2] = {0, 4096};
+  const flashport::Problem wide = problem(128, 4096);
+  auto declined = [&](const char* what, auto change) {
+    flashport::Problem q = wide;
+    change(q);
+    EXPECT_FALSE(g::hopper_wide_tile(q)) << what;
+    EXPECT_EQ(g::hopper_block_n(q), 128) << what;
+    EXPECT_NE(name(q, 1).find("_m128n128_"), std::string::npos) << what;
+  };
+  declined("causal", [](flashport::Problem& q) { q.rules.window_right = 0; });
+  declined("window", [](flashport::Problem& q) { q.rules.window_left = 512; });
+  declined("dropout", [](flashport::Problem& q) { q.rules.dropout_p = 0.1f; });
+  declined("varlen", [&](flashport::Problem& q) { q.seq.cu_q = q.seq.cu_k = lengths; });
+  declined("seqused_k", [&](flashport::Problem& q) { q.seq.seqused_k = lengths + 1; });
+  declined("paged", [](flashport::Problem& q) { q.seq.kv_layout = flashport::KvLayout::Paged, q.seq.page_size = 160; });
+  EXPECT_EQ(HopperTileV3::smem_bytes(128, HopperTileV3::kWideBlockN), 230528);
+  EXPECT_LE(HopperTileV3::smem_bytes(128, HopperTileV3::kWideBlockN), 232448);
+  const int64_t slots = 132;  // 80 query blocks x 16 heads = 1280 work tiles
+  p = problem(128, 10240);    // 64 tiles of 160 keys: the static walk
+  EXPECT_EQ(g::hopper_grid(p, 1, slots).blocks, slots);
+  EXPECT_FALSE(g::hopper_grid(p, 1, slots).dynamic);
+  p.seq.sk = 10241;           // 65 tiles: one block per work tile
+  EXPECT_EQ(g::hopper_grid(p, 1, slots).blocks, 0);
 }
 
 }  // namespace

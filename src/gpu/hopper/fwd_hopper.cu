@@ -73,7 +73,7 @@ std::string encode_rows_map(CUtensorMap* map, const void* base, int64_t cols, in
 // Rows of one K/V box: the key tile, or one page when pages are smaller (the candidate allows
 // pages that are a multiple of the key tile, or a multiple of 8 rows dividing it).
 int kv_box_rows(const Problem& p) {
-  const int bn = HopperTileV3::block_n(hopper_head_bucket(p));
+  const int bn = hopper_block_n(p);
   return p.seq.kv_layout == KvLayout::Paged ? int(std::min<int64_t>(bn, p.seq.page_size)) : bn;
 }
 
@@ -148,10 +148,16 @@ template <int D, bool kBf16>
 KernelInfo hopper_fwd_kernel_info(int device) {
   using Elem = std::conditional_t<kBf16, BFloat16, Half>;
   const int threads = HopperTileV3::threads(D), smem = HopperTileV3::smem_bytes(D);
-  const KernelInfo infos[3] = {
-      cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, false, false>>(device, threads, smem),
-      cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, true, false>>(device, threads, smem),
-      cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, false, true>>(device, threads, smem)};
+  constexpr int BN = HopperTileV3::block_n(D);
+  // D128 adds its wide-tile instance (hopper_wide_tile); elsewhere the plain one stands in.
+  constexpr bool kWide = D == 128;
+  constexpr int kWideBN = kWide ? HopperTileV3::kWideBlockN : BN;
+  const KernelInfo infos[4] = {
+      cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, false, false, BN>>(device, threads, smem),
+      cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, true, false, BN>>(device, threads, smem),
+      cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, false, true, BN>>(device, threads, smem),
+      cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, false, false, kWideBN>>(
+          device, threads, HopperTileV3::smem_bytes(D, kWideBN))};
   KernelInfo worst = infos[0];
   for (const KernelInfo& k : infos) {
     if (k.status != gpuSuccess) return k;
@@ -181,13 +187,22 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, int32
     if (const gpuError_t e = cudaMemsetAsync(tile_counter, 0, sizeof(int32_t), stream); e != gpuSuccess) return e;
     prm.tile_counter = tile_counter;
   }
+  constexpr int BN = HopperTileV3::block_n(D);
   const int threads = HopperTileV3::threads(D), smem = HopperTileV3::smem_bytes(D);
+  if constexpr (D == 128) {
+    if (hopper_wide_tile(p)) {  // plain calls only: no dropout, no cache
+      constexpr int kWideBN = HopperTileV3::kWideBlockN;
+      sm90::fwd_hopper_v3_kernel<D, Elem, false, false, kWideBN>
+          <<<blocks, threads, HopperTileV3::smem_bytes(D, kWideBN), stream>>>(prm);
+      return gpuGetLastError();
+    }
+  }
   if (rows)  // the candidate declines row copies with dropout
-    sm90::fwd_hopper_v3_kernel<D, Elem, false, true><<<blocks, threads, smem, stream>>>(prm);
+    sm90::fwd_hopper_v3_kernel<D, Elem, false, true, BN><<<blocks, threads, smem, stream>>>(prm);
   else if (a.rules.dropout_p > 0.0f)
-    sm90::fwd_hopper_v3_kernel<D, Elem, true, false><<<blocks, threads, smem, stream>>>(prm);
+    sm90::fwd_hopper_v3_kernel<D, Elem, true, false, BN><<<blocks, threads, smem, stream>>>(prm);
   else
-    sm90::fwd_hopper_v3_kernel<D, Elem, false, false><<<blocks, threads, smem, stream>>>(prm);
+    sm90::fwd_hopper_v3_kernel<D, Elem, false, false, BN><<<blocks, threads, smem, stream>>>(prm);
   return gpuGetLastError();
 }
 

@@ -16,7 +16,8 @@
 // declined), append and rotary (the
 // pre-pass writes the cache rows and the rotated q, which the kernel reads from the workspace),
 // varlen queries over a cache (chunked prefill), dropout (core/philox.hpp's keep mask, the
-// words shared between lanes: dropout_hopper.cuh; split-KV too).
+// words shared between lanes: dropout_hopper.cuh; split-KV too). Key tiles: HopperTileV3::block_n,
+// and 160 keys for D128's long unmasked calls (hopper_wide_tile; plan name `_m128n160_`).
 // Declined: decode-shaped calls (the mma.sync decode tile packs GQA heads), head dims
 // above 256, unaligned tensors, devices other than sm_90, FLASHPORT_HOPPER_FWD=0 (the user's kill
 // switch, core/config.hpp).
@@ -62,6 +63,12 @@ struct HopperTileV3 {
   // staging), 64 at D256. With 96, pages of 64, 128, 256 rows do not tile a key tile with TMA boxes:
   // row copies (dropout: declined, the mma.sync kernel runs them).
   static constexpr int block_n(int d) { return d == 192 ? 96 : d == 256 ? 64 : 128; }
+  // D128's long unmasked calls (hopper_wide_tile): 160-key tiles, 25% more tensor work per softmax
+  // and barrier round (FlashAttention-3 takes 176 at D128 without a causal mask). The S tile is 80
+  // fp32 registers, P 40, O 64: under the consumers' 240. Keys from kWideMinKeys: a partial last
+  // tile wastes at most 159 keys' work, under 8% at 2k.
+  static constexpr int kWideBlockN = 160;
+  static constexpr int kWideMinKeys = 2048;
   // full/empty Q, full/empty x K/V x stages, `v_tail_zeroed` (KV-cache calls: the first V tile's
   // rows past the keys are zeroed before P V reads them), and the dynamic walk's two tile-id slots
   // (full/empty each, and the ids: 8 bytes).
@@ -69,13 +76,15 @@ struct HopperTileV3 {
   // O leaves through shared memory (HopperRows::epilogue): each consumer warpgroup stages its 64
   // rows, kOutStageRowBytes per row and pass (16-bit O: one pass up to D128, three of 64 columns at
   // D192, two at D256; fp32 split-KV partials: one pass per 64 columns). 16 KB per consumer fits next
-  // to every ring: D64 206,016 bytes, D128 197,760, D192 230,528, D256 230,528 of the 232,448 an H100
-  // block may opt in to.
+  // to every ring: D64 206,016 bytes, D128 197,760 (160-key tile 230,528), D192 230,528, D256 230,528
+  // of the 232,448 an H100 block may opt in to.
   static constexpr int kOutStageRowBytes = 256;
   static constexpr int out_stage_bytes(int d) { return consumers(d) * 64 * kOutStageRowBytes; }
-  static constexpr int smem_bytes(int d) {
-    return (block_m(d) + 2 * stages(d) * block_n(d)) * d * 2 + out_stage_bytes(d) + 1024 + barrier_bytes(d);
+  // Key tile bn (D128's wide tile: 230,528 bytes).
+  static constexpr int smem_bytes(int d, int bn) {
+    return (block_m(d) + 2 * stages(d) * bn) * d * 2 + out_stage_bytes(d) + 1024 + barrier_bytes(d);
   }
+  static constexpr int smem_bytes(int d) { return smem_bytes(d, block_n(d)); }
 };
 
 // The kernel instance (head-dim bucket) of a call: the smallest of 64, 128, 192, 256 holding both
@@ -137,6 +146,26 @@ inline bool is_kv_cache_call(const Problem& p) {
          p.seq.cache_leftpad != nullptr;
 }
 
+// Every work tile of the call costs the same: no causal or window mask, every sequence as long as
+// the batched tensors (no varlen), no KV cache (seqused_k, paged, cache_batch_idx, left pad).
+inline bool equal_cost_tiles(const Problem& p) {
+  return p.rules.window_left < 0 && p.rules.window_right < 0 && p.seq.cu_q == nullptr && p.seq.cu_k == nullptr &&
+         !is_kv_cache_call(p);
+}
+
+// D128 calls of equal-cost work tiles with at least kWideMinKeys keys run 160-key tiles (their own
+// instance); varlen is left out because the plan sees only the longest sequence (short ones would
+// waste partial tiles), dropout because a row's keep bits of a tile are one 32-bit word, two bits
+// per 8-key accumulator tile: 128 keys at most (dropout_hopper.cuh fwd_keep_bits).
+inline bool hopper_wide_tile(const Problem& p) {
+  return hopper_head_bucket(p) == 128 && equal_cost_tiles(p) && !p.rules.has_dropout() &&
+         p.seq.sk >= HopperTileV3::kWideMinKeys;
+}
+// The call's key tile: the wide one, else its head dim's.
+inline int hopper_block_n(const Problem& p) {
+  return hopper_wide_tile(p) ? HopperTileV3::kWideBlockN : HopperTileV3::block_n(hopper_head_bucket(p));
+}
+
 // How the producer reads a paged cache. TMA boxes tile pages that are a multiple of the key tile
 // (one box per tile) or a multiple of 8 rows dividing it (one box per page), without a left pad.
 // Below the key tile the producer's threads copy the rows instead (the kKvRows instances,
@@ -145,7 +174,7 @@ inline bool is_kv_cache_call(const Problem& p) {
 // take any page size and left pad. Dropout has no row-copy instance: its calls keep the boxes
 // where they fit, and the candidate declines the rest (hopper_fwd_candidate).
 inline bool kv_tma_boxes_fit(const Problem& p) {
-  const int64_t page = p.seq.page_size, bn = HopperTileV3::block_n(hopper_head_bucket(p));
+  const int64_t page = p.seq.page_size, bn = hopper_block_n(p);
   return p.seq.cache_leftpad == nullptr && (page % bn == 0 || (bn % page == 0 && page % 8 == 0));
 }
 // Row copies for pages below 64 rows, pages that do not divide into key tiles, and left pads;
@@ -154,7 +183,7 @@ inline bool kv_tma_boxes_fit(const Problem& p) {
 // call, of 16-row pages 0.43 (the single issuing thread); row copies 0.69-0.70 at every size.
 inline bool kv_by_rows(const Problem& p) {
   if (p.seq.kv_layout != KvLayout::Paged) return false;
-  const int64_t bn = HopperTileV3::block_n(hopper_head_bucket(p)), page = p.seq.page_size;
+  const int64_t bn = hopper_block_n(p), page = p.seq.page_size;
   if (p.rules.has_dropout()) return !kv_tma_boxes_fit(p);
   return p.seq.cache_leftpad != nullptr || !(page % bn == 0 || (bn % page == 0 && page >= 64));
 }
@@ -172,7 +201,7 @@ inline void hopper_kernel_name(char* buf, size_t size, const Problem& p, int spl
   const int bucket = hopper_head_bucket(p);
   const HopperDimsTag dims(p);
   std::snprintf(buf, size, "cuda:sm90_wgmma_prefill_d%d_m%dn%d_tma_ws:%s%s%s%s", bucket, HopperTileV3::block_m(bucket),
-                HopperTileV3::block_n(bucket), p.dtype == FP_BF16 ? "bf16" : "fp16", dims.text,
+                hopper_block_n(p), p.dtype == FP_BF16 ? "bf16" : "fp16", dims.text,
                 kv_by_rows(p) ? ":kv_rows" : "", splits > 1 ? ":splitkv+combine" : "");
 }
 
@@ -202,12 +231,10 @@ struct HopperGrid {
 };
 inline HopperGrid hopper_grid(const Problem& p, int splits, int64_t slots) {
   constexpr int64_t kMaxKeyTiles = 64;
-  const int d = hopper_head_bucket(p);
   if (hopper_work_tiles(p, splits) <= slots) return {};
-  const bool uniform = splits == 1 && p.rules.window_left < 0 && p.rules.window_right < 0 &&
-                       p.seq.cu_q == nullptr && p.seq.cu_k == nullptr && !is_kv_cache_call(p);  // paged: a cache call
-  if (!uniform) return {int(slots), true};
-  if ((p.seq.sk + HopperTileV3::block_n(d) - 1) / HopperTileV3::block_n(d) > kMaxKeyTiles) return {};
+  if (splits != 1 || !equal_cost_tiles(p)) return {int(slots), true};
+  const int64_t bn = hopper_block_n(p);
+  if ((p.seq.sk + bn - 1) / bn > kMaxKeyTiles) return {};
   return {int(slots), false};
 }
 
@@ -215,7 +242,7 @@ inline HopperGrid hopper_grid(const Problem& p, int splits, int64_t slots) {
 // it doesn't. Split count: the caller's num_splits (1 off; a forced count clamped to the call's
 // 64-key blocks, so a count means the same on both kernels: splits past the kernel's own key
 // tiles are empty and store LSE = -inf); with 0 the heuristic of core/heuristics.hpp over this
-// kernel's work tiles (query blocks of block_m rows x heads x batch), key tiles (block_n) and occupancy
+// kernel's work tiles (query blocks of block_m rows x heads x batch), key tiles (hopper_block_n) and occupancy
 // (SMs x blocks per SM).
 inline std::string hopper_fwd_candidate(const Problem& p, int arch, int sm_count, int smem_optin, int* splits,
                                         HopperGrid* grid) {
@@ -243,7 +270,7 @@ inline std::string hopper_fwd_candidate(const Problem& p, int arch, int sm_count
            "dividing the key tile): no row-copy dropout instance";
   if (kv_by_rows(p) && (p.d % 8 != 0 || p.dv % 8 != 0))
     return "hopper path: a paged cache copied by rows needs head dims D, Dv of whole 16-byte chunks (multiples of 8)";
-  if (HopperTileV3::smem_bytes(d) > smem_optin) return "hopper path: shared memory";
+  if (HopperTileV3::smem_bytes(d, hopper_block_n(p)) > smem_optin) return "hopper path: shared memory";
   const KernelInfo ki = hopper_info_for(d, p.dtype == FP_BF16, p.device_index);
   if (ki.status != gpuSuccess) return std::string("hopper path: no kernel image: ") + gpuGetErrorString(ki.status);
   if (ki.blocks_per_sm < 1) return "hopper path: kernel does not fit an SM";
@@ -253,7 +280,7 @@ inline std::string hopper_fwd_candidate(const Problem& p, int arch, int sm_count
     const int64_t key_blocks64 = std::max<int64_t>(1, (keys + 63) / 64);
     n = resolve_num_splits(p.num_splits, 1, key_blocks64, 1, kMaxSplits);
   } else {
-    const int64_t bn = HopperTileV3::block_n(d);
+    const int64_t bn = hopper_block_n(p);
     const int64_t tiles = hopper_work_tiles(p, 1);
     const int64_t key_blocks = std::max<int64_t>(1, (keys + bn - 1) / bn);
     const int64_t slots = int64_t(std::max(sm_count, 1)) * std::max(ki.blocks_per_sm, 1);

@@ -2,7 +2,8 @@
 // Included by fwd_hopper.cu only (sm_90a object).
 //
 // Block = a producer warpgroup and 2 or 3 consumer warpgroups of 64 query rows (HopperTileV3:
-// BM = 128 at D128/D192/D256, 192 at D64):
+// BM = 128 at D128/D192/D256, 192 at D64), key tiles of HopperTileV3::block_n(D) keys or (D128's
+// long unmasked calls, hopper_wide_tile) 160:
 //   warpgroup 0, the producer: drops to 24 registers (setmaxnreg; 40 in the paged row-copy instances,
 //     kKvRows: its 128 threads copy K/V rows with cp.async instead); one thread issues every copy
 //     as TMA (cp.async.bulk.tensor, 64-column boxes, 128B swizzle: the panel layout wgmma reads):
@@ -71,12 +72,14 @@ namespace sm90 {
 // kKvRows: a paged cache with pages below the key tile (or a left pad, fwd_hopper.hpp kv_by_rows):
 // the producer warpgroup copies K/V rows with cp.async (its own instance: the copies need more
 // producer registers than the TMA issuer, HopperTileV3::producer_regs).
-template <int D, typename Elem, bool kDropout, bool kKvRows>
+// kBlockN: the key tile, HopperTileV3::block_n(D), or kWideBlockN for D128's long unmasked calls
+// (fwd_hopper.hpp hopper_wide_tile: plain only, no dropout or row copies).
+template <int D, typename Elem, bool kDropout, bool kKvRows, int kBlockN>
 __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
     fwd_hopper_v3_kernel(const __grid_constant__ HopperV3Params P) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = HopperTileV3;
-  constexpr int BM = T::block_m(D), BN = T::block_n(D), S = T::stages(D);
+  constexpr int BM = T::block_m(D), BN = kBlockN, S = T::stages(D);
   constexpr int kConsumers = T::consumers(D);
   constexpr bool kPingPong = kConsumers == 2;  // two consumers take turns at the tensor cores
   constexpr int kPanels = D / 64;
@@ -84,6 +87,8 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
   constexpr uint32_t kTileBytes = uint32_t(BN) * D * 2;
   constexpr uint32_t kQBytes = uint32_t(BM) * D * 2;
   static_assert((S & (S - 1)) == 0, "ring depth: a power of two");
+  static_assert(BN == T::block_n(D) || (D == 128 && BN == T::kWideBlockN && !kDropout && !kKvRows),
+                "key tile: the head dim's, or D128's wide tile (plain instance)");
   using Rows = HopperRows<BN>;
   const FwdArgs& a = P.a;
 
