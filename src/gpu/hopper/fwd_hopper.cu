@@ -149,15 +149,16 @@ KernelInfo hopper_fwd_kernel_info(int device) {
   using Elem = std::conditional_t<kBf16, BFloat16, Half>;
   const int threads = HopperTileV3::threads(D), smem = HopperTileV3::smem_bytes(D);
   constexpr int BN = HopperTileV3::block_n(D);
-  // D128 adds its wide-tile instance (hopper_wide_tile); elsewhere the plain one stands in.
-  constexpr bool kWide = D == 128;
-  constexpr int kWideBN = kWide ? HopperTileV3::kWideBlockN : BN;
-  const KernelInfo infos[4] = {
+  // D128 adds its wide-tile instances (hopper_wide_tile); elsewhere the plain and dropout ones
+  // stand in.
+  constexpr int kWideBN = D == 128 ? HopperTileV3::kWideBlockN : BN;
+  const int wide_smem = HopperTileV3::smem_bytes(D, kWideBN);
+  const KernelInfo infos[5] = {
       cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, false, false, BN>>(device, threads, smem),
       cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, true, false, BN>>(device, threads, smem),
       cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, false, true, BN>>(device, threads, smem),
-      cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, false, false, kWideBN>>(
-          device, threads, HopperTileV3::smem_bytes(D, kWideBN))};
+      cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, false, false, kWideBN>>(device, threads, wide_smem),
+      cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, true, false, kWideBN>>(device, threads, wide_smem)};
   KernelInfo worst = infos[0];
   for (const KernelInfo& k : infos) {
     if (k.status != gpuSuccess) return k;
@@ -190,10 +191,13 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, int32
   constexpr int BN = HopperTileV3::block_n(D);
   const int threads = HopperTileV3::threads(D), smem = HopperTileV3::smem_bytes(D);
   if constexpr (D == 128) {
-    if (hopper_wide_tile(p)) {  // plain calls only: no dropout, no cache
+    if (hopper_wide_tile(p)) {  // no cache: TMA boxes of whole tiles
       constexpr int kWideBN = HopperTileV3::kWideBlockN;
-      sm90::fwd_hopper_v3_kernel<D, Elem, false, false, kWideBN>
-          <<<blocks, threads, HopperTileV3::smem_bytes(D, kWideBN), stream>>>(prm);
+      const int wide_smem = HopperTileV3::smem_bytes(D, kWideBN);
+      if (a.rules.dropout_p > 0.0f)
+        sm90::fwd_hopper_v3_kernel<D, Elem, true, false, kWideBN><<<blocks, threads, wide_smem, stream>>>(prm);
+      else
+        sm90::fwd_hopper_v3_kernel<D, Elem, false, false, kWideBN><<<blocks, threads, wide_smem, stream>>>(prm);
       return gpuGetLastError();
     }
   }

@@ -67,7 +67,7 @@ struct HopperTileV3 {
   // and barrier round (FlashAttention-3 takes 176 at D128 without a causal mask). The S tile is 80
   // fp32 registers, P 40, O 64: under the consumers' 240. Keys from kWideMinKeys: a partial last
   // tile wastes at most 159 keys' work, under 8% at 2k.
-  static constexpr int kWideBlockN = 160;
+  static constexpr int kWideBlockN = 160;  // dropout's keep bits: two chunks of 10 tiles (dropout_hopper.cuh)
   static constexpr int kWideMinKeys = 2048;
   // full/empty Q, full/empty x K/V x stages, `v_tail_zeroed` (KV-cache calls: the first V tile's
   // rows past the keys are zeroed before P V reads them), and the dynamic walk's two tile-id slots
@@ -154,12 +154,10 @@ inline bool equal_cost_tiles(const Problem& p) {
 }
 
 // D128 calls of equal-cost work tiles with at least kWideMinKeys keys run 160-key tiles (their own
-// instance); varlen is left out because the plan sees only the longest sequence (short ones would
-// waste partial tiles), dropout because a row's keep bits of a tile are one 32-bit word, two bits
-// per 8-key accumulator tile: 128 keys at most (dropout_hopper.cuh fwd_keep_bits).
+// plain and dropout instances); varlen is left out because the plan sees only the longest sequence
+// (short ones would waste partial tiles).
 inline bool hopper_wide_tile(const Problem& p) {
-  return hopper_head_bucket(p) == 128 && equal_cost_tiles(p) && !p.rules.has_dropout() &&
-         p.seq.sk >= HopperTileV3::kWideMinKeys;
+  return hopper_head_bucket(p) == 128 && equal_cost_tiles(p) && p.seq.sk >= HopperTileV3::kWideMinKeys;
 }
 // The call's key tile: the wide one, else its head dim's.
 inline int hopper_block_n(const Problem& p) {
