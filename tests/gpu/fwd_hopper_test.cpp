@@ -957,7 +957,7 @@ TEST(CudaHopperFwd, WideKeyTileDeclinedCalls) {
   base.batch = 1, base.hq = 2, base.hkv = 1, base.d = 128, base.dv = 128, base.sq = 200, base.sk = 2100;
   check_key_tile(base, true);
   Case c = base;
-  c.sk = 2047;
+  c.sk = flashport::gpu::HopperTileV3::kWideMinKeys - 1;
   check_key_tile(c, false);
   for (const MaskVariant& w : mask_variants()) {
     c = base;
@@ -1020,15 +1020,14 @@ TEST(CudaHopperFwd, WideKeyTileSplitKv) {
 }
 
 // More work tiles (query blocks x heads x batch) than an H100's 132 slots: the static persistent
-// walk over 160-key tiles (14 tiles of 2100 keys, a partial last one), GQA, LSE; and under
-// CUDA-graph replay.
+// walk over 160-key tiles (13 tiles of 2001 keys, a partial last one; a partial last query block),
+// GQA, LSE, sinks; and under CUDA-graph replay.
 TEST(CudaHopperFwd, WideKeyTilePersistentGrid) {
   SKIP_WITHOUT_GPU();
   Case c;
   c.dtype = rand_dtype();
-  c.batch = 2, c.hq = 24, c.hkv = 8, c.d = 128, c.dv = 128, c.sq = 333, c.sk = 2100;  // 3 x 24 x 2 = 144 tiles
-  check_key_tile(c, true);
-  c.sinks = true, c.dtype = c.dtype == FP_BF16 ? FP_F16 : FP_BF16;
+  c.batch = 2, c.hq = 34, c.hkv = 2, c.d = 128, c.dv = 128, c.sq = 129, c.sk = 2001;  // 2 x 34 x 2 = 136 tiles
+  c.sinks = true;
   check_key_tile(c, true);
   Call call(c);
   DeviceCall direct(call);
@@ -1057,7 +1056,7 @@ TEST(HopperFwdPlan, WideKeyTileChoice) {
     g::hopper_kernel_name(buf, sizeof(buf), p, splits);
     return std::string(buf);
   };
-  flashport::Problem p = problem(128, 2048);
+  flashport::Problem p = problem(128, HopperTileV3::kWideMinKeys);
   EXPECT_TRUE(g::hopper_wide_tile(p));
   EXPECT_EQ(g::hopper_block_n(p), 160);
   EXPECT_EQ(name(p, 1), "cuda:sm90_wgmma_prefill_d128_m128n160_tma_ws:bf16");
