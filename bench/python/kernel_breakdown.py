@@ -1,0 +1,157 @@
+"""Where a call's device time goes: every kernel (and memset/memcpy) one public-API call launches,
+with its mean device time, for flashport and torch SDPA's cuDNN and flash backends side by side in
+one process. The benchmark of record (bench_api.py) reports the sum; this splits it, so the part
+to work on (main kernel, preprocess, dQ conversion, split combine, ...) is named by measurement.
+
+    PYTHONPATH=build-py/site-cuda python3 bench/python/kernel_breakdown.py [--points fwd_bwd,decode]
+        [--out DIR]     (after `bash python/device_test.sh build`)
+
+Points: coverage -- the prefill-chunk calls of bench_coverage.py below the featureless speed
+(append + rotary, paged pages of 16 and 64, dropout); fwd_bwd -- forward+backward, bf16, B*S = 16k, H*D = 2048, D in {64, 128, 256} x S in
+{1k, 4k} x causal; decode -- flash_attn_with_kvcache, GQA 32/8, D128, B in {1, 8, 64} x Sk in
+{8k, 64k}. Prints one block per point (kernel name, calls per call, mean us) and, with --out,
+writes kernel_breakdown.md there.
+"""
+import argparse
+import collections
+import os
+import sys
+
+import torch
+from torch.autograd import DeviceType
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_api import attention_call, decode_call, device_line, make_qkv, with_backend  # noqa: E402
+
+LIBS = ("flashport", "sdpa_cudnn", "sdpa_flash")
+
+
+def breakdown(fn, calls=10, warmup=3):
+    """[(kernel name, launches per call, mean us per launch, us per call)], heaviest first."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    per = collections.defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            t = getattr(e, "self_device_time_total", None) or e.self_cuda_time_total
+            per[e.name][0] += 1
+            per[e.name][1] += t
+    rows = [(name, n / calls, tot / n, tot / calls) for name, (n, tot) in per.items()]
+    return sorted(rows, key=lambda r: -r[3])
+
+
+def short(name, width=90):
+    return name if len(name) <= width else name[:width - 3] + "..."
+
+
+def coverage_points(calls):
+    """The prefill-chunk calls of bench_coverage.py whose speed is below the featureless call's:
+    B2, Sq 1024, keys 4096, Hq/Hkv 32/8, D128, bf16, causal."""
+    import flashport.torch as fa
+    dev, dt = "cuda", torch.bfloat16
+    B, Sq, Sk, Hq, Hkv, D = 2, 1024, 4096, 32, 8, 128
+    g = torch.Generator(device=dev).manual_seed(0)
+    q = torch.randn(B, Sq, Hq, D, device=dev, dtype=dt, generator=g)
+    k = torch.randn(B, Sk, Hkv, D, device=dev, dtype=dt, generator=g)
+    v = torch.randn(B, Sk, Hkv, D, device=dev, dtype=dt, generator=g)
+    cap = Sk + 512
+    k_cache = torch.zeros(B, cap, Hkv, D, device=dev, dtype=dt)
+    v_cache = torch.zeros_like(k_cache)
+    k_cache[:, :Sk], v_cache[:, :Sk] = k, v
+    seqlens = torch.full((B,), Sk, dtype=torch.int32, device=dev)
+    kn, vn = k[:, Sk - Sq:].clone(), v[:, Sk - Sq:].clone()
+    before = seqlens - Sq
+    ro = torch.rand(cap + Sq, D // 4, device=dev, dtype=torch.float32)
+    cos32, sin32 = ro.cos(), ro.sin()
+    cos16, sin16 = cos32.to(dt), sin32.to(dt)
+
+    def paged(page):
+        blocks = (cap + page - 1) // page
+        table = torch.randperm(B * blocks, device=dev).to(torch.int32).view(B, blocks)
+        kp = torch.randn(B * blocks, page, Hkv, D, device=dev, dtype=dt)
+        return kp, torch.randn_like(kp), table
+
+    calls_of = [("featureless causal", lambda: fa.flash_attn_func(q, k, v, causal=True)),
+                ("append", lambda: fa.flash_attn_with_kvcache(q, k_cache, v_cache, k=kn, v=vn,
+                                                               cache_seqlens=before, causal=True)),
+                ("append + rotary (fp32 tables)", lambda: fa.flash_attn_with_kvcache(
+                    q, k_cache, v_cache, k=kn, v=vn, rotary_cos=cos32, rotary_sin=sin32,
+                    cache_seqlens=before, causal=True)),
+                ("append + rotary (bf16 tables)", lambda: fa.flash_attn_with_kvcache(
+                    q, k_cache, v_cache, k=kn, v=vn, rotary_cos=cos16, rotary_sin=sin16,
+                    cache_seqlens=before, causal=True)),
+                ("dropout 0.1", lambda: fa.flash_attn_func(q, k, v, dropout_p=0.1, causal=True))]
+    for page in (16, 64):
+        kp, vp, table = paged(page)
+        calls_of.append((f"paged {page}", lambda kp=kp, vp=vp, table=table: fa.flash_attn_with_kvcache(
+            q, kp, vp, cache_seqlens=seqlens, block_table=table, causal=True)))
+    lines = ["## coverage calls (B2 Sq1024 keys 4096 Hq/Hkv 32/8 D128 causal)"]
+    for name, fn in calls_of:
+        rows = breakdown(fn, calls)
+        lines.append(f"- **{name}** total {sum(r[3] for r in rows):.1f} us")
+        for kname, n, mean, per_call in rows:
+            lines.append(f"  - {per_call:8.1f} us  ({n:.0f} x {mean:.1f})  {short(kname)}")
+    print("\n".join(lines), flush=True)
+    return lines
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--points", default="fwd_bwd,decode,coverage")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--calls", type=int, default=10)
+    args = ap.parse_args()
+    kinds = args.points.split(",")
+    lines = [f"# Kernel breakdown per call", "", f"Device: {device_line('cuda')}", "",
+             "Command: `python3 bench/python/kernel_breakdown.py --points " + args.points + "`", ""]
+    if "fwd_bwd" in kinds:
+        for d in (64, 128, 256):
+            for s in (1024, 4096):
+                for causal in (False, True):
+                    b, h = 16384 // s, 2048 // d
+                    lines.append(f"## fwd_bwd D{d} S{s} B{b} H{h} causal={causal}")
+                    for lib in LIBS:
+                        q, k, v = make_qkv(b, s, h, d, torch.bfloat16, "cuda", requires_grad=True)
+                        fn = with_backend(lib, attention_call(lib, "fwd_bwd", q, k, v, causal))
+                        try:
+                            rows = breakdown(fn, args.calls)
+                        except Exception as e:  # noqa: BLE001
+                            lines.append(f"- {lib}: {type(e).__name__}: {str(e)[:120]}")
+                            continue
+                        total = sum(r[3] for r in rows)
+                        lines.append(f"- **{lib}** total {total:.1f} us")
+                        for name, n, mean, per_call in rows:
+                            lines.append(f"  - {per_call:8.1f} us  ({n:.0f} x {mean:.1f})  {short(name)}")
+                    print("\n".join(lines[-40:]), flush=True)
+                    lines.append("")
+    if "decode" in kinds:
+        for b, sk in ((1, 8192), (1, 65536), (8, 8192), (8, 65536), (64, 8192)):
+            lines.append(f"## decode B{b} Sk{sk} Hq32 Hkv8 D128")
+            for lib in ("flashport", "sdpa_cudnn"):
+                fn = decode_call(lib, b, sk, torch.bfloat16)
+                rows = breakdown(fn, args.calls * 5)
+                total = sum(r[3] for r in rows)
+                lines.append(f"- **{lib}** total {total:.1f} us")
+                for name, n, mean, per_call in rows:
+                    lines.append(f"  - {per_call:8.1f} us  ({n:.0f} x {mean:.1f})  {short(name)}")
+                fn = None
+                torch.cuda.empty_cache()
+            lines.append("")
+    if "coverage" in kinds:
+        lines += coverage_points(args.calls)
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "kernel_breakdown.md"), "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
