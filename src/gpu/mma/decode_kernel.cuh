@@ -312,8 +312,10 @@ __global__ void __launch_bounds__(kDecodeTile.threads(), kDecodeTile.min_blocks)
   __syncthreads();
   if (!s_last) return;
 
-  // Thread -> (row, 4 columns); the loads of kUnroll splits are in flight together.
-  constexpr int kMergeUnroll = 8;
+  // Thread -> (row, 4 columns). One pass over the splits, kMergeUnroll at a time (their loads in
+  // flight together: at B=1, 32 splits are two L2 round trips), with a running max:
+  //   lse = log sum_s exp(lse_s); out = sum_s exp(lse_s - lse) out_s; all empty: out 0, lse -inf.
+  constexpr int kMergeUnroll = 16;
   constexpr int kItemsPerRow = D / 4;
   for (int item = tid; item < m_rows * kItemsPerRow; item += NT) {
     const int r = item / kItemsPerRow, c = (item % kItemsPerRow) * 4;
@@ -322,27 +324,30 @@ __global__ void __launch_bounds__(kDecodeTile.threads(), kDecodeTile.min_blocks)
     const int64_t row = (int64_t(b) * a.hq + h) * a.seq.sq + i;
     const float* lse_p = a.ws_lse + row;
     const float* o_p = a.ws_o + row * a.dv + c;
-    float mx = -INFINITY;
-    for (int s = 0; s < a.splits; ++s) mx = fmaxf(mx, __ldcg(lse_p + int64_t(s) * a.ws_rows));
-    float sum = 0.0f;
+    float mx = -INFINITY, sum = 0.0f;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (mx != -INFINITY) {
-      for (int s0 = 0; s0 < a.splits; s0 += kMergeUnroll) {
-        float l[kMergeUnroll];
-        float4 v[kMergeUnroll];
+    for (int s0 = 0; s0 < a.splits; s0 += kMergeUnroll) {
+      float l[kMergeUnroll];
+      float4 v[kMergeUnroll];
 #pragma unroll
-        for (int u = 0; u < kMergeUnroll; ++u) {
-          const bool ok = s0 + u < a.splits;
-          const int64_t sp = ok ? s0 + u : 0;
-          l[u] = ok ? __ldcg(lse_p + sp * a.ws_rows) : -INFINITY;
-          v[u] = __ldcg(reinterpret_cast<const float4*>(o_p + sp * a.ws_rows * a.dv));
-        }
+      for (int u = 0; u < kMergeUnroll; ++u) {
+        const bool ok = s0 + u < a.splits;
+        const int64_t sp = ok ? s0 + u : 0;
+        l[u] = ok ? __ldcg(lse_p + sp * a.ws_rows) : -INFINITY;
+        v[u] = __ldcg(reinterpret_cast<const float4*>(o_p + sp * a.ws_rows * a.dv));
+      }
+      float m_new = mx;
 #pragma unroll
-        for (int u = 0; u < kMergeUnroll; ++u) {
-          const float w = l[u] == -INFINITY ? 0.0f : __expf(l[u] - mx);
-          sum += w;
-          if (w != 0.0f) acc.x += w * v[u].x, acc.y += w * v[u].y, acc.z += w * v[u].z, acc.w += w * v[u].w;
-        }
+      for (int u = 0; u < kMergeUnroll; ++u) m_new = fmaxf(m_new, l[u]);
+      if (m_new == -INFINITY) continue;  // no keys in any split so far
+      const float rescale = __expf(mx - m_new);  // 0 while mx is -inf (sum and acc are 0 then)
+      sum *= rescale, acc.x *= rescale, acc.y *= rescale, acc.z *= rescale, acc.w *= rescale;
+      mx = m_new;
+#pragma unroll
+      for (int u = 0; u < kMergeUnroll; ++u) {
+        const float w = l[u] == -INFINITY ? 0.0f : __expf(l[u] - mx);
+        sum += w;
+        if (w != 0.0f) acc.x += w * v[u].x, acc.y += w * v[u].y, acc.z += w * v[u].z, acc.w += w * v[u].w;
       }
     }
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
