@@ -226,7 +226,7 @@ class CudaBackend final : public Backend {
                     p.dtype == FP_BF16 ? "bf16" : "fp16", dc.pack > 1 ? ":packgqa" : "",
                     dc.splits > 1 ? ":splitkv+combine_in_kernel" : "",
                     p.seq.snew > 0 ? (p.rotary_dim > 0 ? ":append+rotary" : ":append") : "");
-      plan->workspace_bytes = decode_kernel_workspace(p, dc.splits).total;
+      plan->workspace_bytes = decode_kernel_workspace_bytes(decode_kernel_workspace(p, dc.splits));
       plan->num_splits = dc.splits;
       plan->kernel_id = kKernelDecodeFwd;
       PlanArgs::set(plan, 0, dc.pack);
@@ -249,7 +249,7 @@ class CudaBackend final : public Backend {
   }
 
   // Launches the plan's decision (kernel, tile, pack, splits): nothing is decided again here.
-  Status run_fwd(const Problem& p, const Plan& plan, void* workspace) const override {
+  Status run_fwd(const Problem& p, const Plan& plan, void* caller_workspace) const override {
     const int splits = plan.num_splits, tile = PlanArgs::tile(plan), pack = PlanArgs::pack(plan);
     const bool hopper = plan.kernel_id == kKernelHopperFwd, f32 = plan.kernel_id == kKernelF32Fwd;
     const bool decode = plan.kernel_id == kKernelDecodeFwd;
@@ -258,7 +258,9 @@ class CudaBackend final : public Backend {
       return {FP_ERR_RUNTIME, "cuda backend: the plan is not a CUDA forward plan"};
     const FwdWorkspace w = decode ? decode_kernel_workspace(p, splits)
                                   : fwd_workspace(p, splits, hopper && PlanArgs::tile_counter(plan));
-    if (w.total != plan.workspace_bytes)
+    // The decode kernel's layout starts at the caller's first 16-byte boundary (float4 partials).
+    void* workspace = decode ? decode_kernel_workspace_base(caller_workspace) : caller_workspace;
+    if ((decode ? decode_kernel_workspace_bytes(w) : w.total) != plan.workspace_bytes)
       return {FP_ERR_RUNTIME, "cuda backend: plan does not match the call (re-select after changing it)"};
     DeviceGuard guard(p.device_index);
     auto stream = static_cast<gpuStream_t>(p.raw->stream);

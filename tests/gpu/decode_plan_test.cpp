@@ -127,8 +127,10 @@ TEST(DecodeKernelPlan, SplitsAndWorkspace) {
       EXPECT_GE(ws.split_counter_offset, ws.lse_offset + size_t(splits) * size_t(ws.rows) * 4);
       EXPECT_EQ(ws.split_counter_offset % 256, 0u);
       EXPECT_GE(ws.total, ws.split_counter_offset + size_t(ws.split_counters) * 4);
+      EXPECT_EQ(decode_kernel_workspace_bytes(ws), ws.total + 15) << "room to start at a 16-byte boundary";
     } else {
       EXPECT_EQ(ws.total, 0u) << "no split, no rotary: no workspace";
+      EXPECT_EQ(decode_kernel_workspace_bytes(ws), 0u);
     }
   }
   // Forced counts: kept, clamped to the key tiles and the partials' bound.
@@ -140,6 +142,17 @@ TEST(DecodeKernelPlan, SplitsAndWorkspace) {
     s.sk = sk, s.splits = forced;
     ASSERT_TRUE(resolve(s, &p, &raw).is_ok());
     EXPECT_EQ(decode_kernel_splits(p, kH100Slots), want) << "forced " << forced << " Sk=" << sk;
+  }
+}
+
+// The layout starts at the caller's first 16-byte boundary, inside the 15 extra bytes.
+TEST(DecodeKernelPlan, WorkspaceBaseIsAligned) {
+  alignas(16) static char buf[64];
+  for (size_t off = 0; off < 32; ++off) {
+    char* base = static_cast<char*>(decode_kernel_workspace_base(buf + off));
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(base) % 16, 0u);
+    EXPECT_GE(base, buf + off);
+    EXPECT_LE(base, buf + off + 15);
   }
 }
 

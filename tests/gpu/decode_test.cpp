@@ -201,5 +201,42 @@ TEST(CudaDecodeKernel, GraphReplayWithGarbageWorkspace) {
   }
 }
 
+// A caller's workspace starting at an odd 4-byte offset, filled with 0xFF bytes: the kernel's
+// 16-byte partial stores and loads start at the next 16-byte boundary inside it.
+TEST(CudaDecodeKernel, UnalignedGarbageWorkspace) {
+  SKIP_WITHOUT_GPU();
+  for (size_t offset : {4, 8, 12}) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.cache = true, c.paged = offset == 8, c.page_size = 16, c.nan_unused_cache = true;
+    c.batch = 2, c.hq = 32, c.hkv = 8, c.d = 128, c.dv = 128, c.sq = 1, c.sk = 3000;
+    c.splits = 7;
+    c.rot_dim = offset == 12 ? 128 : 0, c.snew = offset == 12 ? 1 : 0;  // rotated q in the workspace too
+    SCOPED_TRACE(c.describe() + " workspace offset " + std::to_string(offset));
+    Call call(c);
+    const Outputs ref = run_reference(call);
+    ASSERT_TRUE(ref.ok) << ref.error;
+    DeviceCall dev(call);
+    dev.workspace_offset = offset;
+    fp_attn_params p = call.params(dev.views, FP_BACKEND_CUDA);
+    fp_selection sel{};
+    ASSERT_EQ(fp_attn_fwd_select(&p, &sel), FP_OK) << fp_last_error();
+    HostTensor sized(FP_F32, {static_cast<int64_t>((sel.workspace_bytes + offset + 3) / 4)});
+    dev.workspace.upload(sized);
+    CUDA_OK(cudaMemset(dev.workspace.ptr, 0xFF, dev.workspace.bytes));
+    CUDA_OK(cudaDeviceSynchronize());
+    const Outputs got = run_cuda(call, dev);
+    ASSERT_TRUE(got.ok) << got.error;
+    EXPECT_NE(std::string(got.sel.kernel).find(kDecodeTile.name), std::string::npos) << got.sel.kernel;
+    EXPECT_EQ(got.sel.num_splits, 7);
+    const double tol = flashport::test::tolerance(c.dtype);
+    EXPECT_TRUE(flashport::test::close(gather_rows(call, got.out, false), gather_rows(call, ref.out, false), tol, "out"));
+    EXPECT_TRUE(flashport::test::close(gather_rows(call, got.lse, true), gather_rows(call, ref.lse, true),
+                                       c.rot_dim > 0 ? tol / 4 : 1e-4, "lse"));
+    EXPECT_TRUE(got.out.all_written() && got.lse.all_written());
+    EXPECT_TRUE(dev.out.sentinel_intact() && dev.lse.sentinel_intact() && dev.workspace.sentinel_intact());
+  }
+}
+
 }  // namespace
 }  // namespace gputest

@@ -61,6 +61,18 @@ inline int decode_kernel_splits(const Problem& p, int64_t slots) {
 inline FwdWorkspace decode_kernel_workspace(const Problem& p, int splits) {
   return fwd_workspace(p, splits, false, splits > 1 ? decode_kernel_shape(p).work_tiles : 0);
 }
+
+// The kernel stores and loads its partials 16 bytes at a time, and a caller's workspace has no
+// alignment rule: the plan asks for 15 bytes more and the layout starts at the first 16-byte
+// boundary of the caller's workspace.
+inline constexpr size_t kDecodeWorkspaceAlign = 16;
+inline size_t decode_kernel_workspace_bytes(const FwdWorkspace& w) {
+  return w.total > 0 ? w.total + kDecodeWorkspaceAlign - 1 : 0;
+}
+inline void* decode_kernel_workspace_base(void* caller_workspace) {
+  const uintptr_t x = reinterpret_cast<uintptr_t>(caller_workspace);
+  return reinterpret_cast<void*>((x + kDecodeWorkspaceAlign - 1) & ~uintptr_t(kDecodeWorkspaceAlign - 1));
+}
 #endif
 
 }  // namespace flashport::gpu
