@@ -9,6 +9,14 @@ reports the medians. bf16, B*S = 16k, H*D = 2048, S in {1k, 4k, 16k}, causal and
     python3 bench/gpu/bench_ab_fwd.py BUILD_A/bench/gpu/libfpbench.so BUILD_B/bench/gpu/libfpbench.so [64,128,256]
 
 Prints a markdown table (TFLOPS; A/B, A/cuDNN, B/cuDNN ratios). Timing helpers: bench_fwd.py.
+
+Decode (flash_attn_with_kvcache shape: Sq = 1, Hq/Hkv = 32/8, D = 128, bf16, K/V [B, Sk, Hkv, D]):
+
+    python3 bench/gpu/bench_ab_fwd.py A.so B.so decode
+
+B in {1, 8, 64} x Sk in {8k, 64k}; per point 5 rounds of [A, B, cuDNN], each a CUDA-graph replay of
+20 back-to-back calls (us per call, medians), then the kernel time per call from torch.profiler
+(every kernel and memset of the call: main kernel + combine, or decode kernel + counter memset).
 """
 import os
 import statistics
@@ -21,8 +29,62 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_fwd as bf  # noqa: E402
 
 
+def profiled_us(fn, calls=20):
+    """Device time per call of fn (kernels and memsets) from torch.profiler, after warm-up."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    total = 0.0
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", None)
+        if t is None:
+            t = getattr(e, "self_cuda_time_total", 0.0)
+        total += t
+    return total / calls
+
+
+def main_decode(lib_a, lib_b):
+    dt = torch.bfloat16
+    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}")
+    print("Decode: Sq=1, Hq=32, Hkv=8, D=128, bf16. Graph replay us/call (medians of 5 rounds); "
+          "profiler: kernel+memset device us/call.")
+    print("| B | Sk | A us | B us | cuDNN us | A/B | cuDNN/B (>1: B faster) | A prof | B prof | cuDNN prof | "
+          "cuDNN/B prof | splits A, B | kernel A | kernel B | err B |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for B in (1, 8, 64):
+        for Sk in (8192, 65536):
+            q = torch.randn(B, 1, 32, 128, device="cuda", dtype=dt)
+            k = torch.randn(B, Sk, 8, 128, device="cuda", dtype=dt)
+            v = torch.randn_like(k)
+            out_a, out_b = torch.empty_like(q), torch.empty_like(q)
+            fa = bf.Flashport(lib_a).prepare(q, k, v, out_a, False, 0)
+            fb = bf.Flashport(lib_b).prepare(q, k, v, out_b, False, 0)
+            cudnn = bf.sdpa_fn(SDPBackend.CUDNN_ATTENTION, q, k, v, False, True)
+            times = {"A": [], "B": [], "C": []}
+            for _ in range(5):
+                for name, fn in (("A", fa), ("B", fb), ("C", cudnn)):
+                    times[name].append(bf.time_graph_ms(fn) * 1e3)
+            t = {n: statistics.median(x) for n, x in times.items()}
+            prof = {n: profiled_us(fn) for n, fn in (("A", fa), ("B", fb), ("C", cudnn))}
+            fa(), fb()
+            ref = bf.sdpa_fn(SDPBackend.MATH, q.float(), k.float(), v.float(), False, True)().transpose(1, 2)
+            err = bf.rel_err(out_b, ref)
+            print(f"| {B} | {Sk} | {t['A']:.1f} | {t['B']:.1f} | {t['C']:.1f} | {t['A'] / t['B']:.3f} | "
+                  f"{t['C'] / t['B']:.2f} | {prof['A']:.1f} | {prof['B']:.1f} | {prof['C']:.1f} | "
+                  f"{prof['C'] / prof['B']:.2f} | {fa.used_splits}, {fb.used_splits} | {fa.kernel} | {fb.kernel} | "
+                  f"{err:.1e} |", flush=True)
+            del q, k, v, out_a, out_b, ref
+            torch.cuda.empty_cache()
+
+
 def main():
     lib_a, lib_b = bf.load_lib(sys.argv[1]), bf.load_lib(sys.argv[2])
+    if len(sys.argv) > 3 and sys.argv[3] == "decode":
+        return main_decode(lib_a, lib_b)
     dims = [int(x) for x in (sys.argv[3] if len(sys.argv) > 3 else "64,128,256").split(",")]
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}")
     print("| D | S | causal | A TF | B TF | cuDNN TF | A/B | A/cuDNN | B/cuDNN | kernel A |")

@@ -45,6 +45,43 @@ inline int choose_decode_splits(int64_t work_tiles, int64_t key_blocks, int64_t 
   return static_cast<int>(s < 1 ? 1 : s);
 }
 
+// Split-KV count for the dedicated decode kernel (gpu/mma/decode_kernel.cuh), whose blocks
+// stream `key_blocks` key tiles each with up to `tiles_in_flight` tiles in flight and whose split
+// partials are merged by the last block of a (sequence, head) inside the kernel:
+//  - memory-bound: the call moves its K/V bytes once, so the aim is the most bytes in flight,
+//    i.e. every slot (SMs x resident blocks) busy at once -- up to slots / work_tiles splits,
+//    one wave of equal blocks that all finish together (a second, partial wave would be a tail);
+//  - a block below `tiles_in_flight` tiles adds no bytes in flight (fewer blocks with fuller
+//    rings hold the same), only partials for the merging block to read: splits are capped at
+//    key_blocks / tiles_in_flight;
+//  - then the smallest count with the same tiles per split (more would add partials, no balance);
+//  - 1 when the tiles already fill 80% of a wave (B=64: no split, no merge).
+inline int choose_decode_kernel_splits(int64_t work_tiles, int64_t key_blocks, int64_t slots,
+                                       int64_t tiles_in_flight, int max_splits) {
+  if (work_tiles <= 0 || key_blocks <= 1 || slots <= 0 || max_splits <= 1) return 1;
+  if (work_tiles * 5 >= slots * 4) return 1;
+  int64_t s = slots / work_tiles;
+  const int64_t by_ring = key_blocks / (tiles_in_flight < 1 ? 1 : tiles_in_flight);
+  if (s > by_ring) s = by_ring;
+  if (s > max_splits) s = max_splits;
+  if (s > key_blocks) s = key_blocks;
+  if (s < 1) return 1;
+  auto blocks_per_split = [&](int64_t c) { return (key_blocks + c - 1) / c; };
+  while (s > 1 && blocks_per_split(s - 1) == blocks_per_split(s)) --s;
+  return static_cast<int>(s);
+}
+
+// The decode kernel's count: the caller's num_splits (0 = auto, 1 = off, >= 2 = forced) in
+// [1, min(key_blocks, max_splits)].
+inline int resolve_decode_kernel_splits(int32_t requested, int64_t work_tiles, int64_t key_blocks, int64_t slots,
+                                        int64_t tiles_in_flight, int max_splits) {
+  int64_t s = requested != 0 ? requested
+                             : choose_decode_kernel_splits(work_tiles, key_blocks, slots, tiles_in_flight, max_splits);
+  if (s > key_blocks) s = key_blocks;
+  if (s > max_splits) s = max_splits;
+  return s < 1 ? 1 : static_cast<int>(s);
+}
+
 // Resolves the caller's num_splits (0 = auto, 1 = off, >= 2 = forced) to a count in
 // [1, key_blocks].
 inline int resolve_num_splits(int32_t requested, int64_t work_tiles, int64_t key_blocks,

@@ -15,6 +15,7 @@
 #include "gpu/mma/bwd_launch.hpp"
 #include "gpu/hopper/fwd_hopper.hpp"
 #include "gpu/mma/fwd_launch.hpp"
+#include "gpu/mma/decode_plan.hpp"
 #include "gpu/common/probs_kernel.hpp"
 #include "gpu/f32/f32_launch.hpp"
 
@@ -128,6 +129,28 @@ std::string mma_fwd_candidate(const Problem& p, const DeviceInfo& dev, MmaFwdCho
   return std::string();
 }
 
+// The decode kernel candidate (mma/decode_kernel.cuh; rules in mma/decode_plan.hpp): calls whose
+// packed query rows fit its 16-row tile, head dims 72..128; the split count over its occupancy
+// (SMs x resident blocks). Empty string: it runs the call; else why not.
+struct DecodeChoice {
+  int pack = 1, splits = 1;
+};
+
+std::string decode_fwd_candidate(const Problem& p, const DeviceInfo& dev, DecodeChoice* out) {
+  if (std::string why = decode_kernel_decline(p); !why.empty()) return why;
+  const KernelInfo ki =
+      p.dtype == FP_BF16 ? decode_kernel_info<true>(p.device_index) : decode_kernel_info<false>(p.device_index);
+  if (ki.status != gpuSuccess)
+    return std::string("decode kernel: no image for sm_") + std::to_string(dev.arch / 10) +
+           " (built archs: " FLASHPORT_GPU_ARCHS "): " + gpuGetErrorString(ki.status);
+  if (kDecodeTile.smem_bytes() > dev.smem_optin || ki.blocks_per_sm < 1)
+    return std::string("decode kernel: needs ") + std::to_string(kDecodeTile.smem_bytes()) +
+           " bytes of shared memory per block, device has " + std::to_string(dev.smem_optin);
+  out->pack = decode_kernel_shape(p).pack;
+  out->splits = decode_kernel_splits(p, int64_t(dev.sm_count) * ki.blocks_per_sm);
+  return std::string();
+}
+
 // The launch grid of a decided mma.sync plan: (row blocks, heads or kv heads when packed,
 // batch x splits).
 dim3 mma_fwd_grid(const Problem& p, int tile, int pack, int splits) {
@@ -196,9 +219,24 @@ class CudaBackend final : public Backend {
       PlanArgs::set(plan, 0, 1, hgrid.blocks, hgrid.dynamic);
       return Status::ok();
     }
+    DecodeChoice dc;
+    const std::string decode_why = decode_fwd_candidate(p, dev, &dc);
+    if (decode_why.empty()) {
+      std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:%s%s%s%s", kDecodeTile.name,
+                    p.dtype == FP_BF16 ? "bf16" : "fp16", dc.pack > 1 ? ":packgqa" : "",
+                    dc.splits > 1 ? ":splitkv+combine_in_kernel" : "",
+                    p.seq.snew > 0 ? (p.rotary_dim > 0 ? ":append+rotary" : ":append") : "");
+      plan->workspace_bytes = decode_kernel_workspace_bytes(decode_kernel_workspace(p, dc.splits));
+      plan->num_splits = dc.splits;
+      plan->kernel_id = kKernelDecodeFwd;
+      PlanArgs::set(plan, 0, dc.pack);
+      return Status::ok();
+    }
     if (dev.arch == 900) std::snprintf(plan->passed_over, sizeof(plan->passed_over), "%s", hopper_why.c_str());
     MmaFwdChoice c;
     if (std::string why = mma_fwd_candidate(p, dev, &c); !why.empty()) return unsupported(why);
+    // A decode-shaped call the decode kernel declined: its reason is the one worth logging.
+    if (c.tile >= kDecode64) std::snprintf(plan->passed_over, sizeof(plan->passed_over), "%s", decode_why.c_str());
     std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:%s%s%s%s", kTileConfigs[c.tile].name,
                   p.dtype == FP_BF16 ? "bf16" : "fp16", c.pack > 1 ? ":packgqa" : "",
                   c.splits > 1 ? ":splitkv+combine" : "",
@@ -211,14 +249,18 @@ class CudaBackend final : public Backend {
   }
 
   // Launches the plan's decision (kernel, tile, pack, splits): nothing is decided again here.
-  Status run_fwd(const Problem& p, const Plan& plan, void* workspace) const override {
+  Status run_fwd(const Problem& p, const Plan& plan, void* caller_workspace) const override {
     const int splits = plan.num_splits, tile = PlanArgs::tile(plan), pack = PlanArgs::pack(plan);
     const bool hopper = plan.kernel_id == kKernelHopperFwd, f32 = plan.kernel_id == kKernelF32Fwd;
-    if ((!hopper && !f32 && plan.kernel_id != kKernelMmaFwd) || (f32 && tile >= kNumF32Tiles) || splits < 1 ||
-        splits > kMaxSplits || tile < 0 || tile >= kNumTileIds)
+    const bool decode = plan.kernel_id == kKernelDecodeFwd;
+    if ((!hopper && !f32 && !decode && plan.kernel_id != kKernelMmaFwd) || (f32 && tile >= kNumF32Tiles) ||
+        splits < 1 || splits > kMaxSplits || tile < 0 || tile >= kNumTileIds)
       return {FP_ERR_RUNTIME, "cuda backend: the plan is not a CUDA forward plan"};
-    const FwdWorkspace w = fwd_workspace(p, splits, hopper && PlanArgs::tile_counter(plan));
-    if (w.total != plan.workspace_bytes)
+    const FwdWorkspace w = decode ? decode_kernel_workspace(p, splits)
+                                  : fwd_workspace(p, splits, hopper && PlanArgs::tile_counter(plan));
+    // The decode kernel's layout starts at the caller's first 16-byte boundary (float4 partials).
+    void* workspace = decode ? decode_kernel_workspace_base(caller_workspace) : caller_workspace;
+    if ((decode ? decode_kernel_workspace_bytes(w) : w.total) != plan.workspace_bytes)
       return {FP_ERR_RUNTIME, "cuda backend: plan does not match the call (re-select after changing it)"};
     DeviceGuard guard(p.device_index);
     auto stream = static_cast<gpuStream_t>(p.raw->stream);
@@ -246,6 +288,20 @@ class CudaBackend final : public Backend {
 #else
       return {FP_ERR_RUNTIME, "cuda backend: plan names the Hopper kernel, which is not built"};
 #endif
+    } else if (decode) {
+      if (w.split_counters > 0) {
+        // The split arrival counters start at 0 on every call (a memset node under capture).
+        void* counters = static_cast<char*>(workspace) + w.split_counter_offset;
+        if (gpuError_t e = cudaMemsetAsync(counters, 0, size_t(w.split_counters) * sizeof(uint32_t), stream);
+            e != gpuSuccess)
+          return {FP_ERR_RUNTIME, std::string("cuda backend: decode split counters: ") + gpuGetErrorString(e)};
+      }
+      const dim3 grid(unsigned(splits), unsigned(decode_kernel_shape(p).heads), unsigned(p.seq.batch));
+      if (p.seq.batch > 0 && grid.y > 0) {
+        if (gpuError_t e = bf16 ? launch_decode<true>(a, grid, stream) : launch_decode<false>(a, grid, stream);
+            e != gpuSuccess)
+          return {FP_ERR_RUNTIME, std::string("cuda backend: ") + kDecodeTile.name + " launch: " + gpuGetErrorString(e)};
+      }
     } else {
       const dim3 grid = mma_fwd_grid(p, tile, pack, splits);
       if (grid.x > 0 && p.seq.batch > 0) {
@@ -254,7 +310,7 @@ class CudaBackend final : public Backend {
                                       " launch: " + gpuGetErrorString(e)};
       }
     }
-    if (splits > 1) {
+    if (splits > 1 && !decode) {
       if (gpuError_t e = launch_merge(split_combine_args_in(p, a), stream); e != gpuSuccess)
         return {FP_ERR_RUNTIME, std::string("cuda backend: split-KV combine launch: ") + gpuGetErrorString(e)};
     }

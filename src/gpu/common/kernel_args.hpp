@@ -35,6 +35,9 @@ struct FwdArgs {
   float* ws_o = nullptr;
   float* ws_lse = nullptr;
   int64_t ws_rows = 0;
+  // The decode kernel's split arrival counters (one per (sequence, block head), zeroed on the
+  // stream before its launch): the last split block of a pair merges the partials. Null otherwise.
+  uint32_t* split_counters = nullptr;
 };
 
 // The lengths of sequence b in a forward call (every forward kernel: mma.sync, fp32, Hopper):

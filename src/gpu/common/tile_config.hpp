@@ -92,6 +92,37 @@ constexpr TileId tile_id_for(int64_t head_dim, bool decode) {
   return static_cast<TileId>(base + (bucket == 64 ? 0 : bucket == 128 ? 1 : 2));
 }
 
+#if defined(FP_TARGET_NVIDIA)
+// The dedicated decode kernel (mma/decode_kernel.cuh, CUDA only): one block per (sequence, kv
+// head or query head, split) with all packed query rows (Sq x GQA group <= rows) in one 16-row
+// m-tile; the block streams block_n-key (K, V) tiles through a ring of `stages` slots and each of
+// its `warps` warps takes block_n / warps keys of every tile (FlashDecoding: the warps split the
+// keys, not the rows), their softmax states merged in shared memory at the end. Split partials
+// are merged by the last split block of a (sequence, head) to finish (a counter per pair in the
+// workspace). One instance per storage dtype, head dims 65..128.
+struct DecodeTileConfig {
+  int head_dim;    // instance head dim (q and v head dims above 64 up to it run in it)
+  int rows;        // packed query rows of a block (one m-tile)
+  int block_n;     // keys per ring slot
+  int warps;       // each takes block_n / warps keys of a slot
+  int stages;      // ring slots of (K, V) tiles: stages - 1 tiles in flight while one is used
+  int min_blocks;  // __launch_bounds__ blocks per SM (the shared memory allows 2 on sm_80/sm_90)
+  const char* name;
+  constexpr int threads() const { return warps * 32; }
+  constexpr int keys_per_warp() const { return block_n / warps; }
+  // Q tile + `stages` (K, V) tile pairs, 16-bit elements (the reduction scratch reuses the ring).
+  constexpr int smem_bytes() const { return (rows + 2 * block_n * stages) * head_dim * 2; }
+  // fp32 scratch of the in-block merge: every warp's O rows, padded (fits the ring).
+  static constexpr int kScratchPad = 8;
+  constexpr int scratch_bytes() const { return warps * rows * (head_dim + kScratchPad) * 4; }
+};
+// 64-key slots x 3: two tiles (64 KiB) in flight per block, two blocks per SM (200 KiB).
+inline constexpr DecodeTileConfig kDecodeTile{128, 16, 64, 4, 3, 2, "decode_d128_r16n64w4s3"};
+static_assert(kDecodeTile.keys_per_warp() == 16, "one 16-key k-step of P V per warp and slot");
+static_assert(kDecodeTile.scratch_bytes() <= 2 * kDecodeTile.block_n * kDecodeTile.stages * kDecodeTile.head_dim * 2,
+              "the in-block merge scratch fits the ring");
+#endif
+
 FP_TARGET_NS_END
 
 // Upper bound of split counts (partials in the workspace grow with it).

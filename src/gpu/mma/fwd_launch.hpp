@@ -24,6 +24,15 @@ gpuError_t launch_append_f32(const AppendArgs& a, gpuStream_t stream);
 // Number of kernel template instances the build compiles (printed by CMake, checked by a test).
 inline constexpr int kFwdInstances = kNumTileIds * 2;
 
+#if defined(FP_TARGET_NVIDIA)
+// The decode kernel (decode_kernel.cuh, CUDA only) x {Half, BFloat16}; defined in decode_d128.cu.
+template <bool kBf16>
+KernelInfo decode_kernel_info(int device);
+template <bool kBf16>
+gpuError_t launch_decode(const FwdArgs& a, dim3 grid, gpuStream_t stream);
+inline constexpr int kDecodeInstances = 2;
+#endif
+
 #if defined(FP_TARGET_AMD)
 FP_TARGET_NS_BEGIN
 // HIP: the same main loop's instances for the AMD tile rows (one per head-dim bucket: kPrefill64,
