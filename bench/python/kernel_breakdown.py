@@ -6,7 +6,7 @@ to work on (main kernel, preprocess, dQ conversion, split combine, ...) is named
     PYTHONPATH=build-py/site-cuda python3 bench/python/kernel_breakdown.py [--points fwd_bwd,decode]
         [--out DIR]     (after `bash python/device_test.sh build`)
 
-Points: coverage -- the prefill-chunk calls of bench_coverage.py below the featureless speed
+Points: splits -- decode B1/B8 with num_splits forced (0 = auto); coverage -- the prefill-chunk calls of bench_coverage.py below the featureless speed
 (append + rotary, paged pages of 16 and 64, dropout); fwd_bwd -- forward+backward, bf16, B*S = 16k, H*D = 2048, D in {64, 128, 256} x S in
 {1k, 4k} x causal; decode -- flash_attn_with_kvcache, GQA 32/8, D128, B in {1, 8, 64} x Sk in
 {8k, 64k}. Prints one block per point (kernel name, calls per call, mean us) and, with --out,
@@ -48,6 +48,24 @@ def breakdown(fn, calls=10, warmup=3):
 
 def short(name, width=90):
     return name if len(name) <= width else name[:width - 3] + "..."
+
+
+def split_sweep(calls):
+    """Decode device time per forced num_splits (0 = the planner's count), B1 and B8, GQA 32/8, D128."""
+    import flashport.torch as fa
+    lines = ["## decode split sweep (us per call, all kernels; 0 = planner's choice)"]
+    for b, sk in ((1, 8192), (1, 65536), (8, 8192)):
+        q = torch.randn(b, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+        kc = torch.randn(b, sk, 8, 128, device="cuda", dtype=torch.bfloat16)
+        vc = torch.randn_like(kc)
+        sl = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+        cells = []
+        for ns in (0, 8, 16, 24, 32, 48, 64, 96, 128):
+            fn = lambda ns=ns: fa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=sl, num_splits=ns)
+            cells.append(f"{ns}: {sum(r[3] for r in breakdown(fn, calls * 5)):.1f}")
+        lines.append(f"- B{b} Sk{sk}: " + ", ".join(cells))
+    print("\n".join(lines), flush=True)
+    return lines
 
 
 def coverage_points(calls):
@@ -103,7 +121,7 @@ def coverage_points(calls):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--points", default="fwd_bwd,decode,coverage")
+    ap.add_argument("--points", default="fwd_bwd,decode,splits,coverage")
     ap.add_argument("--out", default=None)
     ap.add_argument("--calls", type=int, default=10)
     args = ap.parse_args()
@@ -143,6 +161,8 @@ def main():
                 fn = None
                 torch.cuda.empty_cache()
             lines.append("")
+    if "splits" in kinds:
+        lines += split_sweep(args.calls)
     if "coverage" in kinds:
         lines += coverage_points(args.calls)
     text = "\n".join(lines)
