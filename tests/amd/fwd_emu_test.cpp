@@ -187,10 +187,9 @@ Tensors build(Case& c) {
 
 // Every workgroup of the merge kernel's launch (aux_kernels.cu launch_merge_w at this wave size).
 void run_merge_emulated(const gpu::MergeArgs& m) {
-  const unsigned blocks = unsigned((gpu::merge_items(m, kWarpSize) + gpu::kMergeWarps - 1) / gpu::kMergeWarps);
-  for (unsigned x = 0; x < blocks; ++x)
-    simt::run_block(unsigned(gpu::kMergeWarps * kWarpSize), kWarpSize, {x, 0, 0}, {blocks, 1, 1}, 0,
-                    [&] { gpu::merge_kernel(m); });
+  const gpu::AuxLaunch l = gpu::merge_launch(m, kWarpSize);
+  for (unsigned x = 0; x < l.blocks; ++x)
+    simt::run_block(l.threads, kWarpSize, {x, 0, 0}, {l.blocks, 1, 1}, 0, [&] { gpu::merge_kernel(m); });
 }
 
 template <int kTile>
@@ -217,19 +216,17 @@ void run_emulated(const Problem& p, int expect_pack, int64_t compute_units, int 
   std::vector<unsigned char> workspace(l.ws_bytes, 0xff);
   void* ws = workspace.empty() ? nullptr : workspace.data();
   const bool bf16 = p.dtype == FP_BF16;
-  const unsigned aux_threads = unsigned(gpu::kAppendWarps * kWarpSize);
   if (l.append || l.rotary_q) {
     const gpu::AppendArgs ap = gpu::amd_append_args(p, l, ws);
-    auto run_rows = [&](int64_t rows, auto&& kernel) {
-      const unsigned blocks = unsigned((rows + gpu::kAppendWarps - 1) / gpu::kAppendWarps);
-      for (unsigned x = 0; x < blocks; ++x)
-        simt::run_block(aux_threads, kWarpSize, {x, 0, 0}, {blocks, 1, 1}, 0, kernel);
+    auto run_grid = [&](const gpu::AuxLaunch& g, auto&& kernel) {
+      for (unsigned x = 0; x < g.blocks; ++x)
+        simt::run_block(g.threads, kWarpSize, {x, 0, 0}, {g.blocks, 1, 1}, 0, kernel);
     };
-    run_rows(gpu::append_kv_rows(ap), [&] {
+    run_grid(gpu::append_kv_launch(ap, 2, kWarpSize), [&] {
       if (bf16) gpu::append_kv_kernel<gpu::BFloat16>(ap);
       else gpu::append_kv_kernel<gpu::Half>(ap);
     });
-    run_rows(gpu::rotate_q_rows(ap), [&] {
+    run_grid(gpu::rotate_q_launch(ap, 2, kWarpSize), [&] {
       if (bf16) gpu::rotate_q_kernel<gpu::BFloat16>(ap);
       else gpu::rotate_q_kernel<gpu::Half>(ap);
     });
