@@ -40,6 +40,8 @@ constexpr int kAppendWarps = 4;  // append / rotary-q block: kAppendWarps warps
 constexpr int kAppendHeads = 4;  // heads an append / rotary-q thread moves (cos/sin read once for them)
 
 // The bits of `from` as `to` (same size): register type punning without aliasing rules broken.
+// `from` must be a register value, not a reference into global memory (the copy would then be
+// split into element loads).
 template <typename To, typename From>
 __device__ __forceinline__ void bits_copy(To& to, const From& from) {
   static_assert(sizeof(To) == sizeof(From), "bits_copy: sizes differ");
@@ -68,7 +70,8 @@ __device__ __forceinline__ void load4(const typename Part::T* p, int64_t col0, i
       f[0] = r.x, f[1] = r.y, f[2] = r.z, f[3] = r.w;
     } else {
       T e[kMergeVec];
-      bits_copy(e, *reinterpret_cast<const uint2*>(p));
+      const uint2 r = *reinterpret_cast<const uint2*>(p);  // one 8-byte load, then the bits
+      bits_copy(e, r);
 #pragma unroll
       for (int j = 0; j < kMergeVec; ++j) f[j] = Part::to_float(e[j]);
     }
@@ -391,7 +394,8 @@ __device__ __forceinline__ void load_tab(const void* table, int64_t ci, float (&
 #pragma unroll
       for (int c = 0; c < bytes / 16; ++c) {
         T e[kPer16];
-        bits_copy(e, reinterpret_cast<const uint4*>(p)[c]);
+        const uint4 r = reinterpret_cast<const uint4*>(p)[c];
+        bits_copy(e, r);
 #pragma unroll
         for (int i = 0; i < kPer16; ++i) f[c * kPer16 + i] = Tab::to_float(e[i]);
       }
@@ -400,7 +404,8 @@ __device__ __forceinline__ void load_tab(const void* table, int64_t ci, float (&
   } else if constexpr (bytes == 8) {
     if (aligned_to(p, 8)) {
       T e[n];
-      bits_copy(e, *reinterpret_cast<const uint2*>(p));
+      const uint2 r = *reinterpret_cast<const uint2*>(p);
+      bits_copy(e, r);
 #pragma unroll
       for (int i = 0; i < n; ++i) f[i] = Tab::to_float(e[i]);
       return;
