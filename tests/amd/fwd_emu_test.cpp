@@ -187,10 +187,9 @@ Tensors build(Case& c) {
 
 // Every workgroup of the merge kernel's launch (aux_kernels.cu launch_merge_w at this wave size).
 void run_merge_emulated(const gpu::MergeArgs& m) {
-  const unsigned blocks = unsigned((gpu::merge_items(m, kWarpSize) + gpu::kMergeWarps - 1) / gpu::kMergeWarps);
-  for (unsigned x = 0; x < blocks; ++x)
-    simt::run_block(unsigned(gpu::kMergeWarps * kWarpSize), kWarpSize, {x, 0, 0}, {blocks, 1, 1}, 0,
-                    [&] { gpu::merge_kernel(m); });
+  const gpu::AuxLaunch l = gpu::merge_launch(m, kWarpSize);
+  for (unsigned x = 0; x < l.blocks; ++x)
+    simt::run_block(l.threads, kWarpSize, {x, 0, 0}, {l.blocks, 1, 1}, 0, [&] { gpu::merge_kernel(m); });
 }
 
 template <int kTile>
@@ -217,19 +216,17 @@ void run_emulated(const Problem& p, int expect_pack, int64_t compute_units, int 
   std::vector<unsigned char> workspace(l.ws_bytes, 0xff);
   void* ws = workspace.empty() ? nullptr : workspace.data();
   const bool bf16 = p.dtype == FP_BF16;
-  const unsigned aux_threads = unsigned(gpu::kAppendWarps * kWarpSize);
   if (l.append || l.rotary_q) {
     const gpu::AppendArgs ap = gpu::amd_append_args(p, l, ws);
-    auto run_rows = [&](int64_t rows, auto&& kernel) {
-      const unsigned blocks = unsigned((rows + gpu::kAppendWarps - 1) / gpu::kAppendWarps);
-      for (unsigned x = 0; x < blocks; ++x)
-        simt::run_block(aux_threads, kWarpSize, {x, 0, 0}, {blocks, 1, 1}, 0, kernel);
+    auto run_grid = [&](const gpu::AuxLaunch& g, auto&& kernel) {
+      for (unsigned x = 0; x < g.blocks; ++x)
+        simt::run_block(g.threads, kWarpSize, {x, 0, 0}, {g.blocks, 1, 1}, 0, kernel);
     };
-    run_rows(gpu::append_kv_rows(ap), [&] {
+    run_grid(gpu::append_kv_launch(ap, 2, kWarpSize), [&] {
       if (bf16) gpu::append_kv_kernel<gpu::BFloat16>(ap);
       else gpu::append_kv_kernel<gpu::Half>(ap);
     });
-    run_rows(gpu::rotate_q_rows(ap), [&] {
+    run_grid(gpu::rotate_q_launch(ap, 2, kWarpSize), [&] {
       if (bf16) gpu::rotate_q_kernel<gpu::BFloat16>(ap);
       else gpu::rotate_q_kernel<gpu::Half>(ap);
     });
@@ -384,6 +381,23 @@ TEST(AmdTileEmulated, KvCacheAppendRotary) {
   check(e);
 }
 
+// The pre-pass's two row shapes (aux_kernels.cu row_units): 16-byte units (dims and rotary pairs
+// in whole chunks, rows aligned) and the element-wise fallback, each with half-split and
+// interleaved pairs, more heads than one thread moves (kAppendHeads) and a ragged last group.
+TEST(AmdTileEmulated, KvCacheAppendRotaryVectorAndScalarRows) {
+  struct R { int64_t d, rot; bool interleaved, paged; };
+  for (R r : {R{72, 40, false, false},   // half 20: pairs straddle chunks -> element-wise q and k, 16-byte v
+              R{72, 40, true, true},     // interleaved, 40 a multiple of 8: 16-byte units, paged (page 7)
+              R{36, 16, true, false},    // 36 not a multiple of 8: element-wise everything
+              R{128, 64, false, true}}) {  // the serving shape: half-split 16-byte pairs of chunks
+    SCOPED_TRACE("d " + std::to_string(r.d) + " rot " + std::to_string(r.rot) + (r.interleaved ? " interleaved" : ""));
+    Case c = base(FP_BF16, r.d, 4, 60);
+    c.hq = 10, c.hkv = 5, c.cache = !r.paged, c.paged = r.paged, c.page_size = 7, c.snew = 4, c.causal = true;
+    c.rot_dim = r.rot, c.rot_interleaved = r.interleaved;
+    check(c);
+  }
+}
+
 // ---- the public merge op (fp_merge_fwd) and its backward on AMD: the aux kernels as the HIP
 // backend launches them (amd_merge_args), against the fp64 oracle --------------------------------
 namespace {
@@ -467,6 +481,10 @@ TEST(AmdAuxEmulated, MergeOpDtypesAndOddSizes) {
   check_merge({FP_F32, FP_F16, 3, 2, 5, 3, 75});   // dv 75: a partial chunk of lanes
   check_merge({FP_F16, FP_BF16, 1, 1, 3, 2, 130});  // one split; dv over two 64-lane chunks
   check_merge({FP_BF16, FP_F32, 70, 1, 2, 1, 33});  // more splits than lanes (lane loop + unroll tail)
+  // Rows of 4-column vectors (dv a multiple of 4, aligned): one vector access per split and lane.
+  check_merge({FP_F32, FP_F32, 32, 1, 1, 4, 128});  // the decode combine: one batch of 32 splits
+  check_merge({FP_F32, FP_BF16, 45, 2, 3, 2, 64});  // two batches, a ragged second one
+  check_merge({FP_F16, FP_F16, 3, 1, 2, 3, 260});   // 16-bit partials, dv past one chunk of lanes
 }
 
 TEST(AmdAuxEmulated, MergeBackward) {

@@ -86,6 +86,7 @@ inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return
 struct float4 {
   float x, y, z, w;
 };
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 // One lane runs at a time: plain operations are atomic and every write is visible.
 inline unsigned atomicAdd(unsigned* p, unsigned v) {
   const unsigned old = *p;

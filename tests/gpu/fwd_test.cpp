@@ -243,6 +243,40 @@ TEST(CudaFwd, AppendThenAttendWithRotary) {
   }
 }
 
+// The append / rotary-q pre-pass (aux_kernels.cu) moves a row in 16-byte units where every row is
+// 16-byte aligned and the dims and rotary pairs come in whole chunks, else element by element;
+// a thread moves one unit of up to 4 heads (cos/sin read once for them). Both row shapes, both
+// pair layouts, fp32 and 16-bit tables, the serving shape (32 q heads, 8 kv heads, D 128, rotary
+// 64: several head groups), a ragged last head group, unaligned rows (odd row strides), paged
+// caches (pages not a multiple of the appended rows), cache_batch_idx and left pads.
+TEST(CudaFwd, AppendRotaryVectorAndScalarRows) {
+  SKIP_WITHOUT_GPU();
+  struct R { int64_t d, rot; bool interleaved, tables16, odd_rows; int layout; };  // 0 cache, 1 paged, 2 batch_idx, 3 leftpad
+  for (R r : {R{128, 64, false, false, false, 0}, R{128, 64, false, true, false, 1}, R{128, 64, true, false, false, 2},
+              R{72, 40, false, false, false, 3}, R{72, 40, true, true, false, 1}, R{36, 16, true, false, false, 0},
+              R{128, 64, false, false, true, 0}, R{64, 32, true, true, true, 1}, R{256, 256, false, false, false, 3}}) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.cache = true;
+    c.paged = r.layout == 1, c.page_size = 7;
+    c.batch_idx = r.layout == 2;
+    c.batch = 2, c.hq = r.d == 128 ? 32 : 12, c.hkv = r.d == 128 ? 8 : 3, c.d = r.d, c.dv = r.d, c.sk = 300;
+    c.snew = 9, c.sq = 9, c.causal = true;
+    if (r.layout == 3) c.seqused = {40, 250}, c.leftpad = {5, 31};
+    c.rot_dim = r.rot, c.rot_interleaved = r.interleaved, c.rot_tables_16bit = r.tables16;
+    c.odd_rows = r.odd_rows;
+    check_case(c);
+  }
+  // Decode: one appended row, q rotated at a single position, split-KV combine after it.
+  Case d;
+  d.dtype = FP_BF16;
+  d.cache = true, d.batch = 1, d.hq = 32, d.hkv = 8, d.d = 128, d.dv = 128, d.sk = 4096, d.snew = 1, d.sq = 1;
+  d.seqused = {4000}, d.rot_dim = 64, d.splits = 0;
+  fp_selection sel{};
+  check_case(d, &sel);
+  EXPECT_GT(sel.num_splits, 1);
+}
+
 TEST(CudaFwd, RandomizedMix) {
   SKIP_WITHOUT_GPU();
   for (int rep = 0; rep < 24; ++rep) {
@@ -270,10 +304,15 @@ TEST(CudaFwd, RandomizedMix) {
 
 // ---- merge op ------------------------------------------------------------------------------
 
+// The merge moves 4 columns a lane: one vector access where the rows allow (dv a multiple of 4,
+// aligned rows), else 4 scalar ones (dv 75); up to 32 splits in flight, more in batches (40).
 TEST(CudaMerge, MatchesReference) {
   SKIP_WITHOUT_GPU();
-  for (fp_dtype pt : {FP_F32, FP_BF16}) {
-    const int64_t n = 5, b = 2, s = 37, h = 3, dv = 72;
+  struct M { fp_dtype pt; int64_t n, dv; };
+  for (M m : {M{FP_F32, 5, 72}, M{FP_BF16, 5, 72}, M{FP_F32, 32, 128}, M{FP_F32, 40, 256}, M{FP_F16, 3, 75}}) {
+    const fp_dtype pt = m.pt;
+    const int64_t n = m.n, b = 2, s = 37, h = 3, dv = m.dv;
+    SCOPED_TRACE("splits " + std::to_string(n) + " dv " + std::to_string(dv));
     HostTensor parts(pt, {n, b, s, h, dv}), lses(FP_F32, {n, b, h, s});
     parts.fill_normal();
     lses.fill_uniform(-3, 3);

@@ -126,6 +126,8 @@ struct Case {
   std::vector<int64_t> leftpad;  // cache_leftpad per sequence (empty: none)
   int64_t rot_dim = 0;
   bool rot_interleaved = false;
+  bool rot_tables_16bit = false;  // cos/sin in q's dtype (else fp32)
+  bool odd_rows = false;          // cache call: q, k_new, v_new rows padded by one element (unaligned rows)
   bool rng_on_device = false;  // dropout (seed, offset) as the device tensor dropout_rng
   bool nan_unused_cache = false;  // cache rows no key of the call reads hold NaN
   double input_std = 1.0;
@@ -149,7 +151,8 @@ struct Case {
     if (snew) s += " snew=" + std::to_string(snew);
     if (!leftpad.empty()) s += " leftpad";
     if (nan_unused_cache) s += " nan-unused-rows";
-    if (rot_dim) s += " rotary=" + std::to_string(rot_dim) + (rot_interleaved ? "i" : "h");
+    if (rot_dim) s += " rotary=" + std::to_string(rot_dim) + (rot_interleaved ? "i" : "h") + (rot_tables_16bit ? "(16-bit tables)" : "");
+    if (odd_rows) s += " odd-rows";
     return s;
   }
 };
@@ -207,19 +210,21 @@ struct Call {
         k = HostTensor(t, {rows, c.sk, c.hkv, c.d});
         v = HostTensor(t, {rows, c.sk, c.hkv, c.dv});
       }
-      q = HostTensor(t, {c.batch, c.sq, c.hq, c.d});
+      const std::vector<int64_t> row_pad{0, 0, 0, c.odd_rows ? 1 : 0};
+      q = HostTensor::padded(t, {c.batch, c.sq, c.hq, c.d}, row_pad);
       out = HostTensor(t, {c.batch, c.sq, c.hq, c.dv});
       lse = HostTensor(FP_F32, {c.batch, c.hq, c.sq});
       if (c.snew > 0) {
-        k_new = HostTensor(t, {c.batch, c.snew, c.hkv, c.d});
-        v_new = HostTensor(t, {c.batch, c.snew, c.hkv, c.dv});
+        k_new = HostTensor::padded(t, {c.batch, c.snew, c.hkv, c.d}, row_pad);
+        v_new = HostTensor::padded(t, {c.batch, c.snew, c.hkv, c.dv}, row_pad);
         k_new.fill_normal(0.0, c.input_std);
         v_new.fill_normal();
       }
       if (c.rot_dim > 0) {
         const int64_t rows = c.sk + c.sq + 1;
-        cos = HostTensor(FP_F32, {rows, c.rot_dim / 2});
-        sin = HostTensor(FP_F32, {rows, c.rot_dim / 2});
+        const fp_dtype table = c.rot_tables_16bit ? t : FP_F32;
+        cos = HostTensor(table, {rows, c.rot_dim / 2});
+        sin = HostTensor(table, {rows, c.rot_dim / 2});
         std::vector<double> cv, sv;
         for (int64_t r = 0; r < rows; ++r)
           for (int64_t j = 0; j < c.rot_dim / 2; ++j) {
@@ -352,7 +357,10 @@ inline Outputs run_reference(const Call& call) {
   if (!call.batch_idx.empty()) w.batch_idx = call.batch_idx.view();
   if (!call.leftpad.empty()) w.leftpad = call.leftpad.view();
   if (!kn.empty()) w.k_new = kn.view(), w.v_new = vn.view();
-  if (!call.cos.empty()) w.cos = call.cos.view(), w.sin = call.sin.view();
+  // 16-bit tables as exact fp64 copies (the reference takes fp32 tables or q's dtype).
+  HostTensor cos = call.cos.dtype() == FP_F32 || call.cos.empty() ? call.cos : to_f64(call.cos),
+             sin = call.sin.dtype() == FP_F32 || call.sin.empty() ? call.sin : to_f64(call.sin);
+  if (!cos.empty()) w.cos = cos.view(), w.sin = sin.view();
   if (!call.alibi.empty()) w.alibi = call.alibi.view();
   if (!call.sinks.empty()) w.sinks = call.sinks.view();
   fp_attn_params p = call.params(w, FP_BACKEND_REFERENCE);

@@ -33,40 +33,182 @@ __device__ __forceinline__ void store_f(void* p, fp_dtype t, int64_t i, float v)
   }
 }
 
-constexpr int kMergeWarps = 4;
-constexpr int kMergeUnroll = 8;  // splits whose loads are in flight together
-constexpr int kAppendWarps = 4;
+constexpr int kMergeWarps = 4;   // merge_bwd_kernel's block; the merge's for many rows
+constexpr int kMergeVec = 4;     // output columns a lane (one 16-byte fp32 / 8-byte 16-bit access)
+constexpr int kMergeBatch = 32;  // splits whose partials are in flight together
+constexpr int kAppendWarps = 4;  // append / rotary-q block: kAppendWarps warps
+constexpr int kAppendHeads = 4;  // heads an append / rotary-q thread moves (cos/sin read once for them)
 
-// One warp per (row, kWarpSize-column chunk), one output column per lane:
-//   lse = log sum_s exp(lse_s); out = sum_s exp(lse_s - lse) * out_s; all -inf => out 0, lse -inf.
-// Loads of kMergeUnroll splits are issued before any is used (latency-bound for few rows).
-template <typename Part>
-__device__ __forceinline__ float merge_column(const MergeArgs& a, const typename Part::T* part, int64_t pbase,
-                                              const float* lp, float lse, int64_t col) {
-  float acc = 0.0f;
-  if (lse == -INFINITY) return acc;
-  for (int64_t s0 = 0; s0 < a.splits; s0 += kMergeUnroll) {
-    float v[kMergeUnroll], l[kMergeUnroll];
+// The bits of `from` as `to` (same size): register type punning without aliasing rules broken.
+// `from` must be a register value, not a reference into global memory (the copy would then be
+// split into element loads).
+template <typename To, typename From>
+__device__ __forceinline__ void bits_copy(To& to, const From& from) {
+  static_assert(sizeof(To) == sizeof(From), "bits_copy: sizes differ");
+  __builtin_memcpy(&to, &from, sizeof(To));
+}
+
+__device__ __forceinline__ bool aligned_to(const void* p, uintptr_t bytes) {
+  return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
+}
+
+// Whether every row (b, s, h) of a merge tensor starts on a 4-element boundary with its 4 columns
+// contiguous: strides (4 of them, the column stride last) and base in units of 4 elements.
+FP_HD bool merge_rows_vec(const void* base, int elem_bytes, const int64_t* stride, int64_t dv) {
+  return (reinterpret_cast<uintptr_t>(base) & uintptr_t(4 * elem_bytes - 1)) == 0 && stride[3] == 1 &&
+         ((stride[0] | stride[1] | stride[2] | dv) & 3) == 0;
+}
+
+// 4 consecutive partial columns at p (col0 + j < dv): one vector access (kVec), else 4 scalar ones.
+template <typename Part, bool kVec>
+__device__ __forceinline__ void load4(const typename Part::T* p, int64_t col0, int64_t dv, int64_t col_stride,
+                                      float (&f)[kMergeVec]) {
+  using T = typename Part::T;
+  if constexpr (kVec) {
+    if constexpr (sizeof(T) == 4) {
+      const float4 r = *reinterpret_cast<const float4*>(p);
+      f[0] = r.x, f[1] = r.y, f[2] = r.z, f[3] = r.w;
+    } else {
+      T e[kMergeVec];
+      const uint2 r = *reinterpret_cast<const uint2*>(p);  // one 8-byte load, then the bits
+      bits_copy(e, r);
 #pragma unroll
-    for (int u = 0; u < kMergeUnroll; ++u) {
-      const int64_t sp = s0 + u;
-      const bool ok = sp < a.splits;
-      l[u] = ok ? lp[sp * a.lse_part_stride[0]] : -INFINITY;
-      v[u] = ok && col < a.dv ? Part::to_float(part[pbase + sp * a.part_stride[0] + col * a.part_stride[4]]) : 0.0f;
+      for (int j = 0; j < kMergeVec; ++j) f[j] = Part::to_float(e[j]);
     }
+  } else {
 #pragma unroll
-    for (int u = 0; u < kMergeUnroll; ++u) {
-      const float w = l[u] == -INFINITY ? 0.0f : __expf(l[u] - lse);
-      acc += w != 0.0f ? w * v[u] : 0.0f;  // an empty split's partial may be anything
+    for (int j = 0; j < kMergeVec; ++j) f[j] = col0 + j < dv ? Part::to_float(p[j * col_stride]) : 0.0f;
+  }
+}
+
+// One warp per (row, kWarpSize * kMergeVec-column chunk), kMergeVec output columns a lane:
+//   lse = log sum_s exp(lse_s); out = sum_s exp(lse_s - lse) * out_s; all -inf => out 0, lse -inf.
+// The partials of kBatch splits are loaded before the row's lse is reduced, so a decode combine
+// waits for about one round trip, not one per split batch (their lse partials are read again
+// after the reduction, from L1, to keep registers for the partials). Rows of 4-column vectors
+// (kVec: one 16-byte fp32 / 8-byte 16-bit load a split) batch kMergeBatch splits, others a
+// quarter of that (4 scalar loads a split). Per element the fp32 operations and their order are
+// those of the one-column-a-lane kernel this replaced (splits in order, the same lse reduction):
+// bit-identical results.
+template <typename Part, bool kVec>
+__device__ __forceinline__ void merge_columns(const MergeArgs& a, int64_t pbase, const float* lp, int64_t col0,
+                                              int lane, float (&acc)[kMergeVec], float& lse) {
+  using T = typename Part::T;
+  constexpr int kBatch = kVec ? kMergeBatch : kMergeBatch / 4;
+  const T* part = static_cast<const T*>(a.part) + pbase + col0 * a.part_stride[4];
+  const bool live = col0 < a.dv;
+  float v[kBatch][kMergeVec];
+  auto load_batch = [&](int64_t s0) {
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t sp = s0 + u;
+      if (sp < a.splits && live) {
+        load4<Part, kVec>(part + sp * a.part_stride[0], col0, a.dv, a.part_stride[4], v[u]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kMergeVec; ++j) v[u][j] = 0.0f;
+      }
+    }
+  };
+  load_batch(0);
+  float mx = -INFINITY;
+  for (int64_t sp = lane; sp < a.splits; sp += kWarpSize) mx = fmaxf(mx, lp[sp * a.lse_part_stride[0]]);
+#pragma unroll
+  for (int o = kWarpSize / 2; o > 0; o >>= 1) mx = fmaxf(mx, shfl_xor(mx, o));
+  float sum = 0.0f;
+  if (mx != -INFINITY)
+    for (int64_t sp = lane; sp < a.splits; sp += kWarpSize) sum += __expf(lp[sp * a.lse_part_stride[0]] - mx);
+#pragma unroll
+  for (int o = kWarpSize / 2; o > 0; o >>= 1) sum += shfl_xor(sum, o);
+  lse = sum > 0.0f ? mx + __logf(sum) : -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kMergeVec; ++j) acc[j] = 0.0f;
+  if (lse == -INFINITY) return;
+#pragma unroll 1
+  for (int64_t s0 = 0; s0 < a.splits; s0 += kBatch) {
+    if (s0 > 0) load_batch(s0);
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {  // the lse partials: L1 hits by now
+      const float l = s0 + u < a.splits ? lp[(s0 + u) * a.lse_part_stride[0]] : -INFINITY;
+      const float w = l == -INFINITY ? 0.0f : __expf(l - lse);
+#pragma unroll
+      for (int j = 0; j < kMergeVec; ++j) acc[j] += w != 0.0f ? w * v[u][j] : 0.0f;  // an empty split's partial may be anything
     }
   }
-  return acc;
+}
+
+template <typename Part>
+__device__ __forceinline__ void merge_columns(const MergeArgs& a, int64_t pbase, const float* lp, int64_t col0,
+                                              int lane, float (&acc)[kMergeVec], float& lse) {
+  const bool vec = merge_rows_vec(a.part, int(sizeof(typename Part::T)), a.part_stride + 1, a.dv) &&
+                   (a.part_stride[0] & 3) == 0;
+  if (vec) merge_columns<Part, true>(a, pbase, lp, col0, lane, acc, lse);
+  else merge_columns<Part, false>(a, pbase, lp, col0, lane, acc, lse);
+}
+
+// 16 bytes of elements <-> floats.
+template <typename Elem>
+__device__ __forceinline__ void unpack16(const uint4& u, float (&f)[16 / sizeof(typename Elem::T)]) {
+  typename Elem::T e[16 / sizeof(typename Elem::T)];
+  bits_copy(e, u);
+#pragma unroll
+  for (int i = 0; i < int(16 / sizeof(typename Elem::T)); ++i) f[i] = Elem::to_float(e[i]);
+}
+template <typename Elem>
+__device__ __forceinline__ uint4 pack16(const float (&f)[16 / sizeof(typename Elem::T)]) {
+  if constexpr (sizeof(typename Elem::T) == 2) {
+    return make_uint4(Elem::pack(f[0], f[1]), Elem::pack(f[2], f[3]), Elem::pack(f[4], f[5]), Elem::pack(f[6], f[7]));
+  } else {
+    uint4 u;
+    bits_copy(u, f);
+    return u;
+  }
+}
+
+// Vector stores of the merged columns. On NVIDIA as explicit st.global.v4 / v2: written as plain
+// uint4 / uint2 stores here, the compiler splits them into 32-bit ones (it folds them with the
+// scalar fallback below; measured in the PTX).
+__device__ __forceinline__ void store_v4(void* p, uint4 v) {
+#if defined(FP_VENDOR_NVIDIA) && defined(__CUDA_ARCH__)
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+#else
+  *static_cast<uint4*>(p) = v;
+#endif
+}
+__device__ __forceinline__ void store_v2(void* p, uint32_t x, uint32_t y) {
+#if defined(FP_VENDOR_NVIDIA) && defined(__CUDA_ARCH__)
+  asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(p), "r"(x), "r"(y) : "memory");
+#else
+  uint2* q = static_cast<uint2*>(p);
+  q->x = x, q->y = y;
+#endif
+}
+
+__device__ __forceinline__ void store4(const MergeArgs& a, int64_t obase, int64_t col0, const float (&f)[kMergeVec]) {
+  const int eb = a.out_dtype == FP_F32 ? 4 : 2;
+  if (merge_rows_vec(a.out, eb, a.out_stride, a.dv)) {
+    switch (a.out_dtype) {
+      case FP_F16:
+        store_v2(static_cast<Half::T*>(a.out) + obase + col0, Half::pack(f[0], f[1]), Half::pack(f[2], f[3]));
+        return;
+      case FP_BF16:
+        store_v2(static_cast<BFloat16::T*>(a.out) + obase + col0, BFloat16::pack(f[0], f[1]), BFloat16::pack(f[2], f[3]));
+        return;
+      default:
+        store_v4(static_cast<float*>(a.out) + obase + col0, pack16<Float32>(f));
+        return;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kMergeVec; ++j)
+    if (col0 + j < a.dv) store_f(a.out, a.out_dtype, obase + (col0 + j) * a.out_stride[3], f[j]);
 }
 
 __global__ void __launch_bounds__(kMergeWarps * kWarpSize) merge_kernel(const FP_GRID_CONSTANT MergeArgs a) {
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int64_t chunks = (a.dv + kWarpSize - 1) / kWarpSize;
-  const int64_t item = int64_t(blockIdx.x) * kMergeWarps + warp;
+  constexpr int64_t kChunk = int64_t(kWarpSize) * kMergeVec;
+  const int64_t chunks = (a.dv + kChunk - 1) / kChunk;
+  const int64_t item = int64_t(blockIdx.x) * (blockDim.x / kWarpSize) + warp;
   if (item >= a.batch * a.seqlen * a.heads * chunks) return;
   const int64_t row = item / chunks, chunk = item % chunks;
   const int64_t h = row % a.heads;
@@ -80,29 +222,18 @@ __global__ void __launch_bounds__(kMergeWarps * kWarpSize) merge_kernel(const FP
   }
   const float* lp = a.lse_part + b * a.lse_part_stride[1] + h * a.lse_part_stride[2] +
                     s * a.lse_part_stride[3];
-  float mx = -INFINITY;
-  for (int64_t sp = lane; sp < a.splits; sp += kWarpSize) mx = fmaxf(mx, lp[sp * a.lse_part_stride[0]]);
-#pragma unroll
-  for (int o = kWarpSize / 2; o > 0; o >>= 1) mx = fmaxf(mx, shfl_xor(mx, o));
-  float sum = 0.0f;
-  if (mx != -INFINITY)
-    for (int64_t sp = lane; sp < a.splits; sp += kWarpSize) sum += __expf(lp[sp * a.lse_part_stride[0]] - mx);
-#pragma unroll
-  for (int o = kWarpSize / 2; o > 0; o >>= 1) sum += shfl_xor(sum, o);
-  const float lse = sum > 0.0f ? mx + __logf(sum) : -INFINITY;
-
   const int64_t pbase = b * a.part_stride[1] + s * a.part_stride[2] + h * a.part_stride[3];
-  const int64_t col = chunk * kWarpSize + lane;
-  float acc;
+  const int64_t col0 = (chunk * kWarpSize + lane) * kMergeVec;
+  float acc[kMergeVec], lse;
   switch (a.part_dtype) {
-    case FP_F16: acc = merge_column<Half>(a, static_cast<const Half::T*>(a.part), pbase, lp, lse, col); break;
-    case FP_BF16: acc = merge_column<BFloat16>(a, static_cast<const BFloat16::T*>(a.part), pbase, lp, lse, col); break;
-    default: acc = merge_column<Float32>(a, static_cast<const float*>(a.part), pbase, lp, lse, col); break;
+    case FP_F16: merge_columns<Half>(a, pbase, lp, col0, lane, acc, lse); break;
+    case FP_BF16: merge_columns<BFloat16>(a, pbase, lp, col0, lane, acc, lse); break;
+    default: merge_columns<Float32>(a, pbase, lp, col0, lane, acc, lse); break;
   }
   const int64_t obase = (a.out_packed ? out_row * a.out_stride[1]
                                       : b * a.out_stride[0] + s * a.out_stride[1]) +
                         h * a.out_stride[2];
-  if (col < a.dv) store_f(a.out, a.out_dtype, obase + col * a.out_stride[3], acc);
+  if (col0 < a.dv) store4(a, obase, col0, acc);
   if (a.lse != nullptr && lane == 0 && chunk == 0) {
     const int64_t li = a.lse_packed ? h * a.lse_stride[1] + out_row * a.lse_stride[2]
                                     : b * a.lse_stride[0] + h * a.lse_stride[1] + s * a.lse_stride[2];
@@ -153,190 +284,339 @@ __global__ void __launch_bounds__(kMergeWarps * kWarpSize) merge_bwd_kernel(cons
                  s * g.d_lse_part_stride[3]] = w == 0.0f ? 0.0f : w * (dot + dl);
 }
 
-// cos / sin of pair t at table row `pos` (the table's dtype: fp32 or the elements').
-template <typename Elem>
-__device__ __forceinline__ void rotary_cs(const AppendArgs& a, int64_t pos, int t, float& c, float& sn) {
-  const int64_t ci = pos * a.rot_stride + t;
-  c = a.rot_f32 ? static_cast<const float*>(a.cos)[ci] : Elem::to_float(static_cast<const typename Elem::T*>(a.cos)[ci]);
-  sn = a.rot_f32 ? static_cast<const float*>(a.sin)[ci] : Elem::to_float(static_cast<const typename Elem::T*>(a.sin)[ci]);
+// ---- KV-cache append + rotary, rotary of q -----------------------------------------------------
+// A row (one head of one token) is cut into units; a thread moves one unit of kAppendHeads heads
+// of one token (heads g, g + G, ...: a warp's loads of one head slot cover consecutive rows), all
+// their loads issued before any store, the unit's cos/sin read once for all of them. Vector rows
+// (every row 16-byte aligned, dim and rotary pairs in whole 16-byte chunks) have units of 16
+// bytes: a chunk past rot_dim, an interleaved chunk (its own pairs), or a half-split pair of
+// chunks (e0.., e0 + rot_dim / 2..). Other rows: a unit is one pair or one element past rot_dim.
+// Per element the rotation is x0 * c - x1 * s, x0 * s + x1 * c in fp32, as before.
+struct RowUnits {
+  bool vec = false;
+  int rot_units = 0;  // units that rotate (first), then the copied ones
+  int units = 0;
+};
+
+// Whether every row base + b * s0 + r * s1 + h * s2 of a tensor is 16-byte aligned.
+FP_HD bool rows_aligned16(const void* base, int elem_bytes, int64_t s0, int64_t s1, int64_t s2) {
+  const int64_t per = 16 / elem_bytes;
+  return (reinterpret_cast<uintptr_t>(base) & 15) == 0 && s0 % per == 0 && s1 % per == 0 && s2 % per == 0;
+}
+FP_HD bool rows_aligned16(const void* base, int elem_bytes, const RowAddr& r) {
+  return rows_aligned16(base, elem_bytes, r.batch_stride, r.row_stride, r.head_stride);
+}
+FP_HD bool rows_aligned16(const void* base, int elem_bytes, const KvAddr& r) {
+  return rows_aligned16(base, elem_bytes, r.s0, r.s1, r.s2);
 }
 
-// 8 16-bit elements (one 16-byte chunk) <-> floats.
-template <typename Elem>
-__device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
-  const typename Elem::T* e = reinterpret_cast<const typename Elem::T*>(&u);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) f[i] = Elem::to_float(e[i]);
-}
-template <typename Elem>
-__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
-  return make_uint4(Elem::pack(f[0], f[1]), Elem::pack(f[2], f[3]), Elem::pack(f[4], f[5]), Elem::pack(f[6], f[7]));
+FP_HD RowUnits row_units(int dim, int rot_dim, bool interleaved, int elem_bytes, bool aligned) {
+  const int per = 16 / elem_bytes, half = rot_dim / 2;
+  RowUnits r;
+  r.vec = aligned && dim % per == 0 && rot_dim % per == 0 && (interleaved || half % per == 0);
+  r.rot_units = r.vec ? (interleaved ? rot_dim / per : half / per) : half;
+  r.units = r.rot_units + (r.vec ? (dim - rot_dim) / per : dim - rot_dim);
+  return r;
 }
 
-// Rotates one row (x -> dst) at position `pos`; columns past rot_dim are copied. Rows whose
-// pointers are 16-byte aligned, with dim a multiple of 8 and rotary pairs that never straddle a
-// 16-byte chunk (rot_dim / 2 a multiple of 8, or interleaved pairs), move in 16-byte chunks, one
-// a lane (the scalar path below moved 2 bytes a lane and ran the append + rotary pre-pass at a
-// third of the memory bandwidth); the others element by element.
+// The launch of one pre-pass kernel: tokens x head groups x units threads.
+struct AuxShape {
+  RowUnits x, y;  // append: k (rotated) and v (copied); rotary-q: q only (y empty)
+  int64_t tokens = 0, seq = 0;  // tokens = batch x seq
+  int heads = 0, groups = 0;    // groups = ceil(heads / kAppendHeads)
+  FP_HD int64_t threads() const { return tokens * groups * (x.units + y.units); }
+};
+
+FP_HD AuxShape append_kv_shape(const AppendArgs& a, int elem_bytes) {
+  AuxShape s;
+  s.x = row_units(a.d, a.rot_dim, a.interleaved, elem_bytes,
+                  rows_aligned16(a.k_new, elem_bytes, a.k_new_addr) && rows_aligned16(a.k, elem_bytes, a.k_addr));
+  s.y = row_units(a.dv, 0, false, elem_bytes,
+                  rows_aligned16(a.v_new, elem_bytes, a.v_new_addr) && rows_aligned16(a.v, elem_bytes, a.v_addr));
+  s.seq = a.seq.snew;
+  s.tokens = a.seq.batch * a.seq.snew;
+  s.heads = a.hkv;
+  s.groups = (a.hkv + kAppendHeads - 1) / kAppendHeads;
+  return s;
+}
+
+FP_HD AuxShape rotate_q_shape(const AppendArgs& a, int elem_bytes) {
+  AuxShape s;
+  if (a.q_rot == nullptr) return s;
+  s.x = row_units(a.d, a.rot_dim, a.interleaved, elem_bytes,
+                  rows_aligned16(a.q, elem_bytes, a.q_addr) && rows_aligned16(a.q_rot, elem_bytes, a.q_rot_addr));
+  s.seq = a.seq.sq;
+  s.tokens = a.seq.batch * a.seq.sq;
+  s.heads = a.hq;
+  s.groups = (a.hq + kAppendHeads - 1) / kAppendHeads;
+  return s;
+}
+
+// Thread index -> (b, token row, head group, unit); 32-bit divisions when the launch fits.
+struct AuxThread {
+  int64_t b = 0, row = 0;
+  int group = 0, unit = 0;
+  bool valid = false;
+};
+__device__ __forceinline__ AuxThread aux_thread(const AuxShape& s) {
+  AuxThread t;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t total = s.threads();
+  if (i >= total) return t;
+  const int units = s.x.units + s.y.units;
+  if (total <= INT32_MAX && s.seq <= INT32_MAX) {
+    const uint32_t i32 = uint32_t(i), u = uint32_t(units), g = uint32_t(s.groups), sq = uint32_t(s.seq);
+    const uint32_t r = i32 / u, tok = r / g;
+    t.unit = int(i32 - r * u);
+    t.group = int(r - tok * g);
+    t.b = tok / sq;
+    t.row = tok - uint32_t(t.b) * sq;
+  } else {
+    t.unit = int(i % units);
+    const int64_t r = i / units, tok = r / s.groups;
+    t.group = int(r % s.groups);
+    t.b = tok / s.seq;
+    t.row = tok % s.seq;
+  }
+  t.valid = true;
+  return t;
+}
+
+// n cos/sin values of pairs p0.. at table row `pos` (fp32 or the elements' dtype), with the
+// widest aligned accesses.
+template <typename Tab, int n>
+__device__ __forceinline__ void load_tab(const void* table, int64_t ci, float (&f)[n]) {
+  using T = typename Tab::T;
+  constexpr int kPer16 = int(16 / sizeof(T)), bytes = n * int(sizeof(T));
+  const T* p = static_cast<const T*>(table) + ci;
+  if constexpr (bytes % 16 == 0) {
+    if (aligned_to(p, 16)) {
+#pragma unroll
+      for (int c = 0; c < bytes / 16; ++c) {
+        T e[kPer16];
+        const uint4 r = reinterpret_cast<const uint4*>(p)[c];
+        bits_copy(e, r);
+#pragma unroll
+        for (int i = 0; i < kPer16; ++i) f[c * kPer16 + i] = Tab::to_float(e[i]);
+      }
+      return;
+    }
+  } else if constexpr (bytes == 8) {
+    if (aligned_to(p, 8)) {
+      T e[n];
+      const uint2 r = *reinterpret_cast<const uint2*>(p);
+      bits_copy(e, r);
+#pragma unroll
+      for (int i = 0; i < n; ++i) f[i] = Tab::to_float(e[i]);
+      return;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < n; ++i) f[i] = Tab::to_float(p[i]);
+}
+template <typename Elem, int n>
+__device__ __forceinline__ void rotary_cs(const AppendArgs& a, int64_t pos, int64_t p0, float (&c)[n], float (&s)[n]) {
+  const int64_t ci = pos * a.rot_stride + p0;
+  if (a.rot_f32) {
+    load_tab<Float32, n>(a.cos, ci, c);
+    load_tab<Float32, n>(a.sin, ci, s);
+  } else {
+    load_tab<Elem, n>(a.cos, ci, c);
+    load_tab<Elem, n>(a.sin, ci, s);
+  }
+}
+
+// Unit `u` of the rows src + h * src_hs -> dst + h * dst_hs of heads h = h0 + k * hstep < heads
+// (k < kAppendHeads), rotary on the first rot_dim elements (0: a copy) at table row pos.
 template <typename Elem>
-__device__ void rotate_row(const AppendArgs& a, const typename Elem::T* x, typename Elem::T* dst,
-                           int dim, int64_t pos, int lane) {
-  if (pos >= a.rot_rows) pos = a.rot_rows - 1;  // clamp, don't fault
-  if (pos < 0) pos = 0;
-  const int half = a.rot_dim / 2;
-  const bool chunked = (dim & 7) == 0 && (a.rot_dim & 7) == 0 && (a.interleaved || (half & 7) == 0) &&
-                       ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0;
-  if constexpr (sizeof(typename Elem::T) == 2) if (chunked) {
-    const uint4* xs = reinterpret_cast<const uint4*>(x);
-    uint4* ds = reinterpret_cast<uint4*>(dst);
-    for (int c = lane; c < dim / 8; c += kWarpSize) {
-      const int e0 = 8 * c;
-      if (e0 >= a.rot_dim) {
-        ds[c] = xs[c];
-      } else if (a.interleaved) {  // pairs (e0 + 2i, e0 + 2i + 1), pair index e0 / 2 + i
-        float v[8], o[8];
-        unpack8<Elem>(xs[c], v);
+__device__ __forceinline__ void move_unit(const AppendArgs& a, const RowUnits& ru, int rot_dim, int u,
+                                          const typename Elem::T* src, int64_t src_hs, typename Elem::T* dst,
+                                          int64_t dst_hs, int h0, int hstep, int heads, int64_t pos) {
+  using T = typename Elem::T;
+  constexpr int kPer = int(16 / sizeof(T));
+  constexpr int kH = kAppendHeads;
+  const int half = rot_dim / 2;
+  bool on[kH];
+  const T* s[kH];
+  T* d[kH];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          float cs, sn;
-          rotary_cs<Elem>(a, pos, e0 / 2 + i, cs, sn);
-          o[2 * i] = v[2 * i] * cs - v[2 * i + 1] * sn;
-          o[2 * i + 1] = v[2 * i] * sn + v[2 * i + 1] * cs;
-        }
-        ds[c] = pack8<Elem>(o);
-      } else if (e0 < half) {  // pairs (e0 + i, e0 + half + i): this lane writes both chunks
-        const int c1 = c + half / 8;
-        float v0[8], v1[8], o0[8], o1[8];
-        unpack8<Elem>(xs[c], v0);
-        unpack8<Elem>(xs[c1], v1);
+  for (int k = 0; k < kH; ++k) {
+    const int h = h0 + k * hstep;
+    on[k] = h < heads;
+    s[k] = src + int64_t(h) * src_hs;
+    d[k] = dst + int64_t(h) * dst_hs;
+  }
+  if (ru.vec) {
+    if (u >= ru.rot_units) {  // a chunk past rot_dim: copied
+      const int c = rot_dim / kPer + (u - ru.rot_units);
+      uint4 x[kH];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          float cs, sn;
-          rotary_cs<Elem>(a, pos, e0 + i, cs, sn);
-          o0[i] = v0[i] * cs - v1[i] * sn;
-          o1[i] = v0[i] * sn + v1[i] * cs;
+      for (int k = 0; k < kH; ++k)
+        if (on[k]) x[k] = reinterpret_cast<const uint4*>(s[k])[c];
+#pragma unroll
+      for (int k = 0; k < kH; ++k)
+        if (on[k]) reinterpret_cast<uint4*>(d[k])[c] = x[k];
+    } else if (a.interleaved) {  // chunk u: pairs (2i, 2i + 1) of pair index u * kPer / 2 + i
+      constexpr int kPairs = kPer / 2;
+      float cs[kPairs], sn[kPairs];
+      rotary_cs<Elem, kPairs>(a, pos, int64_t(u) * kPairs, cs, sn);
+      uint4 x[kH];
+#pragma unroll
+      for (int k = 0; k < kH; ++k)
+        if (on[k]) x[k] = reinterpret_cast<const uint4*>(s[k])[u];
+#pragma unroll
+      for (int k = 0; k < kH; ++k) {
+        if (!on[k]) continue;
+        float v[kPer], o[kPer];
+        unpack16<Elem>(x[k], v);
+#pragma unroll
+        for (int i = 0; i < kPairs; ++i) {
+          o[2 * i] = v[2 * i] * cs[i] - v[2 * i + 1] * sn[i];
+          o[2 * i + 1] = v[2 * i] * sn[i] + v[2 * i + 1] * cs[i];
         }
-        ds[c] = pack8<Elem>(o0);
-        ds[c1] = pack8<Elem>(o1);
+        reinterpret_cast<uint4*>(d[k])[u] = pack16<Elem>(o);
+      }
+    } else {  // chunks u and u + half / kPer: pairs (e0 + i, e0 + half + i), pair index e0 + i
+      const int c1 = u + half / kPer;
+      float cs[kPer], sn[kPer];
+      rotary_cs<Elem, kPer>(a, pos, int64_t(u) * kPer, cs, sn);
+      uint4 x0[kH], x1[kH];
+#pragma unroll
+      for (int k = 0; k < kH; ++k)
+        if (on[k]) x0[k] = reinterpret_cast<const uint4*>(s[k])[u], x1[k] = reinterpret_cast<const uint4*>(s[k])[c1];
+#pragma unroll
+      for (int k = 0; k < kH; ++k) {
+        if (!on[k]) continue;
+        float v0[kPer], v1[kPer], o0[kPer], o1[kPer];
+        unpack16<Elem>(x0[k], v0);
+        unpack16<Elem>(x1[k], v1);
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) {
+          o0[i] = v0[i] * cs[i] - v1[i] * sn[i];
+          o1[i] = v0[i] * sn[i] + v1[i] * cs[i];
+        }
+        reinterpret_cast<uint4*>(d[k])[u] = pack16<Elem>(o0);
+        reinterpret_cast<uint4*>(d[k])[c1] = pack16<Elem>(o1);
       }
     }
     return;
   }
-  if (a.rot_dim > 0) {
-    for (int t = lane; t < half; t += kWarpSize) {
-      const int i0 = a.interleaved ? 2 * t : t;
-      const int i1 = a.interleaved ? 2 * t + 1 : t + half;
-      float c, sn;
-      rotary_cs<Elem>(a, pos, t, c, sn);
-      const float x0 = Elem::to_float(x[i0]), x1 = Elem::to_float(x[i1]);
-      dst[i0] = Elem::from_float(x0 * c - x1 * sn);
-      dst[i1] = Elem::from_float(x0 * sn + x1 * c);
-    }
-  }
-  // The columns past rot_dim; 16-bit elements two a lane when both rows allow 4-byte accesses.
-  using T = typename Elem::T;
-  const int rest = dim - a.rot_dim;
-  const T* xs = x + a.rot_dim;
-  T* ds = dst + a.rot_dim;
-  if (sizeof(T) == 2 && (rest & 1) == 0 &&
-      ((reinterpret_cast<uintptr_t>(xs) | reinterpret_cast<uintptr_t>(ds)) & 3) == 0) {
-    for (int t = lane; t < rest / 2; t += kWarpSize)
-      reinterpret_cast<uint32_t*>(ds)[t] = reinterpret_cast<const uint32_t*>(xs)[t];
-  } else {
-    for (int t = lane; t < rest; t += kWarpSize) ds[t] = xs[t];
-  }
-}
-
-// Splits a flat row index into (outer, middle, inner) for extents (., mid, inner): 32-bit
-// arithmetic when the rows fit (64-bit division costs a warp per row more than the row's copy).
-__device__ __forceinline__ void split_row(int64_t row, int64_t rows, int64_t mid, int64_t inner, int64_t& o,
-                                          int64_t& m, int64_t& n) {
-  if (rows <= INT32_MAX && mid <= INT32_MAX && inner <= INT32_MAX) {
-    const uint32_t r = uint32_t(row), in = uint32_t(inner), md = uint32_t(mid);
-    const uint32_t om = r / in;
-    n = r - om * in;
-    o = om / md;
-    m = om - uint32_t(o) * md;
+  if (u >= ru.rot_units) {  // element rot_dim + (u - rot_units): copied
+    const int e = rot_dim + (u - ru.rot_units);
+    T x[kH];
+#pragma unroll
+    for (int k = 0; k < kH; ++k)
+      if (on[k]) x[k] = s[k][e];
+#pragma unroll
+    for (int k = 0; k < kH; ++k)
+      if (on[k]) d[k][e] = x[k];
     return;
   }
-  n = row % inner;
-  m = (row / inner) % mid;
-  o = row / (inner * mid);
+  // pair u: (2u, 2u + 1) interleaved, (u, u + half) half-split
+  const int i0 = a.interleaved ? 2 * u : u, i1 = a.interleaved ? 2 * u + 1 : u + half;
+  float c[1], sn[1];
+  rotary_cs<Elem, 1>(a, pos, u, c, sn);
+  T x0[kH], x1[kH];
+#pragma unroll
+  for (int k = 0; k < kH; ++k)
+    if (on[k]) x0[k] = s[k][i0], x1[k] = s[k][i1];
+#pragma unroll
+  for (int k = 0; k < kH; ++k) {
+    if (!on[k]) continue;
+    const float f0 = Elem::to_float(x0[k]), f1 = Elem::to_float(x1[k]);
+    d[k][i0] = Elem::from_float(f0 * c[0] - f1 * sn[0]);
+    d[k][i1] = Elem::from_float(f0 * sn[0] + f1 * c[0]);
+  }
 }
 
-// One warp per new row (b, j, kv head): rotary on k, then both written into the cache.
+__device__ __forceinline__ int64_t clamp_table_row(const AppendArgs& a, int64_t pos) {
+  if (pos >= a.rot_rows) pos = a.rot_rows - 1;  // clamp, don't fault
+  return pos < 0 ? 0 : pos;
+}
+
+// The appended rows: thread (token (b, j), head group, unit of k's then v's units); k rotated at
+// its cache row, both written into the cache.
 template <typename Elem>
 __global__ void __launch_bounds__(kAppendWarps * kWarpSize) append_kv_kernel(const FP_GRID_CONSTANT AppendArgs a) {
   using T = typename Elem::T;
-  const int lane = threadIdx.x % kWarpSize;
-  const int64_t row = int64_t(blockIdx.x) * kAppendWarps + (threadIdx.x / kWarpSize);
-  const int64_t rows = a.seq.batch * a.seq.snew * a.hkv;
-  if (row >= rows) return;
-  int64_t b, j, h;
-  split_row(row, rows, a.seq.snew, a.hkv, b, j, h);
+  const AuxShape sh = append_kv_shape(a, int(sizeof(T)));
+  const AuxThread t = aux_thread(sh);
+  if (!t.valid) return;
+  const int64_t b = t.b, j = t.row;
   const int64_t pos = int64_t(a.seq.seqused_k[b]) + j;
   const int64_t cap = a.k_addr.layout == KvLayout::Paged ? a.seq.max_blocks * a.seq.page_size : a.seq.sk;
   if (pos < 0 || pos >= cap) return;  // out of the cache: clamp (skip), don't fault
-  const T* kn = reinterpret_cast<const T*>(a.k_new) + a.k_new_addr.at(b, 0, j, h);
-  const T* vn = reinterpret_cast<const T*>(a.v_new) + a.v_new_addr.at(b, 0, j, h);
-  T* kd = reinterpret_cast<T*>(a.k) + kv_row_offset(a.seq, a.k_addr, a.num_pages, b, pos, h);
-  T* vd = reinterpret_cast<T*>(a.v) + kv_row_offset(a.seq, a.v_addr, a.num_pages, b, pos, h);
-  rotate_row<Elem>(a, kn, kd, a.d, pos, lane);
-  constexpr int kPerChunk = int(16 / sizeof(T));  // elements in 16 bytes
-  if (a.dv % kPerChunk == 0 && ((reinterpret_cast<uintptr_t>(vn) | reinterpret_cast<uintptr_t>(vd)) & 15) == 0) {
-    for (int c = lane; c < a.dv / kPerChunk; c += kWarpSize)
-      reinterpret_cast<uint4*>(vd)[c] = reinterpret_cast<const uint4*>(vn)[c];
+  if (t.unit < sh.x.units) {
+    const T* kn = reinterpret_cast<const T*>(a.k_new) + a.k_new_addr.at(b, 0, j, 0);
+    T* kd = reinterpret_cast<T*>(a.k) + kv_row_offset(a.seq, a.k_addr, a.num_pages, b, pos, 0);
+    move_unit<Elem>(a, sh.x, a.rot_dim, t.unit, kn, a.k_new_addr.head_stride, kd, a.k_addr.s2, t.group,
+                    sh.groups, sh.heads, a.rot_dim > 0 ? clamp_table_row(a, pos) : 0);
   } else {
-    for (int t = lane; t < a.dv; t += kWarpSize) vd[t] = vn[t];
+    const T* vn = reinterpret_cast<const T*>(a.v_new) + a.v_new_addr.at(b, 0, j, 0);
+    T* vd = reinterpret_cast<T*>(a.v) + kv_row_offset(a.seq, a.v_addr, a.num_pages, b, pos, 0);
+    move_unit<Elem>(a, sh.y, 0, t.unit - sh.x.units, vn, a.v_new_addr.head_stride, vd, a.v_addr.s2,
+                    t.group, sh.groups, sh.heads, 0);
   }
 }
 
-// One warp per q row (b, i, head): rotated copy into the workspace.
+// The rotated copy of q in the workspace: thread (q row (b, i), head group, unit).
 template <typename Elem>
 __global__ void __launch_bounds__(kAppendWarps * kWarpSize) rotate_q_kernel(const FP_GRID_CONSTANT AppendArgs a) {
   using T = typename Elem::T;
-  const int lane = threadIdx.x % kWarpSize;
-  const int64_t row = int64_t(blockIdx.x) * kAppendWarps + (threadIdx.x / kWarpSize);
-  const int64_t rows = a.seq.batch * a.seq.sq * a.hq;
-  if (row >= rows) return;
-  int64_t b, i, h;
-  split_row(row, rows, a.seq.sq, a.hq, b, i, h);
+  const AuxShape sh = rotate_q_shape(a, int(sizeof(T)));
+  const AuxThread t = aux_thread(sh);
+  if (!t.valid) return;
+  const int64_t b = t.b, i = t.row;
   if (i >= a.seq.q_len(b)) return;
   const int64_t qs = a.seq.q_start(b);
   // Rotary positions are cache rows (a left pad does not move them), as flash_attn.
-  const int64_t pos = int64_t(a.seq.seqused_k[b]) + (a.q_pos_per_row ? i : 0);
-  rotate_row<Elem>(a, reinterpret_cast<const T*>(a.q) + a.q_addr.at(b, qs, i, h),
-                   reinterpret_cast<T*>(a.q_rot) + a.q_rot_addr.at(b, qs, i, h),
-                   a.d, pos, lane);
+  const int64_t pos = clamp_table_row(a, int64_t(a.seq.seqused_k[b]) + (a.q_pos_per_row ? i : 0));
+  move_unit<Elem>(a, sh.x, a.rot_dim, t.unit, reinterpret_cast<const T*>(a.q) + a.q_addr.at(b, qs, i, 0),
+                  a.q_addr.head_stride, reinterpret_cast<T*>(a.q_rot) + a.q_rot_addr.at(b, qs, i, 0),
+                  a.q_rot_addr.head_stride, t.group, sh.groups, sh.heads, pos);
 }
 
 // Launch shapes, read by the launches below and by tests/amd (which runs every workgroup of them):
-// warps of `wave` lanes, kMergeWarps / kAppendWarps warps a block.
-inline int64_t merge_items(const MergeArgs& a, int wave) {
-  return a.batch * a.seqlen * a.heads * ((a.dv + wave - 1) / wave);
+// warps of `wave` lanes.
+struct AuxLaunch {
+  unsigned blocks = 0, threads = 0;
+};
+// The merge: kMergeWarps warps a block, one a block for few rows (a decode combine: its 32 rows
+// on 32 SMs, not 8).
+inline AuxLaunch merge_launch(const MergeArgs& a, int wave) {
+  const int64_t chunk = int64_t(wave) * kMergeVec;
+  const int64_t items = a.batch * a.seqlen * a.heads * ((a.dv + chunk - 1) / chunk);
+  const int64_t warps = items >= 2048 ? kMergeWarps : 1;
+  return {unsigned((items + warps - 1) / warps), unsigned(warps * wave)};
 }
 inline int64_t merge_bwd_items(const MergeBwdArgs& a) {
   return a.fwd.batch * a.fwd.seqlen * a.fwd.heads * a.fwd.splits;
 }
-inline int64_t append_kv_rows(const AppendArgs& a) { return a.seq.batch * a.seq.snew * a.hkv; }
-inline int64_t rotate_q_rows(const AppendArgs& a) { return a.q_rot != nullptr ? a.seq.batch * a.seq.sq * a.hq : 0; }
+inline AuxLaunch aux_launch(const AuxShape& s, int wave) {
+  const int64_t threads = int64_t(kAppendWarps) * wave;
+  return {unsigned((s.threads() + threads - 1) / threads), unsigned(threads)};
+}
+inline AuxLaunch append_kv_launch(const AppendArgs& a, int elem_bytes, int wave) {
+  return aux_launch(append_kv_shape(a, elem_bytes), wave);
+}
+inline AuxLaunch rotate_q_launch(const AppendArgs& a, int elem_bytes, int wave) {
+  return aux_launch(rotate_q_shape(a, elem_bytes), wave);
+}
 
 #if !defined(FP_AMD_EMULATION)
 template <typename Elem>
 gpuError_t launch_append_t(const AppendArgs& a, int wave, gpuStream_t stream) {
-  const int64_t kv_rows = append_kv_rows(a), q_rows = rotate_q_rows(a);
-  const unsigned threads = unsigned(kAppendWarps * wave);
-  if (kv_rows > 0)
-    append_kv_kernel<Elem><<<unsigned((kv_rows + kAppendWarps - 1) / kAppendWarps), threads, 0, stream>>>(a);
-  if (q_rows > 0)
-    rotate_q_kernel<Elem><<<unsigned((q_rows + kAppendWarps - 1) / kAppendWarps), threads, 0, stream>>>(a);
+  const int eb = int(sizeof(typename Elem::T));
+  const AuxLaunch kv = append_kv_launch(a, eb, wave), q = rotate_q_launch(a, eb, wave);
+  if (kv.blocks > 0) append_kv_kernel<Elem><<<kv.blocks, kv.threads, 0, stream>>>(a);
+  if (q.blocks > 0) rotate_q_kernel<Elem><<<q.blocks, q.threads, 0, stream>>>(a);
   return gpuGetLastError();
 }
 
 gpuError_t launch_merge_w(const MergeArgs& a, int wave, gpuStream_t stream) {
-  const int64_t items = merge_items(a, wave);
-  if (items <= 0) return gpuSuccess;
-  merge_kernel<<<unsigned((items + kMergeWarps - 1) / kMergeWarps), unsigned(kMergeWarps * wave), 0, stream>>>(a);
+  const AuxLaunch l = merge_launch(a, wave);
+  if (l.blocks == 0) return gpuSuccess;
+  merge_kernel<<<l.blocks, l.threads, 0, stream>>>(a);
   return gpuGetLastError();
 }
 
