@@ -16,9 +16,11 @@ namespace {
 
 using flashport::gpu::kDecodeTile;
 
-// Key tiles the planner counts for the case (contiguous: Sk rows; paged: whole pages).
+// Key tiles the planner counts for the case (contiguous: Sk rows, varlen: the longest sequence's,
+// which the harness passes as max_seqlen_k; paged: whole pages).
 int64_t key_tiles(const Case& c) {
-  const int64_t rows = c.cache && c.paged ? (c.sk + c.page_size - 1) / c.page_size * c.page_size : c.sk;
+  const int64_t sk = c.varlen ? *std::max_element(c.lk.begin(), c.lk.end()) : c.sk;
+  const int64_t rows = c.cache && c.paged ? (sk + c.page_size - 1) / c.page_size * c.page_size : sk;
   return std::max<int64_t>(1, (rows + kDecodeTile.block_n - 1) / kDecodeTile.block_n);
 }
 
