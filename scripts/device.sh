@@ -8,6 +8,11 @@
 #                              and cuDNN (needs torch with CUDA)
 #   scripts/device.sh codegen  build with ptxas -v and print per-kernel registers, spills and SASS
 #                              instruction counts (scripts/cuda_codegen_stats.py)
+#   scripts/device.sh ab TREE [POINTS]
+#                              interleaved A/B (bench/gpu/bench_ab_fwd.py): TREE (another checkout,
+#                              e.g. `git archive BASE | tar -x -C TREE`, carried) as A against this
+#                              tree as B, both fpbench builds in one process with cuDNN; POINTS as
+#                              bench_ab_fwd.py takes them (head dims "64,128,256" or "decode")
 # Environment: OUT (logs and tables; default /tmp/flashport-device), SUITE_TIMEOUT (s per test
 # suite, default 420), BUILD (default
 # /tmp/build-device), CUDA_ARCH (default: the device's, e.g. 90), GTEST_DIR (a GTest CMake
@@ -27,9 +32,9 @@ gtest_args=()
 if [ -n "${GTEST_DIR:-}" ]; then gtest_args=(-DGTest_DIR="$GTEST_DIR");
 elif [ -d .gtest ]; then gtest_args=(-DGTest_DIR="$PWD/.gtest/lib/x86_64-linux-gnu/cmake/GTest"); fi
 
-build() {
+build() {  # PTXAS_VERBOSE TARGETS...; SRC/B: source tree and build dir (default: this tree, $B)
   local tb=$(date +%s)
-  cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHPORT_CUDA=ON -DFLASHPORT_CPU=ON \
+  cmake -S "${SRC:-.}" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHPORT_CUDA=ON -DFLASHPORT_CPU=ON \
     -DFLASHPORT_CLI=OFF -DFLASHPORT_CUDA_BENCH=ON "-DCMAKE_CUDA_ARCHITECTURES=$arch" \
     "-DFLASHPORT_CUDA_VERBOSE_PTXAS=$1" "${gtest_args[@]}" > "$OUT/configure.log" 2>&1 ||
     { tail -30 "$OUT/configure.log"; exit 1; }
@@ -80,8 +85,15 @@ case "$mode" in
     build ON "${targets[@]}"
     python3 scripts/cuda_codegen_stats.py "$B" "$OUT/build.log" | tee "$OUT/codegen.txt"
     ;;
+  ab)
+    tree=${2:?usage: scripts/device.sh ab TREE [POINTS]}
+    build OFF fpbench
+    SRC=$tree B=$B-ab build OFF fpbench
+    PYTHONUNBUFFERED=1 timeout 400 python3 bench/gpu/bench_ab_fwd.py "$B-ab/bench/gpu/libfpbench.so" \
+      "$B/bench/gpu/libfpbench.so" ${3:-} | tee "$OUT/ab.md"
+    ;;
   *)
-    echo "usage: scripts/device.sh tests|bench|codegen" >&2
+    echo "usage: scripts/device.sh tests|bench|codegen|ab TREE [POINTS]" >&2
     exit 2
     ;;
 esac
