@@ -174,29 +174,7 @@ __global__ void __launch_bounds__(kDecodeTile.threads(), kDecodeTile.min_blocks)
       float corr[kSlots];
       bool any_moved = false;
 #pragma unroll
-      for (int hf = 0; hf < kSlots; ++hf) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int t = 0; t < kNTiles; ++t)
-#pragma unroll
-          for (int e2 = 0; e2 < kSlotElems; ++e2) mx = fmaxf(mx, acc_s[t].r[hf * kSlotElems + e2]);
-        mx = query_max(mx);
-        const float m_new = fmaxf(row_max[hf], mx * mul);
-        any_moved |= m_new != row_max[hf];
-        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-        corr[hf] = fast_exp2(row_max[hf] - m_use);
-        row_max[hf] = m_new;
-        float sum = 0.0f;
-#pragma unroll
-        for (int t = 0; t < kNTiles; ++t)
-#pragma unroll
-          for (int e2 = 0; e2 < kSlotElems; ++e2) {
-            float& s = acc_s[t].r[hf * kSlotElems + e2];
-            s = fast_exp2(fmaf(s, mul, -m_use));
-            sum += s;
-          }
-        row_sum[hf] = row_sum[hf] * corr[hf] + sum;
-      }
+      for (int hf = 0; hf < kSlots; ++hf) any_moved |= online_softmax_row(acc_s, hf, mul, row_max[hf], row_sum[hf], corr[hf]);
       if (warp_any(any_moved)) {
 #pragma unroll
         for (int t = 0; t < kDTiles; ++t)

@@ -173,6 +173,41 @@ __device__ __forceinline__ void gemm_pv(FragC (&acc_o)[MT][D / AccLayout::kCols]
   }
 }
 
+// One query row's online-softmax step (base 2), shared by the forward main loop and the decode
+// kernel (mma/decode_kernel.cuh): the lane's elements of the row (slot `slot` of every key tile's
+// score accumulator) become exp2(s * mul - m) for the row's new running max m (over the lanes
+// sharing the row), the running sum is rescaled by corr = exp2(old max - m) and added to. Returns
+// whether the max moved (only then does O need corr; the common case after the first tiles).
+template <int kNTiles>
+__device__ __forceinline__ bool online_softmax_row(FragC (&acc_s)[kNTiles], int slot, float mul, float& row_max,
+                                                   float& row_sum, float& corr) {
+  constexpr int kSlotElems = AccLayout::kSlotElems;
+  static_assert(kSlotElems % 2 == 0, "the max is taken over element pairs");
+  float mx = -INFINITY;
+#pragma unroll
+  for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+    for (int e2 = 0; e2 < kSlotElems; e2 += 2)
+      mx = fmaxf(mx, fmaxf(acc_s[t].r[slot * kSlotElems + e2], acc_s[t].r[slot * kSlotElems + e2 + 1]));
+  mx = query_max(mx);
+  const float m_new = fmaxf(row_max, mx * mul);
+  const bool moved = m_new != row_max;
+  const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+  corr = fast_exp2(row_max - m_use);
+  row_max = m_new;
+  float sum = 0.0f;
+#pragma unroll
+  for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+    for (int e2 = 0; e2 < kSlotElems; ++e2) {
+      float& s = acc_s[t].r[slot * kSlotElems + e2];
+      s = fast_exp2(fmaf(s, mul, -m_use));
+      sum += s;
+    }
+  row_sum = row_sum * corr + sum;
+  return moved;
+}
+
 template <int kTile, typename Elem>
 __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileConfigs[kTile].min_blocks)
     fwd_kernel(const FP_GRID_CONSTANT FwdArgs a) {
@@ -312,30 +347,8 @@ __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileCo
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int hf = 0; hf < kSlots; ++hf) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int t = 0; t < kNTiles; ++t)
-#pragma unroll
-              for (int e2 = 0; e2 < kSlotElems; e2 += 2)
-                mx = fmaxf(mx, fmaxf(acc_s[mt][t].r[hf * kSlotElems + e2], acc_s[mt][t].r[hf * kSlotElems + e2 + 1]));
-            mx = query_max(mx);
-            const float m_new = fmaxf(row_max[mt][hf], mx * mul);
-            any_moved |= m_new != row_max[mt][hf];
-            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-            corr[mt][hf] = fast_exp2(row_max[mt][hf] - m_use);
-            row_max[mt][hf] = m_new;
-            float sum = 0.0f;
-#pragma unroll
-            for (int t = 0; t < kNTiles; ++t)
-#pragma unroll
-              for (int e2 = 0; e2 < kSlotElems; ++e2) {
-                float& s = acc_s[mt][t].r[hf * kSlotElems + e2];
-                s = fast_exp2(fmaf(s, mul, -m_use));
-                sum += s;
-              }
-            row_sum[mt][hf] = row_sum[mt][hf] * corr[mt][hf] + sum;
-          }
+          for (int hf = 0; hf < kSlots; ++hf)
+            any_moved |= online_softmax_row(acc_s[mt], hf, mul, row_max[mt][hf], row_sum[mt][hf], corr[mt][hf]);
         if (warp_any(any_moved)) {
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt)
