@@ -114,8 +114,10 @@ def time_graph(fn, reps):
     return _median(times)
 
 
-def time_kernels(fn, calls):
-    """µs of device time per call: every device activity torch.profiler records, summed."""
+def kernel_times(fn, calls):
+    """{kernel name: [launches, total µs]} of every device activity torch.profiler records over
+    `calls` calls (kernels, memsets, copies)."""
+    import collections
     from torch.autograd import DeviceType
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
@@ -123,11 +125,17 @@ def time_kernels(fn, calls):
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
-    total = 0.0
+    per = collections.defaultdict(lambda: [0, 0.0])
     for e in prof.events():
         if e.device_type == DeviceType.CUDA:
-            total += getattr(e, "self_device_time_total", None) or e.self_cuda_time_total
-    return total / calls
+            per[e.name][0] += 1
+            per[e.name][1] += getattr(e, "self_device_time_total", None) or e.self_cuda_time_total
+    return per
+
+
+def time_kernels(fn, calls):
+    """µs of device time per call: every device activity torch.profiler records, summed."""
+    return sum(total for _, total in kernel_times(fn, calls).values()) / calls
 
 
 def measure(fn, device, args, graph_ok=True):

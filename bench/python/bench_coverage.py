@@ -65,6 +65,23 @@ def device_ms(fn, calls=10, rounds=7):
     return statistics.median(times)
 
 
+def prefill_chunk_inputs(B, Sq, Sk, Hq, Hkv, D, dev="cuda", dt=torch.bfloat16):
+    """A prefill chunk's inputs: q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D], caches of Sk + 512 rows
+    holding k/v in their first Sk rows, cache_seqlens = Sk. Returns (generator, q, k, v, k_cache,
+    v_cache, seqlens, cache rows)."""
+    g = torch.Generator(device=dev).manual_seed(0)
+    q = torch.randn(B, Sq, Hq, D, device=dev, dtype=dt, generator=g)
+    k = torch.randn(B, Sk, Hkv, D, device=dev, dtype=dt, generator=g)
+    v = torch.randn(B, Sk, Hkv, D, device=dev, dtype=dt, generator=g)
+    cap = Sk + 512
+    k_cache = torch.zeros(B, cap, Hkv, D, device=dev, dtype=dt)
+    v_cache = torch.zeros_like(k_cache)
+    k_cache[:, :Sk] = k
+    v_cache[:, :Sk] = v
+    seqlens = torch.full((B,), Sk, dtype=torch.int32, device=dev)
+    return g, q, k, v, k_cache, v_cache, seqlens, cap
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/coverage")
@@ -75,17 +92,7 @@ def main():
     dev = "cuda"
     dt = torch.bfloat16
     B, Sq, Sk, Hq, Hkv, D = args.batch, args.chunk, args.keys, 32, 8, 128
-    g = torch.Generator(device=dev).manual_seed(0)
-
-    q = torch.randn(B, Sq, Hq, D, device=dev, dtype=dt, generator=g)
-    k = torch.randn(B, Sk, Hkv, D, device=dev, dtype=dt, generator=g)
-    v = torch.randn(B, Sk, Hkv, D, device=dev, dtype=dt, generator=g)
-    cap = Sk + 512
-    k_cache = torch.zeros(B, cap, Hkv, D, device=dev, dtype=dt)
-    v_cache = torch.zeros_like(k_cache)
-    k_cache[:, :Sk] = k
-    v_cache[:, :Sk] = v
-    seqlens = torch.full((B,), Sk, dtype=torch.int32, device=dev)
+    g, q, k, v, k_cache, v_cache, seqlens, cap = prefill_chunk_inputs(B, Sq, Sk, Hq, Hkv, D, dev, dt)
 
     def paged(page):
         blocks = (cap + page - 1) // page

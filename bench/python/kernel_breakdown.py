@@ -13,15 +13,14 @@ Points: splits -- decode B1/B8 with num_splits forced (0 = auto); coverage -- th
 writes kernel_breakdown.md there.
 """
 import argparse
-import collections
 import os
 import sys
 
 import torch
-from torch.autograd import DeviceType
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_api import attention_call, decode_call, device_line, make_qkv, with_backend  # noqa: E402
+from bench_api import (attention_call, decode_call, device_line, kernel_times, make_qkv,  # noqa: E402
+                       with_backend)
 
 LIBS = ("flashport", "sdpa_cudnn", "sdpa_flash")
 
@@ -30,18 +29,7 @@ def breakdown(fn, calls=10, warmup=3):
     """[(kernel name, launches per call, mean us per launch, us per call)], heaviest first."""
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    per = collections.defaultdict(lambda: [0, 0.0])
-    for e in prof.events():
-        if e.device_type == DeviceType.CUDA:
-            t = getattr(e, "self_device_time_total", None) or e.self_cuda_time_total
-            per[e.name][0] += 1
-            per[e.name][1] += t
+    per = kernel_times(fn, calls)
     rows = [(name, n / calls, tot / n, tot / calls) for name, (n, tot) in per.items()]
     return sorted(rows, key=lambda r: -r[3])
 
@@ -72,17 +60,10 @@ def coverage_points(calls):
     """The prefill-chunk calls of bench_coverage.py whose speed is below the featureless call's:
     B2, Sq 1024, keys 4096, Hq/Hkv 32/8, D128, bf16, causal."""
     import flashport.torch as fa
+    from bench_coverage import prefill_chunk_inputs
     dev, dt = "cuda", torch.bfloat16
     B, Sq, Sk, Hq, Hkv, D = 2, 1024, 4096, 32, 8, 128
-    g = torch.Generator(device=dev).manual_seed(0)
-    q = torch.randn(B, Sq, Hq, D, device=dev, dtype=dt, generator=g)
-    k = torch.randn(B, Sk, Hkv, D, device=dev, dtype=dt, generator=g)
-    v = torch.randn(B, Sk, Hkv, D, device=dev, dtype=dt, generator=g)
-    cap = Sk + 512
-    k_cache = torch.zeros(B, cap, Hkv, D, device=dev, dtype=dt)
-    v_cache = torch.zeros_like(k_cache)
-    k_cache[:, :Sk], v_cache[:, :Sk] = k, v
-    seqlens = torch.full((B,), Sk, dtype=torch.int32, device=dev)
+    _, q, k, v, k_cache, v_cache, seqlens, cap = prefill_chunk_inputs(B, Sq, Sk, Hq, Hkv, D, dev, dt)
     kn, vn = k[:, Sk - Sq:].clone(), v[:, Sk - Sq:].clone()
     before = seqlens - Sq
     ro = torch.rand(cap + Sq, D // 4, device=dev, dtype=torch.float32)
