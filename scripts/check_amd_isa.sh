@@ -49,10 +49,10 @@ isa_dir, archs = sys.argv[1], sys.argv[2].split(";")
 ATTENTION = re.compile(r"fwd_kernel|bwd_kernel")
 BACKWARD = re.compile(r"bwd_kernel")
 BWD_PER_TARGET = 6
-# Aux kernels (aux_kernels.cu, bwd_aux_kernels.cuh): no matrix instruction required; 9 instances a target.
-AUX = re.compile(r"merge_kernel|merge_bwd_kernel|append_kv_kernel|rotate_q_kernel|"
+# Aux kernels (aux_kernels.cu, bwd_aux_kernels.cuh): no matrix instruction required; 7 instances a target.
+AUX = re.compile(r"merge_kernel|merge_bwd_kernel|append_rotate_kernel|"
                  r"bwd_preprocess_kernel|bwd_convert_kernel|bwd_sink_kernel")
-AUX_PER_TARGET = 9
+AUX_PER_TARGET = 7
 # Dynamic LDS per (kernel, tile row) from the tables (lds_probe).
 DYN_LDS = {}
 for line in open(os.path.join(isa_dir, "lds_rows.txt")):

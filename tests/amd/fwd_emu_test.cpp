@@ -222,13 +222,9 @@ void run_emulated(const Problem& p, int expect_pack, int64_t compute_units, int 
       for (unsigned x = 0; x < g.blocks; ++x)
         simt::run_block(g.threads, kWarpSize, {x, 0, 0}, {g.blocks, 1, 1}, 0, kernel);
     };
-    run_grid(gpu::append_kv_launch(ap, 2, kWarpSize), [&] {
-      if (bf16) gpu::append_kv_kernel<gpu::BFloat16>(ap);
-      else gpu::append_kv_kernel<gpu::Half>(ap);
-    });
-    run_grid(gpu::rotate_q_launch(ap, 2, kWarpSize), [&] {
-      if (bf16) gpu::rotate_q_kernel<gpu::BFloat16>(ap);
-      else gpu::rotate_q_kernel<gpu::Half>(ap);
+    run_grid(gpu::append_rotate_launch(ap, 2, kWarpSize), [&] {
+      if (bf16) gpu::append_rotate_kernel<gpu::BFloat16>(ap);
+      else gpu::append_rotate_kernel<gpu::Half>(ap);
     });
   }
   const gpu::FwdArgs a = gpu::amd_fwd_args(p, l, ws);
