@@ -28,16 +28,21 @@ inline int choose_num_splits(int64_t work_tiles, int64_t key_blocks, int64_t num
   return 1;
 }
 
-// Split-KV count for memory-bound decode tiles: as many splits as one wave of `slots` (SMs x
-// resident blocks) holds, so every SM streams keys until the end; then the smallest count with
-// the same keys per split (more splits would add partials to merge, no balance). Measured on an
-// H200 (bench/results/gpu_decode_variants_v1.md): a full wave beats the count choose_num_splits
-// picks (B=1, 64k keys: 32 splits 77 us, its 28 splits 83 us). Returns 1 when the tiles fill
-// 80% of a wave.
-inline int choose_decode_splits(int64_t work_tiles, int64_t key_blocks, int64_t slots, int max_splits) {
+// Split-KV count for memory-bound decode blocks: as many splits as one wave of `slots` (SMs x
+// resident blocks) holds, so every SM streams keys until the end (a second, partial wave would be a
+// tail); then the smallest count with the same keys per split (more splits would add partials to
+// merge, no balance). Returns 1 when the tiles fill 80% of a wave. `min_tiles_per_split`: a kernel
+// that keeps that many key tiles in flight per block (the decode kernel's cp.async ring: 2) gains
+// no bytes in flight from shorter splits, only partials to merge, so splits are capped at
+// key_blocks / min_tiles_per_split. Measured on an H200 (bench/results/gpu_decode_variants_v1.md):
+// a full wave beats the count choose_num_splits picks (B=1, 64k keys: 32 splits 77 us, its 28
+// splits 83 us).
+inline int choose_decode_splits(int64_t work_tiles, int64_t key_blocks, int64_t slots, int max_splits,
+                                int64_t min_tiles_per_split = 1) {
   if (work_tiles <= 0 || key_blocks <= 1 || slots <= 0 || max_splits <= 1) return 1;
   if (work_tiles * 5 >= slots * 4) return 1;
   int64_t s = slots / work_tiles;
+  if (min_tiles_per_split > 1 && s > key_blocks / min_tiles_per_split) s = key_blocks / min_tiles_per_split;
   if (s > max_splits) s = max_splits;
   if (s > key_blocks) s = key_blocks;
   auto blocks_per_split = [&](int64_t c) { return (key_blocks + c - 1) / c; };
@@ -45,49 +50,13 @@ inline int choose_decode_splits(int64_t work_tiles, int64_t key_blocks, int64_t 
   return static_cast<int>(s < 1 ? 1 : s);
 }
 
-// Split-KV count for the dedicated decode kernel (gpu/mma/decode_kernel.cuh), whose blocks
-// stream `key_blocks` key tiles each with up to `tiles_in_flight` tiles in flight and whose split
-// partials are merged by the last block of a (sequence, head) inside the kernel:
-//  - memory-bound: the call moves its K/V bytes once, so the aim is the most bytes in flight,
-//    i.e. every slot (SMs x resident blocks) busy at once -- up to slots / work_tiles splits,
-//    one wave of equal blocks that all finish together (a second, partial wave would be a tail);
-//  - a block below `tiles_in_flight` tiles adds no bytes in flight (fewer blocks with fuller
-//    rings hold the same), only partials for the merging block to read: splits are capped at
-//    key_blocks / tiles_in_flight;
-//  - then the smallest count with the same tiles per split (more would add partials, no balance);
-//  - 1 when the tiles already fill 80% of a wave (B=64: no split, no merge).
-inline int choose_decode_kernel_splits(int64_t work_tiles, int64_t key_blocks, int64_t slots,
-                                       int64_t tiles_in_flight, int max_splits) {
-  if (work_tiles <= 0 || key_blocks <= 1 || slots <= 0 || max_splits <= 1) return 1;
-  if (work_tiles * 5 >= slots * 4) return 1;
-  int64_t s = slots / work_tiles;
-  const int64_t by_ring = key_blocks / (tiles_in_flight < 1 ? 1 : tiles_in_flight);
-  if (s > by_ring) s = by_ring;
-  if (s > max_splits) s = max_splits;
-  if (s > key_blocks) s = key_blocks;
-  if (s < 1) return 1;
-  auto blocks_per_split = [&](int64_t c) { return (key_blocks + c - 1) / c; };
-  while (s > 1 && blocks_per_split(s - 1) == blocks_per_split(s)) --s;
-  return static_cast<int>(s);
-}
-
-// The decode kernel's count: the caller's num_splits (0 = auto, 1 = off, >= 2 = forced) in
-// [1, min(key_blocks, max_splits)].
-inline int resolve_decode_kernel_splits(int32_t requested, int64_t work_tiles, int64_t key_blocks, int64_t slots,
-                                        int64_t tiles_in_flight, int max_splits) {
-  int64_t s = requested != 0 ? requested
-                             : choose_decode_kernel_splits(work_tiles, key_blocks, slots, tiles_in_flight, max_splits);
-  if (s > key_blocks) s = key_blocks;
-  if (s > max_splits) s = max_splits;
-  return s < 1 ? 1 : static_cast<int>(s);
-}
-
 // Resolves the caller's num_splits (0 = auto, 1 = off, >= 2 = forced) to a count in
-// [1, key_blocks].
+// [1, key_blocks]; decode: choose_decode_splits's rule (with its min_tiles_per_split).
 inline int resolve_num_splits(int32_t requested, int64_t work_tiles, int64_t key_blocks,
-                              int64_t num_processors, int max_splits, bool decode = false) {
+                              int64_t num_processors, int max_splits, bool decode = false,
+                              int64_t min_tiles_per_split = 1) {
   int s = requested != 0 ? requested
-          : decode       ? choose_decode_splits(work_tiles, key_blocks, num_processors, max_splits)
+          : decode       ? choose_decode_splits(work_tiles, key_blocks, num_processors, max_splits, min_tiles_per_split)
                          : choose_num_splits(work_tiles, key_blocks, num_processors, max_splits);
   if (s > key_blocks) s = static_cast<int>(key_blocks < 1 ? 1 : key_blocks);
   return s < 1 ? 1 : s;

@@ -117,15 +117,15 @@ TEST(DecodeSplits, ResolveUsesTheDecodeRule) {
   EXPECT_EQ(resolve_num_splits(5, 8, 1024, 264, 128, true), 5);  // forced counts stay forced
 }
 
-// The decode kernel's rule (choose_decode_kernel_splits): one wave of equal blocks, no block
-// below its ring's tiles in flight, no split that leaves the tiles per split unchanged.
+// The decode rule with a minimum of tiles per split (the decode kernel's ring): one wave of equal
+// blocks, no block below its ring's tiles in flight, no split that leaves the tiles per split unchanged.
 TEST(DecodeKernelSplits, BoundsRingAndNoWastedSplits) {
   for (int64_t tiles = 1; tiles < 300; tiles += 13)
     for (int64_t blocks : {1, 2, 3, 7, 100, 1000, 1024})
       for (int64_t slots : {16, 132, 264, 528})
         for (int64_t ring : {1, 2, 4})
           for (int max_splits : {1, 2, 16, 128}) {
-            const int s = choose_decode_kernel_splits(tiles, blocks, slots, ring, max_splits);
+            const int s = choose_decode_splits(tiles, blocks, slots, max_splits, ring);
             ASSERT_GE(s, 1);
             ASSERT_LE(s, std::max(1, max_splits));
             ASSERT_LE(s, std::max<int64_t>(1, blocks));
@@ -135,32 +135,31 @@ TEST(DecodeKernelSplits, BoundsRingAndNoWastedSplits) {
               EXPECT_NE((blocks + s - 2) / (s - 1), (blocks + s - 1) / s) << "wasted split";
             }
           }
-  EXPECT_EQ(choose_decode_kernel_splits(0, 100, 264, 2, 128), 1);
-  EXPECT_EQ(choose_decode_kernel_splits(8, 1, 264, 2, 128), 1);
-  EXPECT_EQ(choose_decode_kernel_splits(8, 100, 0, 2, 128), 1);
+  EXPECT_EQ(choose_decode_splits(0, 100, 264, 128, 2), 1);
+  EXPECT_EQ(choose_decode_splits(8, 1, 264, 128, 2), 1);
+  EXPECT_EQ(choose_decode_splits(8, 100, 0, 128, 2), 1);
 }
 
 // The benchmark shapes on an H100 (132 SMs x 2 blocks), 64-key tiles, 2 tiles in flight:
 // B=1 (8 kv heads): 32 splits (256 blocks of 4 tiles at 8k keys, 32 tiles at 64k); B=8: 4 splits
 // (256 blocks); B=64: 512 blocks fill the machine, no split.
 TEST(DecodeKernelSplits, BenchmarkShapes) {
-  EXPECT_EQ(choose_decode_kernel_splits(8, 128, 264, 2, 128), 32);
-  EXPECT_EQ(choose_decode_kernel_splits(8, 1024, 264, 2, 128), 32);
-  EXPECT_EQ(choose_decode_kernel_splits(64, 128, 264, 2, 128), 4);
-  EXPECT_EQ(choose_decode_kernel_splits(64, 1024, 264, 2, 128), 4);
-  EXPECT_EQ(choose_decode_kernel_splits(512, 128, 264, 2, 128), 1);
+  EXPECT_EQ(choose_decode_splits(8, 128, 264, 128, 2), 32);
+  EXPECT_EQ(choose_decode_splits(8, 1024, 264, 128, 2), 32);
+  EXPECT_EQ(choose_decode_splits(64, 128, 264, 128, 2), 4);
+  EXPECT_EQ(choose_decode_splits(64, 1024, 264, 128, 2), 4);
+  EXPECT_EQ(choose_decode_splits(512, 128, 264, 128, 2), 1);
   // Short caches: 1000 keys (16 tiles) -> 8 splits of 2 tiles, not 16 single-tile ones.
-  EXPECT_EQ(choose_decode_kernel_splits(8, 16, 264, 2, 128), 8);
-  EXPECT_EQ(choose_decode_kernel_splits(8, 1, 264, 2, 128), 1);
+  EXPECT_EQ(choose_decode_splits(8, 16, 264, 128, 2), 8);
+  EXPECT_EQ(choose_decode_splits(8, 1, 264, 128, 2), 1);
 }
 
 TEST(DecodeKernelSplits, ForcedCountsAreClamped) {
-  EXPECT_EQ(resolve_decode_kernel_splits(0, 8, 128, 264, 2, 128), 32);
-  EXPECT_EQ(resolve_decode_kernel_splits(1, 8, 128, 264, 2, 128), 1);
-  EXPECT_EQ(resolve_decode_kernel_splits(7, 8, 128, 264, 2, 128), 7);
-  EXPECT_EQ(resolve_decode_kernel_splits(64, 8, 16, 264, 2, 128), 16);   // <= key tiles
-  EXPECT_EQ(resolve_decode_kernel_splits(300, 8, 1024, 264, 2, 128), 128);  // <= max splits
-  EXPECT_EQ(resolve_decode_kernel_splits(64, 8, 1, 264, 2, 128), 1);
+  EXPECT_EQ(resolve_num_splits(0, 8, 128, 264, 128, true, 2), 32);
+  EXPECT_EQ(resolve_num_splits(1, 8, 128, 264, 128, true, 2), 1);
+  EXPECT_EQ(resolve_num_splits(7, 8, 128, 264, 128, true, 2), 7);
+  EXPECT_EQ(resolve_num_splits(64, 8, 16, 264, 128, true, 2), 16);   // <= key tiles
+  EXPECT_EQ(resolve_num_splits(64, 8, 1, 264, 128, true, 2), 1);
 }
 
 }  // namespace

@@ -48,12 +48,14 @@ inline std::string decode_kernel_decline(const Problem& p) {
   return std::string();
 }
 
-// The split count on a device with `slots` resident blocks (SMs x blocks per SM);
-// choose_decode_kernel_splits (core/heuristics.hpp) says why.
+// The split count on a device with `slots` resident blocks (SMs x blocks per SM): the decode
+// rule of core/heuristics.hpp (choose_decode_splits) with no split below the ring's tiles in
+// flight; a forced count at most kMaxSplits (the merge's partials).
 inline int decode_kernel_splits(const Problem& p, int64_t slots) {
   const DecodeKernelShape s = decode_kernel_shape(p);
-  return resolve_decode_kernel_splits(p.num_splits, s.work_tiles, s.key_blocks, slots, kDecodeTile.stages - 1,
-                                      kMaxSplits);
+  return std::min(resolve_num_splits(p.num_splits, s.work_tiles, s.key_blocks, slots, kMaxSplits, true,
+                                     kDecodeTile.stages - 1),
+                  kMaxSplits);
 }
 
 // The workspace of a decode-kernel plan: rotated q, partials and one split counter per
