@@ -145,28 +145,14 @@ __global__ void __launch_bounds__(kDecodeTile.threads(), kDecodeTile.min_blocks)
           const int m = AccLayout::row(lane, hf);
           const int base = S.diagonal(row_i(m)) - n0;
           const float slope = R.alibi ? -R.alibi_slope(b, row_h(m < m_rows ? m : 0)) * kLog2e : 0.0f;
-#pragma unroll
-          for (int t = 0; t < kNTiles; ++t)
-#pragma unroll
-            for (int e2 = 0; e2 < kSlotElems; ++e2) {
-              float& s = acc_s[t].r[hf * kSlotElems + e2];
-              s = S.score(s);
-              s += S.alibi_bias_at(slope, base - (t * AccLayout::kCols + AccLayout::col(lane, e2)));
-            }
+          transform_row(acc_s, hf, lane, S, base, slope);
         }
       }
       if (S.tile_needs_mask(nb, BN, 0, lq - 1)) {
 #pragma unroll
         for (int hf = 0; hf < kSlots; ++hf) {
           const int i = row_i(AccLayout::row(lane, hf));
-          const int lo = S.vis_lo(i) - n0, hi = S.vis_hi(i) - n0;
-#pragma unroll
-          for (int t = 0; t < kNTiles; ++t)
-#pragma unroll
-            for (int e2 = 0; e2 < kSlotElems; ++e2) {
-              const int j = t * AccLayout::kCols + AccLayout::col(lane, e2);
-              if (j < lo || j >= hi) acc_s[t].r[hf * kSlotElems + e2] = -INFINITY;
-            }
+          mask_row(acc_s, hf, lane, S.vis_lo(i) - n0, S.vis_hi(i) - n0);
         }
       }
 

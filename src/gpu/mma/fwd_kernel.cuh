@@ -173,6 +173,36 @@ __device__ __forceinline__ void gemm_pv(FragC (&acc_o)[MT][D / AccLayout::kCols]
   }
 }
 
+// The score hooks of one query row slot over a key tile, shared by the forward main loop and the
+// decode kernel: scores become S.score(s) plus the ALiBi bias (slope 0 without ALiBi) at distance
+// base - column (base = the row's diagonal minus the tile's first key), in log2 units.
+template <int kNTiles, typename Rules>
+__device__ __forceinline__ void transform_row(FragC (&acc_s)[kNTiles], int slot, int lane, const Rules& S, int base,
+                                              float slope) {
+  constexpr int kSlotElems = AccLayout::kSlotElems;
+#pragma unroll
+  for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+    for (int e2 = 0; e2 < kSlotElems; ++e2) {
+      float& s = acc_s[t].r[slot * kSlotElems + e2];
+      s = S.score(s);
+      s += S.alibi_bias_at(slope, base - (t * AccLayout::kCols + AccLayout::col(lane, e2)));
+    }
+}
+
+// Keys of a row slot outside its visible range [lo, hi) (relative to the tile's first key) -> -inf.
+template <int kNTiles>
+__device__ __forceinline__ void mask_row(FragC (&acc_s)[kNTiles], int slot, int lane, int lo, int hi) {
+  constexpr int kSlotElems = AccLayout::kSlotElems;
+#pragma unroll
+  for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+    for (int e2 = 0; e2 < kSlotElems; ++e2) {
+      const int j = t * AccLayout::kCols + AccLayout::col(lane, e2);
+      if (j < lo || j >= hi) acc_s[t].r[slot * kSlotElems + e2] = -INFINITY;
+    }
+}
+
 // One query row's online-softmax step (base 2), shared by the forward main loop and the decode
 // kernel (mma/decode_kernel.cuh): the lane's elements of the row (slot `slot` of every key tile's
 // score accumulator) become exp2(s * mul - m) for the row's new running max m (over the lanes
@@ -312,14 +342,7 @@ __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileCo
               // ALiBi distance |i + shift - j| with j = n0 + col: base - col, base = i + shift - n0.
               const int base = S.diagonal(row_i(m)) - n0;
               const float slope = R.alibi ? -R.alibi_slope(b, row_h(m < m_rows ? m : m0)) * kLog2e : 0.0f;
-#pragma unroll
-              for (int t = 0; t < kNTiles; ++t)
-#pragma unroll
-                for (int e2 = 0; e2 < kSlotElems; ++e2) {
-                  float& s = acc_s[mt][t].r[hf * kSlotElems + e2];
-                  s = S.score(s);
-                  s += S.alibi_bias_at(slope, base - (t * AccLayout::kCols + AccLayout::col(lane, e2)));
-                }
+              transform_row(acc_s[mt], hf, lane, S, base, slope);
             }
         }
         if (need_mask) {
@@ -328,14 +351,7 @@ __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileCo
 #pragma unroll
             for (int hf = 0; hf < kSlots; ++hf) {
               const int i = row_i(lane_row(mt, hf));
-              const int lo = S.vis_lo(i) - n0, hi = S.vis_hi(i) - n0;  // relative to the tile
-#pragma unroll
-              for (int t = 0; t < kNTiles; ++t)
-#pragma unroll
-                for (int e2 = 0; e2 < kSlotElems; ++e2) {
-                  const int j = t * AccLayout::kCols + AccLayout::col(lane, e2);
-                  if (j < lo || j >= hi) acc_s[mt][t].r[hf * kSlotElems + e2] = -INFINITY;
-                }
+              mask_row(acc_s[mt], hf, lane, S.vis_lo(i) - n0, S.vis_hi(i) - n0);  // relative to the tile
             }
         }
 
