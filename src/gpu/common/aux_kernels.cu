@@ -535,11 +535,11 @@ __device__ __forceinline__ int64_t clamp_table_row(const AppendArgs& a, int64_t 
 }
 
 // The appended rows: thread (token (b, j), head group, unit of k's then v's units) of block
-// `block` of the append's blocks; k rotated at its cache row, both written into the cache.
+// `block` of the append's blocks (shape sh: append_kv_shape); k rotated at its cache row, both
+// written into the cache.
 template <typename Elem>
-__device__ __forceinline__ void append_kv_rows(const AppendArgs& a, int64_t block) {
+__device__ __forceinline__ void append_kv_rows(const AppendArgs& a, const AuxShape& sh, int64_t block) {
   using T = typename Elem::T;
-  const AuxShape sh = append_kv_shape(a, int(sizeof(T)));
   const AuxThread t = aux_thread(sh, block);
   if (!t.valid) return;
   const int64_t b = t.b, j = t.row;
@@ -560,11 +560,10 @@ __device__ __forceinline__ void append_kv_rows(const AppendArgs& a, int64_t bloc
 }
 
 // The rotated copy of q in the workspace: thread (q row (b, i), head group, unit) of block `block`
-// of the rotation's blocks.
+// of the rotation's blocks (shape sh: rotate_q_shape).
 template <typename Elem>
-__device__ __forceinline__ void rotate_q_rows(const AppendArgs& a, int64_t block) {
+__device__ __forceinline__ void rotate_q_rows(const AppendArgs& a, const AuxShape& sh, int64_t block) {
   using T = typename Elem::T;
-  const AuxShape sh = rotate_q_shape(a, int(sizeof(T)));
   const AuxThread t = aux_thread(sh, block);
   if (!t.valid) return;
   const int64_t b = t.b, i = t.row;
@@ -586,9 +585,11 @@ FP_HD int64_t aux_blocks(const AuxShape& s, int64_t threads) { return (s.threads
 // 32/8, D128, rotary dim 64).
 template <typename Elem>
 __global__ void __launch_bounds__(kAppendWarps * kWarpSize) append_rotate_kernel(const FP_GRID_CONSTANT AppendArgs a) {
-  const int64_t kv_blocks = aux_blocks(append_kv_shape(a, int(sizeof(typename Elem::T))), blockDim.x);
-  if (int64_t(blockIdx.x) < kv_blocks) append_kv_rows<Elem>(a, blockIdx.x);
-  else rotate_q_rows<Elem>(a, int64_t(blockIdx.x) - kv_blocks);
+  constexpr int kElemBytes = int(sizeof(typename Elem::T));
+  const AuxShape kv = append_kv_shape(a, kElemBytes);
+  const int64_t kv_blocks = aux_blocks(kv, blockDim.x);
+  if (int64_t(blockIdx.x) < kv_blocks) append_kv_rows<Elem>(a, kv, blockIdx.x);
+  else rotate_q_rows<Elem>(a, rotate_q_shape(a, kElemBytes), int64_t(blockIdx.x) - kv_blocks);
 }
 
 // Launch shapes, read by the launches below and by tests/amd (which runs every workgroup of them):
