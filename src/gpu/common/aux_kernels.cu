@@ -298,18 +298,6 @@ struct RowUnits {
   int units = 0;
 };
 
-// Whether every row base + b * s0 + r * s1 + h * s2 of a tensor is 16-byte aligned.
-FP_HD bool rows_aligned16(const void* base, int elem_bytes, int64_t s0, int64_t s1, int64_t s2) {
-  const int64_t per = 16 / elem_bytes;
-  return (reinterpret_cast<uintptr_t>(base) & 15) == 0 && s0 % per == 0 && s1 % per == 0 && s2 % per == 0;
-}
-FP_HD bool rows_aligned16(const void* base, int elem_bytes, const RowAddr& r) {
-  return rows_aligned16(base, elem_bytes, r.batch_stride, r.row_stride, r.head_stride);
-}
-FP_HD bool rows_aligned16(const void* base, int elem_bytes, const KvAddr& r) {
-  return rows_aligned16(base, elem_bytes, r.s0, r.s1, r.s2);
-}
-
 FP_HD RowUnits row_units(int dim, int rot_dim, bool interleaved, int elem_bytes, bool aligned) {
   const int per = 16 / elem_bytes, half = rot_dim / 2;
   RowUnits r;

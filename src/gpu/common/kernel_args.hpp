@@ -188,6 +188,19 @@ FP_HD Int clamp_page_id(Int id, Int num_pages) {
   return id < 0 ? Int(0) : id;
 }
 
+// Whether every row base + b * s0 + r * s1 + h * s2 of a tensor is 16-byte aligned (the device
+// side's 16-byte row accesses: the aux kernels, the backward's preprocess and dQ conversion).
+FP_HD bool rows_aligned16(const void* base, int elem_bytes, int64_t s0, int64_t s1, int64_t s2) {
+  const int64_t per = 16 / elem_bytes;
+  return (reinterpret_cast<uintptr_t>(base) & 15) == 0 && s0 % per == 0 && s1 % per == 0 && s2 % per == 0;
+}
+FP_HD bool rows_aligned16(const void* base, int elem_bytes, const RowAddr& r) {
+  return rows_aligned16(base, elem_bytes, r.batch_stride, r.row_stride, r.head_stride);
+}
+FP_HD bool rows_aligned16(const void* base, int elem_bytes, const KvAddr& r) {
+  return rows_aligned16(base, elem_bytes, r.s0, r.s1, r.s2);
+}
+
 // Element offset of cache row `row` of sequence b, kv head h (KvAddr::at_row: rows counted from
 // the sequence's first cache row; key j is row seq.key_row(b, j)), a paged page id clamped.
 FP_HD int64_t kv_row_offset(const SeqInfo& seq, const KvAddr& ad, int64_t num_pages, int64_t b, int64_t row,

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "gpu/common/gpu_target.hpp"
+#include "gpu/common/kernel_args.hpp"
 #include "gpu/common/tile_layer.hpp"
 #include "gpu/mma/bwd_launch.hpp"
 
@@ -87,11 +88,10 @@ __device__ __forceinline__ AuxItem aux_item(const BwdArgs& a) {
   return it;
 }
 
-// Lanes of a 16-bit tensor's row can use 16-byte accesses: the base, every stride and the
-// column count are multiples of 8 elements.
+// Lanes of a 16-bit tensor's row can use 16-byte accesses: every row 16-byte aligned and the
+// column count a multiple of 8 elements.
 __device__ __forceinline__ bool rows_vec16(const void* base, const RowAddr& addr, int cols) {
-  return ((reinterpret_cast<uintptr_t>(base) & 15u) | uint64_t(addr.row_stride & 7) | uint64_t(addr.head_stride & 7) |
-          uint64_t(addr.batch_stride & 7) | uint64_t(cols & 7)) == 0;
+  return rows_aligned16(base, 2, addr) && cols % 8 == 0;
 }
 
 // 16-byte vectors (alignas: one 128-bit access, not four 32-bit ones).
