@@ -14,7 +14,7 @@
 #                              tree as B, both fpbench builds in one process with cuDNN; POINTS as
 #                              bench_ab_fwd.py takes them (head dims "64,128,256" or "decode")
 # Environment: OUT (logs and tables; default /tmp/flashport-device), SUITE_TIMEOUT (s per test
-# suite, default 420), BUILD (default
+# suite, default 420), GTEST_FILTER (tests: only these, e.g. 'CudaBwd.*:CudaFwd.Dropout'), BUILD (default
 # /tmp/build-device), CUDA_ARCH (default: the device's, e.g. 90), GTEST_DIR (a GTest CMake
 # package dir when the system has none; .gtest/ in the tree is used when present).
 set -uo pipefail
@@ -50,9 +50,13 @@ case "$mode" in
   tests)
     build OFF gpu_tests
     # One process per suite: most of their time is the fp64 reference on the host.
-    suites=$("$B/tests/gpu/gpu_tests" --gtest_list_tests | grep -E '^[A-Za-z0-9_]+\.$' | tr -d '.')
+    # GTEST_FILTER (optional) picks tests; each suite's picked tests run in one process.
+    picked=$("$B/tests/gpu/gpu_tests" --gtest_list_tests --gtest_filter="${GTEST_FILTER:-*}" |
+      awk '/^[A-Za-z0-9_]+\.$/ {s = $1; next} /^  / {print s $1}')
+    suites=$(echo "$picked" | cut -d. -f1 | sort -u)
     for s in $suites; do
-      timeout "${SUITE_TIMEOUT:-420}" "$B/tests/gpu/gpu_tests" --gtest_filter="$s.*" > "$OUT/t_$s.log" 2>&1 &
+      f=$(echo "$picked" | grep "^$s\." | paste -sd:)
+      timeout "${SUITE_TIMEOUT:-420}" "$B/tests/gpu/gpu_tests" --gtest_filter="$f" > "$OUT/t_$s.log" 2>&1 &
     done
     wait
     fail=0

@@ -39,9 +39,12 @@
  *   The stored LSE includes the sink. A row that sees no key (and has no sink) gets out = 0 and
  *   lse = -inf, never NaN.
  *
- *   Dropout (dropout_p in [0, 1)): element (b, h, i, j) is kept iff the Philox4x32-10 word
- *   (see fp_dropout_keep in src/core/philox.hpp) is >= floor(p * 2^32); kept P are scaled by
- *   1/(1-p). The LSE is that of the undropped softmax. Every backend keeps the same elements.
+ *   Dropout (dropout_p in [0, 1)): element (b, h, i, j) is kept iff its Philox4x32-10 byte
+ *   (dropout_keep in src/core/philox.hpp: one call gives the bytes of 16 keys) is >= the
+ *   threshold t = round(p * 256), clamped to [1, 255] for p > 0; p runs at 1/256 resolution,
+ *   as in FlashAttention-2. Kept P are scaled by 256 / (256 - t), the inverse of the keep rate,
+ *   so every output's expectation is exact. The LSE is that of the undropped softmax. Every
+ *   backend keeps the same elements.
  *   (seed, offset) come from dropout_seed/dropout_offset, or from the dropout_rng tensor.
  *
  *   out_i = sum_j dropout(P_ij) * v_j.

@@ -32,26 +32,58 @@ FP_HD Philox4 philox4x32_10(Philox4 c, uint32_t k0, uint32_t k1) {
   return c;
 }
 
-// Elements with a Philox word below this threshold are dropped: floor(p * 2^32).
+// The dropout rule. One Philox call gives 16 keep bytes, those of keys 16(j/16) .. 16(j/16) + 15
+// of row i: key j's byte is byte j % 4 of word (j / 4) % 4, and the element is kept iff that byte
+// >= the threshold round(p * 256), clamped to [1, 255] when p > 0 (as FlashAttention-2, p runs at
+// 1/256 resolution: a quarter of the Philox work of one 32-bit word per key). Kept elements are
+// scaled by 1 / (1 - threshold / 256), the inverse of the actual keep rate, so the expectation
+// of every output is exact.
 FP_HD uint32_t dropout_threshold(float p) {
-  const double t = static_cast<double>(p) * 4294967296.0;
-  return t >= 4294967295.0 ? 0xFFFFFFFFu : static_cast<uint32_t>(t);
+  if (!(p > 0.0f)) return 0;
+  const double t = static_cast<double>(p) * 256.0 + 0.5;
+  return t < 1.0 ? 1u : t >= 255.0 ? 255u : static_cast<uint32_t>(t);
 }
+FP_HD float dropout_keep_scale(uint32_t threshold) { return 256.0f / static_cast<float>(256u - threshold); }
 
-// The four Philox words for keys j = 4*(j/4) .. 4*(j/4)+3 of row i of (batch b, query head h).
-//   counter = { j/4, i, lo32(offset + b*Hq + h), hi32(offset + b*Hq + h) },  key = seed.
+// The Philox words of keys 16(j/16) .. 16(j/16) + 15 of row i of (batch b, query head h):
+//   counter = { j/16, i, lo32(offset + b*Hq + h), hi32(offset + b*Hq + h) },  key = seed.
 // Row i and key j are positions inside the sequence (varlen: relative to its start).
 FP_HD Philox4 dropout_words(uint64_t seed, uint64_t offset, int64_t b, int64_t hq, int64_t h,
                             int64_t i, int64_t j) {
   const uint64_t stream = offset + static_cast<uint64_t>(b * hq + h);
-  Philox4 c{{static_cast<uint32_t>(j >> 2), static_cast<uint32_t>(i),
+  Philox4 c{{static_cast<uint32_t>(j >> 4), static_cast<uint32_t>(i),
              static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)}};
   return philox4x32_10(c, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
 }
 
+// Key j's keep byte of its call's words (selects, not an indexed pick: no Philox state goes
+// through local memory or scratch).
+FP_HD uint32_t dropout_byte(const Philox4& w, int64_t j) {
+  const uint32_t word = (j & 8) ? ((j & 4) ? w.x[3] : w.x[2]) : ((j & 4) ? w.x[1] : w.x[0]);
+  return (word >> (8 * (j & 3))) & 0xFFu;
+}
+
+// The 16 keep bits of one call: bit k for key 16(j/16) + k.
+FP_HD uint32_t dropout_keep_bits16(const Philox4& w, uint32_t threshold) {
+  uint32_t bits = 0;
+#if defined(__CUDA_ARCH__)
+  const uint32_t t4 = threshold * 0x01010101u;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    // 0xFF in each byte >= the threshold; the four top bits gathered to bits 28..31 by one
+    // multiply (their shifted copies land on distinct bits, so nothing carries).
+    const uint32_t ge = __vcmpgeu4(w.x[k], t4) & 0x80808080u;
+    bits |= ((ge * 0x00204081u) >> 28) << (4 * k);
+  }
+#else
+  for (int k = 0; k < 16; ++k) bits |= uint32_t(dropout_byte(w, k) >= threshold) << k;
+#endif
+  return bits;
+}
+
 FP_HD bool dropout_keep(uint64_t seed, uint64_t offset, uint32_t threshold, int64_t b, int64_t hq,
                         int64_t h, int64_t i, int64_t j) {
-  return dropout_words(seed, offset, b, hq, h, i, j).x[j & 3] >= threshold;
+  return dropout_byte(dropout_words(seed, offset, b, hq, h, i, j), j) >= threshold;
 }
 
 }  // namespace flashport

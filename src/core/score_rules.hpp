@@ -47,7 +47,8 @@ struct ScoreRules {
   int64_t alibi_batch_stride = 0; // 0 for [Hq]
   const float* sinks = nullptr;   // [Hq]
   float dropout_p = 0.0f;
-  uint32_t dropout_threshold = 0;
+  uint32_t dropout_threshold = 0;  // core/philox.hpp: the 8-bit keep threshold
+  float dropout_scale = 1.0f;      // the factor of kept elements, 1 / (keep rate)
   uint64_t dropout_seed = 0, dropout_offset = 0;
   // Device-resident {seed lo, seed hi, offset lo, offset hi} (fp_attn_params.dropout_rng on a GPU),
   // read by the kernel; null when the scalars above hold the state (always so on the CPU: the

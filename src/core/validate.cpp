@@ -609,6 +609,7 @@ Status resolve_fwd_impl(const fp_attn_params& p, Problem* out, FwdUse use) {
   sr.sinks = given(p.sinks) ? static_cast<const float*>(p.sinks.data) : nullptr;
   sr.dropout_p = p.dropout_p;
   sr.dropout_threshold = dropout_threshold(p.dropout_p);
+  sr.dropout_scale = sr.dropout_threshold ? dropout_keep_scale(sr.dropout_threshold) : 1.0f;
   sr.dropout_seed = p.dropout_seed;
   sr.dropout_offset = p.dropout_offset;
   if (given(p.dropout_rng)) {

@@ -116,17 +116,17 @@ void load_q_row(const Problem& p, const SeqGeom& g, int64_t b, int64_t i, int64_
 void dropout_mask(const Problem& p, int64_t b, const int32_t* i_row, const int32_t* h_row, int nr,
                   int ncols, int64_t j0, int nk, float* mask, int64_t ldm) {
   const ScoreRules& sr = p.rules;
-  const float keep_scale = 1.0f / (1.0f - sr.dropout_p);
+  const float keep_scale = sr.dropout_scale;
   for (int r = 0; r < nr; ++r) {
     int64_t last_group = -1;
     Philox4 words{};
     for (int jj = 0; jj < nk; ++jj) {
       const int64_t j = j0 + jj;
-      if ((j >> 2) != last_group) {
+      if ((j >> 4) != last_group) {
         words = dropout_words(sr.dropout_seed, sr.dropout_offset, b, p.hq, h_row[r], i_row[r], j);
-        last_group = j >> 2;
+        last_group = j >> 4;
       }
-      mask[jj * ldm + r] = words.x[j & 3] >= sr.dropout_threshold ? keep_scale : 0.0f;
+      mask[jj * ldm + r] = dropout_byte(words, j) >= sr.dropout_threshold ? keep_scale : 0.0f;
     }
   }
   for (int jj = 0; jj < nk; ++jj)

@@ -176,20 +176,20 @@ void compute_scores(const Problem& p, const KvRows& kv, const double* qv, int64_
   }
 }
 
-// Dropout multipliers of row (b, h, i): 0 or 1/(1-p), 1 without dropout. Element (b, h, i, j)
-// follows dropout_keep; the four Philox words of a block of keys are drawn once.
+// Dropout multipliers of row (b, h, i): 0 or 1 / (keep rate), 1 without dropout. Element
+// (b, h, i, j) follows dropout_keep; the Philox words of a block of 16 keys are drawn once.
 class DropoutRow {
  public:
   DropoutRow(const Problem& p, int64_t b, int64_t h, int64_t i)
       : r_(p.rules), hq_(p.hq), b_(b), h_(h), i_(i),
-        scale_(1.0 / (1.0 - double(p.rules.dropout_p))) {}
+        scale_(256.0 / (256.0 - double(p.rules.dropout_threshold))) {}
   double factor(int64_t j) {
     if (!r_.has_dropout()) return 1.0;
-    if ((j >> 2) != block_) {
+    if ((j >> 4) != block_) {
       words_ = dropout_words(r_.dropout_seed, r_.dropout_offset, b_, hq_, h_, i_, j);
-      block_ = j >> 2;
+      block_ = j >> 4;
     }
-    return words_.x[j & 3] >= r_.dropout_threshold ? scale_ : 0.0;
+    return dropout_byte(words_, j) >= r_.dropout_threshold ? scale_ : 0.0;
   }
 
  private:

@@ -34,27 +34,34 @@ TEST(Philox, Random123KnownAnswers) {
 }
 
 TEST(Philox, DropoutWordsUseTheDocumentedCounter) {
-  // counter = { j/4, i, lo32(offset + b*Hq + h), hi32(...) }, key = seed (lo, hi).
+  // counter = { j/16, i, lo32(offset + b*Hq + h), hi32(...) }, key = seed (lo, hi); key j's
+  // byte: byte j % 4 of word (j / 4) % 4.
   const uint64_t seed = 0x299f31d0a4093822ull, offset = 0xFFFFFFF0ull;
-  const int64_t b = 3, hq = 8, h = 5, i = 77, j = 4 * 9 + 2;
+  const int64_t b = 3, hq = 8, h = 5, i = 77;
   const uint64_t stream = offset + b * hq + h;  // crosses 2^32: exercises the high word
   Philox4 c{{9u, 77u, static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)}};
   const Philox4 want = philox4x32_10(c, 0xa4093822u, 0x299f31d0u);
-  const Philox4 got = dropout_words(seed, offset, b, hq, h, i, j);
-  for (int w = 0; w < 4; ++w) EXPECT_EQ(got.x[w], want.x[w]);
   const uint32_t t = dropout_threshold(0.5f);
-  EXPECT_EQ(dropout_keep(seed, offset, t, b, hq, h, i, j), want.x[2] >= t);
+  for (int64_t k = 0; k < 16; ++k) {
+    const int64_t j = 16 * 9 + k;
+    const Philox4 got = dropout_words(seed, offset, b, hq, h, i, j);
+    for (int w = 0; w < 4; ++w) EXPECT_EQ(got.x[w], want.x[w]);
+    const uint32_t byte = (want.x[k / 4] >> (8 * (k % 4))) & 0xFFu;
+    EXPECT_EQ(dropout_byte(got, j), byte) << "key " << k;
+    EXPECT_EQ(dropout_keep(seed, offset, t, b, hq, h, i, j), byte >= t) << "key " << k;
+    EXPECT_EQ((dropout_keep_bits16(got, t) >> k) & 1u, uint32_t(byte >= t)) << "key " << k;
+  }
 }
 
 TEST(Philox, DropoutThresholdEdges) {
   EXPECT_EQ(dropout_threshold(0.0f), 0u);
-  EXPECT_EQ(dropout_threshold(0.5f), 0x80000000u);
-  EXPECT_EQ(dropout_threshold(0.25f), 0x40000000u);
-  EXPECT_EQ(dropout_threshold(std::ldexp(1.0f, -32)), 1u);
-  EXPECT_EQ(dropout_threshold(std::ldexp(1.0f, -33)), 0u);  // floor
-  // The largest float below 1 is 1 - 2^-24: floor((1 - 2^-24) * 2^32) = 2^32 - 2^8.
-  EXPECT_EQ(dropout_threshold(std::nextafter(1.0f, 0.0f)), 0xFFFFFF00u);
-  EXPECT_EQ(dropout_threshold(1.0f), 0xFFFFFFFFu);  // saturates (p = 1 is rejected by validation)
+  EXPECT_EQ(dropout_threshold(0.5f), 128u);
+  EXPECT_EQ(dropout_threshold(0.25f), 64u);
+  EXPECT_EQ(dropout_threshold(0.1f), 26u);                 // round(25.6)
+  EXPECT_EQ(dropout_threshold(std::ldexp(1.0f, -20)), 1u);  // p > 0 always drops something
+  EXPECT_EQ(dropout_threshold(std::nextafter(1.0f, 0.0f)), 255u);
+  EXPECT_EQ(dropout_threshold(1.0f), 255u);  // saturates (p = 1 is rejected by validation)
+  EXPECT_FLOAT_EQ(dropout_keep_scale(64u), 256.0f / 192.0f);
   // p = 0 keeps everything.
   for (int64_t j = 0; j < 64; ++j) EXPECT_TRUE(dropout_keep(1, 2, dropout_threshold(0.0f), 0, 1, 0, 0, j));
 }
@@ -66,7 +73,7 @@ TEST(Philox, KeepRateMatchesP) {
   for (int64_t i = 0; i < 64; ++i)
     for (int64_t j = 0; j < 256; ++j, ++total) kept += dropout_keep(42, 0, t, 1, 4, 2, i, j) ? 1 : 0;
   const double rate = double(kept) / double(total);
-  EXPECT_NEAR(rate, 1.0 - p, 0.015);  // 16384 draws: sigma ~0.0036
+  EXPECT_NEAR(rate, (256.0 - t) / 256.0, 0.015);  // 16384 draws: sigma ~0.0036
 }
 
 }  // namespace

@@ -935,7 +935,8 @@ TEST(ResolveFwd, BatchedFields) {
   EXPECT_EQ(r.rules.softcap, 30.0f);
   EXPECT_EQ(r.rules.sinks, sinks.storage());
   EXPECT_EQ(r.rules.dropout_p, 0.25f);
-  EXPECT_EQ(r.rules.dropout_threshold, 0x40000000u);
+  EXPECT_EQ(r.rules.dropout_threshold, 64u);
+  EXPECT_FLOAT_EQ(r.rules.dropout_scale, 256.0f / 192.0f);
   EXPECT_EQ(r.rules.dropout_seed, 0x1234567890ull);
   EXPECT_EQ(r.rules.dropout_offset, 77u);
   EXPECT_EQ(r.num_splits, 3);
@@ -951,6 +952,7 @@ TEST(ResolveFwd, ExplicitScaleKept) {
   EXPECT_EQ(r.rules.window_right, -1);
   EXPECT_EQ(r.rules.window_left, -1);
   EXPECT_EQ(r.rules.dropout_threshold, 0u);
+  EXPECT_EQ(r.rules.dropout_scale, 1.0f);
 }
 TEST(ResolveFwd, VarlenFields) {
   VarlenCall c;

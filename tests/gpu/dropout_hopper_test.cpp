@@ -5,9 +5,9 @@
 // mma.sync kernels (FLASHPORT_HOPPER_FWD=0 / FLASHPORT_HOPPER_BWD=0).
 //
 // The probes: q = 0 makes every score 0, so P = 1 / Sk exactly (Sk a power of two). Forward: value
-// row j of v is 2^(j / Dv) in column j % Dv, so out[i][c] (Sk (1 - p)) is the integer whose bit t
+// row j of v is 2^(j / Dv) in column j % Dv, so out[i][c] Sk (keep rate) is the integer whose bit t
 // is the keep bit of (i, key c + t Dv). Backward: dout row i is 2^(i / Dv) in column i % Dv, so
-// dv[j][c] Sk (1 - p) is the integer whose bit t is the keep bit of (query c + t Dv, key j).
+// dv[j][c] Sk (keep rate) is the integer whose bit t is the keep bit of (query c + t Dv, key j).
 // Skipped without a CUDA device; the kernel checks expect the Hopper kernels on sm_90 only.
 #include <cuda_runtime.h>
 
@@ -176,6 +176,7 @@ TEST(CudaHopperDropoutBwd, BackwardAgainstReference) {
 // ---- keep-mask probes ----------------------------------------------------------------------
 
 uint32_t threshold_of(float p) { return flashport::dropout_threshold(p); }
+double keep_rate_of(float p) { return (256.0 - threshold_of(p)) / 256.0; }
 
 // Bit t of the decoded integer round(x * scale), t < bits; false and a failure when x is not
 // within 0.25 of an integer in [0, 2^bits).
@@ -211,7 +212,7 @@ std::vector<char> forward_mask(const Case& cs, fp_selection* sel) {
   std::vector<char> mask;
   if (!got.ok) return mask;
   const auto cq = cs.varlen ? cumsum(cs.lq) : std::vector<int32_t>();
-  const double scale = double(sk) * (1.0 - double(cs.dropout));
+  const double scale = double(sk) * keep_rate_of(cs.dropout);
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t lq = cs.varlen ? cs.lq[b] : cs.sq;
     for (int64_t h = 0; h < cs.hq; ++h)
@@ -309,7 +310,7 @@ std::vector<char> backward_mask(const Case& cs, fp_selection* sel) {
   *sel = got.sel;
   std::vector<char> mask;
   if (!got.ok) return mask;
-  const double scale = double(sk) * (1.0 - double(cs.dropout));
+  const double scale = double(sk) * keep_rate_of(cs.dropout);
   std::vector<int> n(size_t(sk * dv));
   for (int64_t b = 0; b < cs.batch; ++b)
     for (int64_t h = 0; h < cs.hq; ++h) {

@@ -50,7 +50,7 @@ def attention_one(q, k, v, *, scale=None, causal=False, window=(-1, -1), softcap
     lse_safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
     p = torch.exp(s - lse_safe[..., None])  # masked entries: exp(-inf) = 0
     if keep is not None:
-        p = torch.where(keep, p / (1.0 - dropout_p), torch.zeros_like(p))
+        p = torch.where(keep, p / keep_rate(dropout_p), torch.zeros_like(p))
     out = torch.einsum("hij,jhd->ihd", p, vv)
     return out, lse
 
@@ -130,18 +130,29 @@ def _philox4x32_10(c0, c1, c2, c3, k0, k1):
     return c0, c1, c2, c3
 
 
+def dropout_threshold(p):
+    """The 8-bit keep threshold: round(p * 256), clamped to [1, 255] for p > 0."""
+    return 0 if p <= 0 else min(255, max(1, int(math.floor(float(np.float32(p)) * 256.0 + 0.5))))
+
+
+def keep_rate(p):
+    """The fraction of elements kept; kept values are scaled by its inverse."""
+    return (256 - dropout_threshold(p)) / 256.0
+
+
 def dropout_keep(seed, offset, batch, hq, sq, sk, p):
-    """bool [B, Hq, Sq, Sk]: element kept iff its Philox word >= floor(p * 2^32)."""
+    """bool [B, Hq, Sq, Sk]: element kept iff its Philox byte >= the threshold. One call per 16
+    keys (counter j // 16); key j's byte is byte j % 4 of word (j // 4) % 4."""
     seed, offset = int(seed) & (2**64 - 1), int(offset) & (2**64 - 1)
-    threshold = min(int(math.floor(p * 4294967296.0)), 0xFFFFFFFF)
+    threshold = dropout_threshold(p)
     b, h, i, j = np.meshgrid(np.arange(batch), np.arange(hq), np.arange(sq), np.arange(sk),
                              indexing="ij")
     stream = (np.uint64(offset) + (b * hq + h).astype(np.uint64))
-    words = _philox4x32_10((j >> 2).astype(np.uint64), i.astype(np.uint64), stream & _M32,
+    words = _philox4x32_10((j >> 4).astype(np.uint64), i.astype(np.uint64), stream & _M32,
                            stream >> np.uint64(32), seed & 0xFFFFFFFF, seed >> 32)
-    lane = j & 3
-    word = np.choose(lane, words)
-    return torch.from_numpy(word >= np.uint64(threshold))
+    word = np.choose((j >> 2) & 3, words)
+    byte = (word >> (np.uint64(8) * (j & 3).astype(np.uint64))) & np.uint64(0xFF)
+    return torch.from_numpy(byte >= np.uint64(threshold))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 // Philox4x32-10 block function is taken from philox.hpp (checked by its own known-answer test),
 // with the counter layout written out here from the documented rule.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -59,19 +60,23 @@ struct Spec {
   uint64_t seed = 0, offset = 0;
 };
 
-// The documented dropout rule, spelled out: counter {j/4, i, lo32(offset + b*Hq + h),
-// hi32(offset + b*Hq + h)}, key = seed, word j%4, kept iff word >= floor(p * 2^32).
+// The documented dropout rule, spelled out: threshold t = round(p * 256) clamped to [1, 255];
+// counter {j/16, i, lo32(offset + b*Hq + h), hi32(offset + b*Hq + h)}, key = seed; key j's
+// byte is byte j%4 of word (j/4)%4, kept iff byte >= t; kept values scaled by 256 / (256 - t).
+inline uint32_t keep_threshold(float p) {
+  if (p <= 0.0f) return 0;
+  return static_cast<uint32_t>(std::min(255.0, std::max(1.0, std::floor(static_cast<double>(p) * 256.0 + 0.5))));
+}
+inline double keep_rate(float p) { return (256.0 - keep_threshold(p)) / 256.0; }
 inline bool kept(const Spec& s, int64_t b, int64_t h, int64_t i, int64_t j) {
   if (s.dropout_p <= 0.0f) return true;
-  const double t = std::floor(static_cast<double>(s.dropout_p) * 4294967296.0);
-  const uint32_t threshold = t >= 4294967295.0 ? 0xFFFFFFFFu : static_cast<uint32_t>(t);
   const uint64_t stream = s.offset + static_cast<uint64_t>(b) * s.hq + h;
-  flashport::Philox4 ctr{{static_cast<uint32_t>(j / 4), static_cast<uint32_t>(i),
+  flashport::Philox4 ctr{{static_cast<uint32_t>(j / 16), static_cast<uint32_t>(i),
                           static_cast<uint32_t>(stream & 0xFFFFFFFFu),
                           static_cast<uint32_t>(stream >> 32)}};
   const flashport::Philox4 w = flashport::philox4x32_10(
       ctr, static_cast<uint32_t>(s.seed & 0xFFFFFFFFu), static_cast<uint32_t>(s.seed >> 32));
-  return w.x[j % 4] >= threshold;
+  return ((w.x[(j / 4) % 4] >> (8 * (j % 4))) & 0xFFu) >= keep_threshold(s.dropout_p);
 }
 
 // Visibility matrix of one sequence, straight from the header's inequalities.
@@ -157,8 +162,8 @@ inline Result forward(const Spec& s, const Getter& q, const Getter& k, const Get
       Mat V(lk, s.dv);
       for (int64_t j = 0; j < lk; ++j)
         for (int64_t t = 0; t < s.dv; ++t) V(j, t) = v(b, j, hk, t);
-      // Dropout matrix (entries 0 or 1/(1-p)) applied elementwise.
-      const double inv_keep = 1.0 / (1.0 - static_cast<double>(s.dropout_p));
+      // Dropout matrix (entries 0 or 1 / keep rate) applied elementwise.
+      const double inv_keep = 1.0 / keep_rate(s.dropout_p);
       for (int64_t i = 0; i < lq; ++i)
         for (int64_t j = 0; j < lk; ++j)
           if (s.dropout_p > 0.0f) P(i, j) *= kept(s, b, h, i, j) ? inv_keep : 0.0;

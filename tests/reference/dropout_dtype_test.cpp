@@ -39,7 +39,7 @@ struct MaskProbe {
   // 1 = kept, 0 = dropped, in (b, i, h, j) order; checks each value is exactly one of the two.
   std::vector<int> mask() {
     EXPECT_TRUE(FWD_OK(p));
-    const double kept_value = 1.0 / ((1.0 - double(p.dropout_p)) * double(Lk));
+    const double kept_value = 1.0 / (refdense::keep_rate(p.dropout_p) * double(Lk));
     std::vector<int> m;
     for (double x : out.to_double()) {
       EXPECT_TRUE(x == 0.0 || std::fabs(x - kept_value) <= 1e-15 * kept_value) << x;
@@ -114,7 +114,7 @@ TEST(ReferenceDropout, ZeroProbabilityEqualsNoDropout) {
   EXPECT_TRUE(call.lse.bitwise_equal(lse0));
 }
 
-// Mean of the dropped output over many seeds approaches the undropped output (1/(1-p) scaling).
+// Mean of the dropped output over many seeds approaches the undropped output (1 / keep rate scaling).
 TEST(ReferenceDropout, UnbiasedInExpectation) {
   BatchedCall call;
   call.spec.batch = 1;

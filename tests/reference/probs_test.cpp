@@ -1,7 +1,7 @@
 // fp_attn_probs on the reference backend: probs[b, h, i, j] = exp(s_ij - lse_i) over the visible
 // keys, negated where dropout drops the element, 0 elsewhere; checked against the dense
 // implementation's probabilities (tests/reference/dense.hpp), against the forward's output
-// (out = sum_j kept(P) / (1 - p) * v_j), on varlen and KV-cache layouts, and its bad inputs.
+// (out = sum_j kept(P) / keep rate * v_j), on varlen and KV-cache layouts, and its bad inputs.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -91,7 +91,7 @@ void check_batched(const ProbsCfg& c) {
   // The forward's output is sum_j dropout(P_ij) v_j with P recovered from probs.
   if (c.probs_dtype == FP_F64) {
     const auto pr = probs.to_double();
-    const double inv_keep = 1.0 / (1.0 - double(c.dropout));
+    const double inv_keep = 1.0 / refdense::keep_rate(c.dropout);
     std::vector<double> out(call.out.numel(), 0.0);
     const int64_t group = c.hq / c.hkv;
     for (int64_t b = 0; b < c.batch; ++b)

@@ -112,7 +112,8 @@ constexpr bool attention_adjacent_pairs() {
   return true;
 }
 // The longest run r (4, 2 or 1) such that elements [q*r, q*r + r) lie in one aligned group of 4
-// columns in every lane: the elements that share one Philox call of the dropout rule.
+// columns in every lane, so in one group of 16: elements that share one Philox call of the
+// dropout rule.
 template <typename L>
 constexpr int attention_quad_run() {
   for (int r = 4; r > 1; r /= 2) {

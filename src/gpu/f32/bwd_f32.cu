@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(256, kTile == kF32D64 ? 2 : 1) bwd_f32_kernel(
         const int j = n0 + r;
         return j < lk ? v + a.v_addr.at(a.seq, b, j, kvh) : nullptr;
       });
-      const float keep_scale = R.dropout_p > 0.0f ? 1.0f / (1.0f - R.dropout_p) : 1.0f;
+      const float keep_scale = R.dropout_scale;
       const int d_steps = (a.d + 7) / 8, dv_steps = (a.dv + 7) / 8;
 
       for (int s = 0; s < steps; ++s) {
@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(256, kTile == kF32D64 ? 2 : 1) bwd_f32_kernel(
           keep_bits = 0;
 #pragma unroll 1
           for (int x = 0; x < NQ1 * 4; ++x)
-            keep_bits |= uint32_t(dropout_keeps(R, seed, offset, b, a.hq, h,
+            keep_bits |= uint32_t(dropout_keep(seed, offset, R.dropout_threshold, b, a.hq, h,
                                                 i0 + q_tile1 + 8 * (x / 4) + F::c_col(lane, x % 4),
                                                 n0 + key_tile + F::c_row(lane, x % 4))) << x;
         }

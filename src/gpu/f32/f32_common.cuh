@@ -89,13 +89,5 @@ __device__ __forceinline__ void mma_3xtf32(float (&d)[4], const Tf32Split (&a)[4
   for (int e = 0; e < 4; ++e) d[e] += step[e];
 }
 
-// dropout_keep (core/philox.hpp: the rule of every backend) with the word of key j picked by
-// selects, so that no Philox state goes through local memory.
-__device__ __forceinline__ bool dropout_keeps(const ScoreRules& R, uint64_t seed, uint64_t offset, int64_t b,
-                                              int64_t hq, int64_t h, int64_t i, int64_t j) {
-  const Philox4 w = dropout_words(seed, offset, b, hq, h, i, j);
-  const uint32_t word = (j & 2) ? ((j & 1) ? w.x[3] : w.x[2]) : ((j & 1) ? w.x[1] : w.x[0]);
-  return word >= R.dropout_threshold;
-}
 
 }  // namespace flashport::gpu::f32

@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(128, 2) fwd_f32_kernel(const __grid_constant__
           uint32_t keep = 0;
 #pragma unroll 1
           for (int c = 0; c < 2 * SN; ++c)
-            keep |= uint32_t(dropout_keeps(R, seed, offset, b, a.hq, h, i, n0 + 8 * (c / 2) + F::c_col(lane, c % 2))) << c;
+            keep |= uint32_t(dropout_keep(seed, offset, R.dropout_threshold, b, a.hq, h, i, n0 + 8 * (c / 2) + F::c_col(lane, c % 2))) << c;
 #pragma unroll
           for (int c = 0; c < 2 * SN; ++c)
             if (!((keep >> c) & 1u)) s[c / 2][2 * hr + c % 2] = 0.0f;
@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(128, 2) fwd_f32_kernel(const __grid_constant__
   }
 
   // Epilogue: finish the row sums, add the sink (first split only), normalise, store.
-  const float keep_scale = R.dropout_p > 0.0f ? 1.0f / (1.0f - R.dropout_p) : 1.0f;
+  const float keep_scale = R.dropout_scale;
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     float l = row_sum[hr];

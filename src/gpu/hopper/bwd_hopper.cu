@@ -218,8 +218,8 @@ __device__ __forceinline__ void p_and_ds(float (&s_acc)[4 * kQTiles], float (&dp
     if (need_mask && (j < S.vis_lo(i) || j >= S.vis_hi(i))) p = 0.0f;
     return p;
   };
-  // Element e's Z / (1 - p): 1 / (1 - p) where kept, else 0.
-  const float keep_scale = kDropout ? dropout_keep_scale(*S.rules) : 1.0f;
+  // Element e's factor: 1 / (keep rate) where kept, else 0.
+  const float keep_scale = kDropout ? S.rules->dropout_scale : 1.0f;
   auto kept = [&](int e) -> float { return (keep[e / 32] >> (e % 32)) & 1u ? keep_scale : 0.0f; };
   wg_wait<1>();
   fence_regs(s_acc);

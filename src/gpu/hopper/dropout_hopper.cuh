@@ -1,18 +1,19 @@
 // Dropout on the Hopper kernels: the keep bits of a thread's wgmma accumulator elements under the
-// rule of every backend (core/philox.hpp: one Philox4x32-10 call gives the words of keys
-// 4(j/4) .. 4(j/4) + 3 of row i; an element is kept iff its word >= the threshold), each Philox
-// call made by one lane only and its bits handed to the lanes holding the elements by shuffles.
+// rule of every backend (core/philox.hpp: one Philox4x32-10 call gives the keep bytes of keys
+// 16(j/16) .. 16(j/16) + 15 of row i). Each call is made by one lane only; its bits reach the
+// lanes holding the elements by shuffles.
 //
 // wgmma accumulator layout (m64nN): lane l of a warp holds accumulator rows l/4 and l/4 + 8 and
 // columns 8t + 2(l % 4) + {0, 1} of every 8-column tile t, element [4t + 2hf + e2].
-//   Forward (rows = queries, columns = keys): the 4 keys of a Philox call are the columns of a
-//     lane pair (l, l ^ 1), for both rows: the even lane makes row hf = 0's call, the odd lane
-//     row hf = 1's, one shuffle per tile step trades the halves.
-//   Backward (P^T: rows = keys, columns = queries): the 4 keys of a call sit in the 4 lanes
-//     l, l ^ 4, l ^ 8, l ^ 12 (rows l/4 .. of one 4-row group), which hold 4 calls between
-//     them per 8-query tile (2 queries x the hf = 0 / hf = 1 key groups): lane x of the group
-//     makes call x, and a 4 x 4 bit transpose over the group (two shuffle stages) hands every
-//     lane the bits of its own elements.
+//   Forward (rows = queries, columns = keys): a call's 16 keys are two tiles of one row, held by
+//     the 4 lanes of a quad (2 + 2 keys each). A quad holds 2 rows x kNTiles / 2 calls: lane q
+//     makes those of row q % 2 and every other call of that row, then hands each quad partner
+//     its 4 bits of each of them (3 shuffles).
+//   Backward (P^T: rows = keys, columns = queries): a call's 16 keys are the 16 rows of the
+//     warp's slab, one query column: the 8 lanes l % 4 = c hold them for the columns 2c, 2c + 1
+//     of every tile. Lane (r = l/4, c) makes the calls of its column pair whose index 2t + e2 is
+//     r mod 8, and an 8 x 8 bit transpose over those 8 lanes (3 shuffle stages, 4 matrices a
+//     word) hands every lane the bits of its own keys.
 // Included by the sm_90a kernels only.
 #pragma once
 #include <cstdint>
@@ -22,37 +23,42 @@
 
 namespace flashport::gpu::sm90 {
 
-// 1 / (1 - p): the scale of kept elements.
-__device__ __forceinline__ float dropout_keep_scale(const ScoreRules& R) { return 1.0f / (1.0f - R.dropout_p); }
-
 // Forward: the keep bits of this thread's two rows (query i_row0 and i_row0 + 8) for the
-// kNTiles 8-key tiles of keys [n0, n0 + 8 kNTiles): bit 2t + e2 of keep[hf] is element
-// [4t + 2hf + e2]. Row positions and keys are those of the sequence; h the query head.
+// kNTiles 8-key tiles of keys [n0, n0 + 8 kNTiles), n0 a multiple of 16: bit 2t + e2 of
+// keep[hf] is element [4t + 2hf + e2].
 template <int kNTiles>
 __device__ __forceinline__ void fwd_keep_bits(uint32_t (&keep)[2], const ScoreRules& R, int b, int hq, int h,
                                               int i_row0, int n0) {
-  static_assert(2 * kNTiles <= 32, "one keep word per row");
-  const int lane = threadIdx.x & 31;
-  const int odd = lane & 1;              // this lane's call: row hf = odd
-  const int key_pair = (lane & 2) * 2;   // the call's first key in the tile: 0 or 4
+  static_assert(kNTiles % 2 == 0 && kNTiles <= 16, "whole 16-key calls, one keep word per row");
+  constexpr int kCalls = kNTiles / 2;  // per row
+  const int q = threadIdx.x & 3;       // lane within the quad
+  const int my_hf = q & 1, my_half = q >> 1;
   const uint64_t seed = R.rng_seed(), offset = R.rng_offset();
-  const uint32_t threshold = R.dropout_threshold;
-  const int i = i_row0 + 8 * odd;
-  uint32_t mine = 0, theirs = 0;  // row `odd`'s bits of this lane's keys and of the partner's
-  // Two calls per iteration: some overlap of their multiply chains, few live registers (the
-  // consumer holds O, S and the in-flight P fragments here).
-#pragma unroll 2
-  for (int t = 0; t < kNTiles; ++t) {
-    const Philox4 w = dropout_words(seed, offset, b, hq, h, i, n0 + 8 * t + key_pair);
-    // The even lane holds keys +0, +1 of the call, the odd one +2, +3.
-    const uint32_t m0 = odd ? w.x[2] : w.x[0], m1 = odd ? w.x[3] : w.x[1];
-    const uint32_t p0 = odd ? w.x[0] : w.x[2], p1 = odd ? w.x[1] : w.x[3];
-    mine |= (uint32_t(m0 >= threshold) | (uint32_t(m1 >= threshold) << 1)) << (2 * t);
-    theirs |= (uint32_t(p0 >= threshold) | (uint32_t(p1 >= threshold) << 1)) << (2 * t);
+  // to[d]: the bits of my calls that quad lane d holds, each call's 4 at bit 4u of the row's word
+  // (u: the call's index in the row; keys 16u + 2d + {0, 1} and 16u + 8 + 2d + {0, 1}).
+  uint32_t to[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+  for (int m = 0; m < (kCalls + 1) / 2; ++m) {
+    const int u = 2 * m + my_half;
+    if (kCalls % 2 == 0 || u < kCalls) {
+      const Philox4 w = dropout_words(seed, offset, b, hq, h, i_row0 + 8 * my_hf, n0 + 16 * u);
+      const uint32_t bits = dropout_keep_bits16(w, R.dropout_threshold);
+#pragma unroll
+      for (int d = 0; d < 4; ++d)
+        to[d] |= (((bits >> (2 * d)) & 3u) | (((bits >> (8 + 2 * d)) & 3u) << 2)) << (4 * u);
+    }
   }
-  const uint32_t got = __shfl_xor_sync(0xffffffffu, theirs, 1);  // the partner row's bits of my keys
-  keep[0] = odd ? got : mine;
-  keep[1] = odd ? mine : got;
+  // Runtime picks by selects (an indexed pick would put to[] and keep[] in local memory).
+  auto pick = [&](int d) { return (d & 2) ? ((d & 1) ? to[3] : to[2]) : ((d & 1) ? to[1] : to[0]); };
+  uint32_t same = pick(q), other = 0u;  // my row's bits, the other row's
+#pragma unroll
+  for (int x = 1; x < 4; ++x) {
+    const uint32_t got = __shfl_xor_sync(0xffffffffu, pick(q ^ x), x);  // the partner gets what I made for it
+    if (x & 1) other |= got;  // odd partners make the other row's calls
+    else same |= got;
+  }
+  keep[0] = my_hf ? other : same;
+  keep[1] = my_hf ? same : other;
 }
 
 // Forward: P elements of dropped positions to 0 (s: one tile of P, keys [n0, n0 + 8 kNTiles)).
@@ -78,45 +84,59 @@ __device__ __forceinline__ void fwd_apply_dropout(float (&s)[4 * kNTiles], const
 
 // Backward: the keep bits of this thread's elements of P^T (keys key0 and key0 + 8, queries
 // q0 + 8t + 2(lane % 4) + {0, 1}, t < kQTiles): bit 4t + 2hf + e2 of the bit string `keep`
-// (32 bits a word) is element [4t + 2hf + e2]. key0: this lane's hf = 0 key (rows l/4 of its
-// warp's 16; 4-aligned groups of keys, so key0 - (l/4) % 4 starts this lane's group).
+// (32 bits a word) is element [4t + 2hf + e2]. key0: this lane's hf = 0 key (row l/4 of its
+// warp's 16-aligned slab of 16 keys).
 template <int kQTiles>
 __device__ __forceinline__ void bwd_keep_bits(uint32_t (&keep)[(4 * kQTiles + 31) / 32], const ScoreRules& R, int b,
                                               int hq, int h, int q0, int key0) {
-  constexpr int kWords = (4 * kQTiles + 31) / 32;
-  static_assert(kQTiles <= 16, "64 keep bits");
+  static_assert(kQTiles % 4 == 0 && kQTiles <= 16, "whole calls per lane, 64 keep bits");
+  constexpr int kCalls = kQTiles / 4;  // per lane: 8 lanes share a column pair's 2 kQTiles calls
+  constexpr int kWords = (kCalls + 1) / 2;
   const int lane = threadIdx.x & 31;
-  const int x = (lane >> 2) & 3;  // this lane's key within its group, and the call it makes
-  const int col_base = (lane & 3) * 2;
+  const int r = lane >> 2, c = lane & 3;
   const uint64_t seed = R.rng_seed(), offset = R.rng_offset();
-  const uint32_t threshold = R.dropout_threshold;
-  // Call x: query e2 = x & 1 of the lane's pair, keys of row group hf = x >> 1.
-  const int key_group = key0 - x + 8 * (x >> 1);
-  const int i_base = q0 + col_base + (x & 1);
-  // One call per iteration: the kernels make these bits while their dV, dK, dQ products run, with
-  // dK, dV and the products' register operands live (unrolled by 2, D64 and D128 spilled).
-  uint64_t bits = 0;
-#pragma unroll 1
-  for (int t = 0; t < kQTiles; ++t) {
-    const Philox4 wd = dropout_words(seed, offset, b, hq, h, i_base + 8 * t, key_group);
-    const uint64_t nib = uint64_t(wd.x[0] >= threshold) | (uint64_t(wd.x[1] >= threshold) << 1) |
-                         (uint64_t(wd.x[2] >= threshold) << 2) | (uint64_t(wd.x[3] >= threshold) << 3);
-    bits |= nib << (4 * t);
-  }
+  // Call m of this lane: query q0 + 8t + 2c + e2 with 2t + e2 = 8m + r; its 16 bits (bit k: key
+  // key0 - r + k) at bit 16(m % 2) of word m / 2, i.e. two bytes: keys 0..7 (hf 0), 8..15 (hf 1).
+  uint32_t v[kWords];
 #pragma unroll
-  for (int w = 0; w < kWords; ++w) keep[w] = uint32_t(bits >> (32 * w));
-  // Nibble t of lane x: bit k = call x's bit of key k. Transpose the 4 x 4 bits of every nibble
-  // over the group's lanes (stage 0: lanes x ^ 1 swap bit 0, stage 1: x ^ 2, bit 1), after which
-  // bit k of lane x is call k's bit of key x: element [4t + k] of this lane.
+  for (int w = 0; w < kWords; ++w) v[w] = 0u;
+  // One call per iteration: the kernels make these bits while their products run, with dK, dV
+  // and the products' register operands live.
+#pragma unroll 1
+  for (int m = 0; m < kCalls; ++m) {
+    const int k2 = 8 * m + r;
+    const Philox4 wd = dropout_words(seed, offset, b, hq, h, q0 + 8 * (k2 >> 1) + 2 * c + (k2 & 1), key0 - r);
+    const uint32_t bits = dropout_keep_bits16(wd, R.dropout_threshold) << (16 * (m & 1));
+#pragma unroll
+    for (int w = 0; w < kWords; ++w)
+      if (w == m / 2) v[w] |= bits;
+  }
+  // Byte (m, hf) of lane r' is row r' of an 8 x 8 bit matrix (bit k: key k + 8hf). Transposed over
+  // the lanes r (xor 4, 8, 16 on the lane), lane r's byte holds bit r' = call r''s bit of its key.
 #pragma unroll
   for (int w = 0; w < kWords; ++w) {
-    uint32_t v = keep[w];
-    uint32_t p = __shfl_xor_sync(0xffffffffu, v, 4);
-    v = (x & 1) ? ((v & 0xAAAAAAAAu) | ((p & 0xAAAAAAAAu) >> 1)) : ((v & 0x55555555u) | ((p & 0x55555555u) << 1));
-    p = __shfl_xor_sync(0xffffffffu, v, 8);
-    v = (x & 2) ? ((v & 0xCCCCCCCCu) | ((p & 0xCCCCCCCCu) >> 2)) : ((v & 0x33333333u) | ((p & 0x33333333u) << 2));
-    keep[w] = v;
+    uint32_t x = v[w], p;
+    p = __shfl_xor_sync(0xffffffffu, x, 4);
+    x = (r & 1) ? ((x & 0xAAAAAAAAu) | ((p & 0xAAAAAAAAu) >> 1)) : ((x & 0x55555555u) | ((p & 0x55555555u) << 1));
+    p = __shfl_xor_sync(0xffffffffu, x, 8);
+    x = (r & 2) ? ((x & 0xCCCCCCCCu) | ((p & 0xCCCCCCCCu) >> 2)) : ((x & 0x33333333u) | ((p & 0x33333333u) << 2));
+    p = __shfl_xor_sync(0xffffffffu, x, 16);
+    x = (r & 4) ? ((x & 0xF0F0F0F0u) | ((p & 0xF0F0F0F0u) >> 4)) : ((x & 0x0F0F0F0Fu) | ((p & 0x0F0F0F0Fu) << 4));
+    // Bit r' of byte (m, hf) is element [4t + 2hf + e2] with t = 4m + r'/2, e2 = r' % 2: the
+    // 2-bit pairs of the hf 0 byte go to bits 4p + {0, 1} of the call's 16, those of hf 1 to
+    // 4p + {2, 3}.
+    auto spread = [](uint32_t y) {  // 2-bit groups of a byte to the low halves of nibbles
+      return (y & 0x3u) | ((y & 0xCu) << 2) | ((y & 0x30u) << 4) | ((y & 0xC0u) << 6);
+    };
+    uint32_t out = 0u;
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      if (2 * w + half < kCalls)
+        out |= (spread((x >> (16 * half)) & 0xFFu) | (spread((x >> (16 * half + 8)) & 0xFFu) << 2)) << (16 * half);
+    keep[w] = out;
   }
+#pragma unroll
+  for (int w = kWords; w < (4 * kQTiles + 31) / 32; ++w) keep[w] = 0u;
 }
 
 }  // namespace flashport::gpu::sm90

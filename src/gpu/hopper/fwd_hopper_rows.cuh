@@ -165,7 +165,7 @@ struct HopperRows {
       row_sum[hf] = row_sum[hf] * corr[hf] + sum;
     }
     // Dropout after the sums (the LSE is the undropped softmax's; the epilogue scales O by
-    // 1 / (1 - p)). The kernel runs its consumer loop in two copies, chosen once per call, so
+    // 1 / (keep rate)). The kernel runs its consumer loop in two copies, chosen once per call, so
     // calls without dropout run the loop they ran before.
     if constexpr (kDropout) fwd_apply_dropout<kNTiles>(s, a.rules, b, a.hq, head, m0 + row_loc0, n0);
   }
@@ -198,7 +198,7 @@ struct HopperRows {
   // Finish the row sums, add the sink (split 0 only), normalise, store O (and the LSE, natural
   // log); with split-KV (a.splits > 1) the normalised fp32 partial and its LSE go to the workspace
   // (ws_o [split][row][dv], ws_lse [split][row], row = (b Hq + head) Sq + i) for the combine.
-  // kDropout: O also scaled by 1 / (1 - p) (the softmax zeroed the dropped P). O goes through this
+  // kDropout: O also scaled by 1 / (keep rate) (the softmax zeroed the dropped P). O goes through this
   // warpgroup's staging tile (store_staged) where 16-byte stores are allowed, else straight from
   // the registers (store_direct). Every thread of the warpgroup calls it (named barriers).
   template <typename Elem, int kPanels, bool kDropout = false>
@@ -214,7 +214,7 @@ struct HopperRows {
       const float o_scale =
           a.rules.sinks != nullptr && split == 0 ? fold_sink(a.rules.sinks[head] * kLog2e, mx, l) : 1.0f;
       inv[hf] = l > 0.0f ? o_scale / l : 0.0f;
-      if constexpr (kDropout) inv[hf] *= dropout_keep_scale(a.rules);  // kept elements of P scaled by 1 / (1 - p)
+      if constexpr (kDropout) inv[hf] *= a.rules.dropout_scale;  // kept elements of P scaled by 1 / (keep rate)
       lse[hf] = l > 0.0f ? (mx + __log2f(l)) * kLn2 : -INFINITY;
     }
     const int wg_row0 = row_loc0 & ~63;       // this warpgroup's first row in the block

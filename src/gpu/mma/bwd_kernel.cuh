@@ -130,11 +130,6 @@ __device__ __forceinline__ void bwd_add_pair(float* dst, float x, float y) {
 }
 // Deterministic mode's wait for the key blocks after this one.
 __device__ __forceinline__ void bwd_backoff() { __nanosleep(64); }
-// The dropout rule's keep bit of element (i, j).
-__device__ __forceinline__ bool bwd_dropout_keep(uint64_t seed, uint64_t offset, uint32_t threshold, int64_t b,
-                                                 int64_t hq, int64_t h, int64_t i, int64_t j) {
-  return dropout_keep(seed, offset, threshold, b, hq, h, i, j);
-}
 #else
 // AMD: every operand is a 16x16 fragment whose register layout is symmetric in the A and B roles
 // (amd_layouts.hpp), so C^T = B^T A^T is one instruction with the roles swapped: the lane then
@@ -205,14 +200,6 @@ __device__ __forceinline__ void bwd_backoff() { __nanosleep(64); }  // simt_emu.
 #else
 __device__ __forceinline__ void bwd_backoff() { __builtin_amdgcn_s_sleep(1); }
 #endif
-// The dropout rule's keep bit of element (i, j), the word picked by selects (an indexed pick of the
-// four Philox words puts them in scratch on AMD).
-__device__ __forceinline__ bool bwd_dropout_keep(uint64_t seed, uint64_t offset, uint32_t threshold, int64_t b,
-                                                 int64_t hq, int64_t h, int64_t i, int64_t j) {
-  const Philox4 w = dropout_words(seed, offset, b, hq, h, i, j);
-  const uint32_t word = (j & 2) ? ((j & 1) ? w.x[3] : w.x[2]) : ((j & 1) ? w.x[1] : w.x[0]);
-  return word >= threshold;
-}
 #endif
 
 // The loop's lambdas forced inline on MFMA targets: left to the inliner, gfx90a/gfx942 reach
@@ -331,7 +318,7 @@ __global__ void FP_LAUNCH_BOUNDS(kBwdTiles[kTile].threads(kWarpSize), kBwdTiles[
       // zero-filled columns (AMD: kSkipTailSteps false, as in the forward): straight-line loops.
       const bool full = (a.d == D && a.dv == D) || !kSkipTailSteps;
       const int v_ksteps = (a.dv + 15) / 16;
-      const float keep_scale = R.dropout_p > 0.0f ? 1.0f / (1.0f - R.dropout_p) : 1.0f;
+      const float keep_scale = R.dropout_scale;
 
       for (int s = 0; s < steps; ++s) {
         int buf = 0;
@@ -424,7 +411,7 @@ __global__ void FP_LAUNCH_BOUNDS(kBwdTiles[kTile].threads(kWarpSize), kBwdTiles[
             if (need_mask && (j < S.vis_lo(i) || j >= S.vis_hi(i))) p = 0.0f;
             float keep = 1.0f;
             if (R.dropout_p > 0.0f)
-              keep = bwd_dropout_keep(R.rng_seed(), R.rng_offset(), R.dropout_threshold, b, a.hq, h, i, j)
+              keep = dropout_keep(R.rng_seed(), R.rng_offset(), R.dropout_threshold, b, a.hq, h, i, j)
                          ? keep_scale : 0.0f;
             acc_dp[kr][t].r[e] = p * (acc_dp[kr][t].r[e] * keep - tDs[il]) * sg.dtanh;
             acc_s[kr][t].r[e] = p * keep;

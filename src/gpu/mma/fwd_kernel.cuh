@@ -377,7 +377,7 @@ __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileCo
         // Dropout on P after the sum (the LSE is that of the undropped softmax). The Philox
         // words are made in a rolled loop into one keep-bit word per row (small code, few
         // registers), then applied with constant indices. One Philox call covers an aligned
-        // group of 4 keys: kQuadRun consecutive elements of a row share it.
+        // group of 16 keys: kQuadRun consecutive elements of a row share it.
         if (R.dropout_p > 0.0f) {
           constexpr int kRun = AccLayout::kQuadRun;
           static_assert(kNTiles * kSlotElems <= 32, "one keep-bit word per row");
@@ -398,11 +398,10 @@ __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileCo
                   const Philox4 w = dropout_words(rng_seed, rng_offset, b, a.hq, h, i, jq);
 #pragma unroll
                   for (int e2 = q; e2 < q + kRun; ++e2) {
-                    // Word (key % 4) by its two bits (selects keep w in registers). The key is jq
-                    // plus a constant whose bits are clear in jq % 4 (AccLayout::kQuadRun).
-                    const int c = (jq & 3) | (AccLayout::col(lane, e2) - AccLayout::col(lane, q));
-                    const uint32_t word = (c & 2) ? ((c & 1) ? w.x[3] : w.x[2]) : ((c & 1) ? w.x[1] : w.x[0]);
-                    keep |= uint32_t(word >= R.dropout_threshold) << (kSlotElems * t + e2);
+                    // The key is jq plus a constant below kQuadRun (jq is kQuadRun-aligned): the
+                    // same call's group of 16 keys.
+                    const int j = jq + (AccLayout::col(lane, e2) - AccLayout::col(lane, q));
+                    keep |= uint32_t(dropout_byte(w, j) >= R.dropout_threshold) << (kSlotElems * t + e2);
                   }
                 }
               }
@@ -476,7 +475,7 @@ __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileCo
   }
 
   // Epilogue: finish the row sums, add the sink (first split only), normalise, store.
-  const float keep_scale = R.dropout_p > 0.0f ? 1.0f / (1.0f - R.dropout_p) : 1.0f;
+  const float keep_scale = R.dropout_scale;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
