@@ -198,7 +198,7 @@ def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
 
-    # Autocast computes attention in its dtype (flashport's GPU kernels take fp16/bf16 only).
+    # Autocast computes attention in its dtype, as the models' own attention does.
     device_type = query.device.type
     if torch.is_autocast_enabled(device_type):
         dtype = torch.get_autocast_dtype(device_type)
