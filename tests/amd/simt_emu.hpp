@@ -144,6 +144,13 @@ inline bool warp_any(bool pred) {
 inline float fast_exp2(float x) { return exp2f(x); }
 }  // namespace flashport::gpu
 
+// CUDA's spelling of the xor shuffle (the Hopper kernels' dropout bit exchange,
+// src/gpu/hopper/dropout_hopper.cuh, runs here at wave 32; the mask of lanes is all of them there).
+template <typename T>
+inline T __shfl_xor_sync(unsigned, T v, int mask) {
+  return flashport::gpu::shfl_xor(v, mask);
+}
+
 // Value of `v` in lane `src` of the same wave (the plain path's operand fetch).
 inline int __shfl(int v, int src) {
   const unsigned tid = simt::thread_idx().x, base = tid / kWarpSize * kWarpSize;

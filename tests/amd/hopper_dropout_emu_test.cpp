@@ -1,0 +1,160 @@
+// The Hopper kernels' dropout keep bits (src/gpu/hopper/dropout_hopper.cuh), unchanged, run on the
+// CPU by the warp emulation of simt_emu.hpp at 32 lanes: each Philox call of the rule is made by
+// one lane and its bits handed to the lanes holding the elements by shuffles (forward: within a
+// quad; backward: an 8 x 8 bit transpose over the 8 lanes of a query column). Every lane's bits
+// of every element, for each tile width the kernels instantiate, are checked against the rule
+// itself (core/philox.hpp dropout_keep) at several rates, seeds, heads and positions, and with the
+// device-resident (seed, offset) words. The GPU suites CudaHopperDropout* check the same bits
+// through whole kernels on sm_90; this runs everywhere, without a GPU.
+#include "gpu/amd/amd_layouts.hpp"
+#include "simt_emu.hpp"
+// After the emulation header:
+#include "gpu/hopper/dropout_hopper.cuh"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace {
+
+using flashport::ScoreRules;
+using flashport::dropout_keep;
+using flashport::dropout_threshold;
+
+struct Rng {
+  uint64_t seed, offset;
+};
+
+ScoreRules rules(float p, Rng rng, const uint32_t* device_words = nullptr) {
+  ScoreRules r;
+  r.dropout_p = p;
+  r.dropout_threshold = dropout_threshold(p);
+  r.dropout_scale = flashport::dropout_keep_scale(r.dropout_threshold);
+  r.dropout_seed = device_words ? 0 : rng.seed;
+  r.dropout_offset = device_words ? 0 : rng.offset;
+  r.dropout_rng = device_words;
+  return r;
+}
+
+constexpr int kLanes = 128;  // a warpgroup: 4 warps, each its 16 rows (forward) or keys (backward)
+constexpr int kB = 1, kHq = 6, kH = 5;
+
+// Forward: warp w holds rows row0 + 16 w + l/4 (+ 8); keys n0 + 8t + 2(l % 4) + {0, 1}.
+template <int kNTiles>
+int64_t forward_mismatches(const ScoreRules& R, Rng rng, int row0, int n0) {
+  std::vector<uint32_t> keep(2 * kLanes);
+  simt::run_block(kLanes, 32, {}, {1, 1, 1}, 0, [&] {
+    const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
+    uint32_t k[2];
+    flashport::gpu::sm90::fwd_keep_bits<kNTiles>(k, R, kB, kHq, kH, row0 + 16 * warp + lane / 4, n0);
+    keep[2 * tid] = k[0], keep[2 * tid + 1] = k[1];
+  });
+  const uint32_t t8 = R.dropout_threshold;
+  int64_t bad = 0;
+  for (int tid = 0; tid < kLanes; ++tid)
+    for (int hf = 0; hf < 2; ++hf)
+      for (int t = 0; t < kNTiles; ++t)
+        for (int e2 = 0; e2 < 2; ++e2) {
+          const int i = row0 + 16 * (tid / 32) + (tid % 32) / 4 + 8 * hf, j = n0 + 8 * t + 2 * (tid % 4) + e2;
+          const bool want = dropout_keep(rng.seed, rng.offset, t8, kB, kHq, kH, i, j);
+          bad += ((keep[2 * tid + hf] >> (2 * t + e2)) & 1u) != uint32_t(want);
+        }
+  return bad;
+}
+
+// Backward (P^T): warp w holds keys key_base + 16 w + l/4 (+ 8), queries q0 + 8t + 2(l % 4) + {0, 1}.
+template <int kQTiles>
+int64_t backward_mismatches(const ScoreRules& R, Rng rng, int q0, int key_base) {
+  constexpr int kWords = (4 * kQTiles + 31) / 32;
+  std::vector<uint32_t> keep(kWords * kLanes);
+  simt::run_block(kLanes, 32, {}, {1, 1, 1}, 0, [&] {
+    const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
+    uint32_t k[kWords];
+    flashport::gpu::sm90::bwd_keep_bits<kQTiles>(k, R, kB, kHq, kH, q0, key_base + 16 * warp + lane / 4);
+    for (int w = 0; w < kWords; ++w) keep[kWords * tid + w] = k[w];
+  });
+  const uint32_t t8 = R.dropout_threshold;
+  int64_t bad = 0;
+  for (int tid = 0; tid < kLanes; ++tid)
+    for (int t = 0; t < kQTiles; ++t)
+      for (int hf = 0; hf < 2; ++hf)
+        for (int e2 = 0; e2 < 2; ++e2) {
+          const int bit = 4 * t + 2 * hf + e2;
+          const int i = q0 + 8 * t + 2 * (tid % 4) + e2, j = key_base + 16 * (tid / 32) + (tid % 32) / 4 + 8 * hf;
+          const bool want = dropout_keep(rng.seed, rng.offset, t8, kB, kHq, kH, i, j);
+          bad += ((keep[kWords * tid + bit / 32] >> (bit % 32)) & 1u) != uint32_t(want);
+        }
+  return bad;
+}
+
+const Rng kRngs[] = {{0x1234567890abcdefull, 0}, {7, 0xFFFFFFF0ull}};
+
+// The kernels' chunk widths: 16 tiles (128-key tiles), 12 (96), 8 (64), 10 (each half of 160).
+TEST(HopperDropoutLanes, ForwardBitsAreTheRule) {
+  for (float p : {0.1f, 0.5f, 0.93f})
+    for (const Rng& rng : kRngs) {
+      const ScoreRules R = rules(p, rng);
+      const std::string what = "p " + std::to_string(p) + " seed " + std::to_string(rng.seed);
+      EXPECT_EQ(forward_mismatches<16>(R, rng, 0, 0), 0) << what;
+      EXPECT_EQ(forward_mismatches<16>(R, rng, 1000, 4096 + 128), 0) << what;
+      EXPECT_EQ(forward_mismatches<12>(R, rng, 64, 96 * 7), 0) << what;
+      EXPECT_EQ(forward_mismatches<8>(R, rng, 333, 64 * 5), 0) << what;
+      EXPECT_EQ(forward_mismatches<10>(R, rng, 128, 160 * 3 + 80), 0) << what;
+    }
+}
+
+// The query tiles per step: 16 and 8 (64 and 128 queries at D64/D128), 4 (the D256 kernel's halves).
+TEST(HopperDropoutLanes, BackwardBitsAreTheRule) {
+  for (float p : {0.1f, 0.5f, 0.93f})
+    for (const Rng& rng : kRngs) {
+      const ScoreRules R = rules(p, rng);
+      const std::string what = "p " + std::to_string(p) + " seed " + std::to_string(rng.seed);
+      EXPECT_EQ(backward_mismatches<16>(R, rng, 0, 0), 0) << what;
+      EXPECT_EQ(backward_mismatches<16>(R, rng, 128 * 9, 64 * 3), 0) << what;
+      EXPECT_EQ(backward_mismatches<8>(R, rng, 64 * 5, 128 * 2), 0) << what;
+      EXPECT_EQ(backward_mismatches<4>(R, rng, 32 * 7, 64 * 11), 0) << what;
+    }
+}
+
+// (seed, offset) read from the device-resident words (dropout_rng), as under CUDA graphs and JAX.
+TEST(HopperDropoutLanes, DeviceResidentRngWords) {
+  const Rng rng{0x0123456789abcdefull, 0x100000003ull};
+  const uint32_t words[4] = {uint32_t(rng.seed), uint32_t(rng.seed >> 32), uint32_t(rng.offset),
+                             uint32_t(rng.offset >> 32)};
+  const ScoreRules R = rules(0.2f, rng, words);
+  EXPECT_EQ(forward_mismatches<16>(R, rng, 256, 512), 0);
+  EXPECT_EQ(backward_mismatches<8>(R, rng, 192, 384), 0);
+}
+
+// Applying the bits: a 160-key tile (two chunks of 10 tiles) zeroes exactly the dropped P.
+TEST(HopperDropoutLanes, ForwardApplyZeroesDroppedElements) {
+  constexpr int kNTiles = 20;
+  const Rng rng = kRngs[0];
+  const ScoreRules R = rules(0.3f, rng);
+  const int row0 = 40, n0 = 320;
+  std::vector<float> s(4 * kNTiles * kLanes);
+  simt::run_block(kLanes, 32, {}, {1, 1, 1}, 0, [&] {
+    const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
+    float v[4 * kNTiles];
+    for (int e = 0; e < 4 * kNTiles; ++e) v[e] = 1.0f + float(e);
+    flashport::gpu::sm90::fwd_apply_dropout<kNTiles>(v, R, kB, kHq, kH, row0 + 16 * warp + lane / 4, n0);
+    for (int e = 0; e < 4 * kNTiles; ++e) s[size_t(tid) * 4 * kNTiles + e] = v[e];
+  });
+  int64_t bad = 0, dropped = 0;
+  for (int tid = 0; tid < kLanes; ++tid)
+    for (int t = 0; t < kNTiles; ++t)
+      for (int hf = 0; hf < 2; ++hf)
+        for (int e2 = 0; e2 < 2; ++e2) {
+          const int e = 4 * t + 2 * hf + e2;
+          const int i = row0 + 16 * (tid / 32) + (tid % 32) / 4 + 8 * hf, j = n0 + 8 * t + 2 * (tid % 4) + e2;
+          const bool kept = dropout_keep(rng.seed, rng.offset, R.dropout_threshold, kB, kHq, kH, i, j);
+          dropped += !kept;
+          bad += s[size_t(tid) * 4 * kNTiles + e] != (kept ? 1.0f + float(e) : 0.0f);
+        }
+  EXPECT_EQ(bad, 0);
+  EXPECT_GT(dropped, 0);
+}
+
+}  // namespace
