@@ -95,45 +95,38 @@ __device__ __forceinline__ void bwd_keep_bits(uint32_t (&keep)[(4 * kQTiles + 31
   const int lane = threadIdx.x & 31;
   const int r = lane >> 2, c = lane & 3;
   const uint64_t seed = R.rng_seed(), offset = R.rng_offset();
-  // Call m of this lane: query q0 + 8t + 2c + e2 with 2t + e2 = 8m + r; its 16 bits (bit k: key
-  // key0 - r + k) at bit 16(m % 2) of word m / 2, i.e. two bytes: keys 0..7 (hf 0), 8..15 (hf 1).
-  uint32_t v[kWords];
-#pragma unroll
-  for (int w = 0; w < kWords; ++w) v[w] = 0u;
-  // One call per iteration: the kernels make these bits while their products run, with dK, dV
-  // and the products' register operands live.
-#pragma unroll 1
-  for (int m = 0; m < kCalls; ++m) {
-    const int k2 = 8 * m + r;
-    const Philox4 wd = dropout_words(seed, offset, b, hq, h, q0 + 8 * (k2 >> 1) + 2 * c + (k2 & 1), key0 - r);
-    const uint32_t bits = dropout_keep_bits16(wd, R.dropout_threshold) << (16 * (m & 1));
-#pragma unroll
-    for (int w = 0; w < kWords; ++w)
-      if (w == m / 2) v[w] |= bits;
-  }
-  // Byte (m, hf) of lane r' is row r' of an 8 x 8 bit matrix (bit k: key k + 8hf). Transposed over
-  // the lanes r (xor 4, 8, 16 on the lane), lane r's byte holds bit r' = call r''s bit of its key.
+  // Word w: calls m = 2w, 2w + 1 of this lane (query q0 + 8t + 2c + e2 with 2t + e2 = 8m + r),
+  // each call's 16 bits (bit k: key key0 - r + k) at bit 16(m % 2), i.e. two bytes: keys 0..7
+  // (hf 0), 8..15 (hf 1). A word is exchanged as soon as it is made: one word of state.
 #pragma unroll
   for (int w = 0; w < kWords; ++w) {
-    uint32_t x = v[w], p;
+    uint32_t x = 0u, p;
+    // One call per iteration: the kernels make these bits while their products run, with dK, dV
+    // and the products' register operands live.
+#pragma unroll 1
+    for (int m = 2 * w; m < 2 * w + 2 && m < kCalls; ++m) {
+      const int k2 = 8 * m + r;
+      const Philox4 wd = dropout_words(seed, offset, b, hq, h, q0 + 8 * (k2 >> 1) + 2 * c + (k2 & 1), key0 - r);
+      x |= dropout_keep_bits16(wd, R.dropout_threshold) << (16 * (m & 1));
+    }
+    // Byte (m, hf) of lane r' is row r' of an 8 x 8 bit matrix (bit k: key k + 8hf). Transposed
+    // over the lanes r (xor 4, 8, 16 on the lane), lane r's byte holds bit r' = call r''s bit of
+    // its key.
     p = __shfl_xor_sync(0xffffffffu, x, 4);
     x = (r & 1) ? ((x & 0xAAAAAAAAu) | ((p & 0xAAAAAAAAu) >> 1)) : ((x & 0x55555555u) | ((p & 0x55555555u) << 1));
     p = __shfl_xor_sync(0xffffffffu, x, 8);
     x = (r & 2) ? ((x & 0xCCCCCCCCu) | ((p & 0xCCCCCCCCu) >> 2)) : ((x & 0x33333333u) | ((p & 0x33333333u) << 2));
     p = __shfl_xor_sync(0xffffffffu, x, 16);
     x = (r & 4) ? ((x & 0xF0F0F0F0u) | ((p & 0xF0F0F0F0u) >> 4)) : ((x & 0x0F0F0F0Fu) | ((p & 0x0F0F0F0Fu) << 4));
-    // Bit r' of byte (m, hf) is element [4t + 2hf + e2] with t = 4m + r'/2, e2 = r' % 2: the
-    // 2-bit pairs of the hf 0 byte go to bits 4p + {0, 1} of the call's 16, those of hf 1 to
-    // 4p + {2, 3}.
-    auto spread = [](uint32_t y) {  // 2-bit groups of a byte to the low halves of nibbles
-      return (y & 0x3u) | ((y & 0xCu) << 2) | ((y & 0x30u) << 4) | ((y & 0xC0u) << 6);
-    };
-    uint32_t out = 0u;
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-      if (2 * w + half < kCalls)
-        out |= (spread((x >> (16 * half)) & 0xFFu) | (spread((x >> (16 * half + 8)) & 0xFFu) << 2)) << (16 * half);
-    keep[w] = out;
+    // Bit r' of byte (m, hf) is element [4t + 2hf + e2] with t = 4m + r'/2, e2 = r' % 2: in each
+    // call's 16 bits the 2-bit pairs p of the hf 0 byte go to bits 4p + {0, 1}, those of hf 1 to
+    // 4p + {2, 3}; pairs g0..g7 (hf 0: g0..g3) to the order g0 g4 g1 g5 g2 g6 g3 g7, by two swaps
+    // (nibble 1 <-> nibble 2, then the middle pairs of each byte).
+    uint32_t t = ((x >> 4) ^ x) & 0x00F000F0u;
+    x ^= t ^ (t << 4);
+    t = ((x >> 2) ^ x) & 0x0C0C0C0Cu;
+    x ^= t ^ (t << 2);
+    keep[w] = x;
   }
 #pragma unroll
   for (int w = kWords; w < (4 * kQTiles + 31) / 32; ++w) keep[w] = 0u;
