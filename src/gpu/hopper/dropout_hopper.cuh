@@ -42,10 +42,15 @@ __device__ __forceinline__ void fwd_keep_bits(uint32_t (&keep)[2], const ScoreRu
     const int u = 2 * m + my_half;
     if (kCalls % 2 == 0 || u < kCalls) {
       const Philox4 w = dropout_words(seed, offset, b, hq, h, i_row0 + 8 * my_hf, n0 + 16 * u);
-      const uint32_t bits = dropout_keep_bits16(w, R.dropout_threshold);
+      // Pairs g0..g7 of the call's bits (g_d: keys 2d, 2d + 1; g_{4+d}: keys 8 + 2d, 9 + 2d) to the
+      // order g0 g4 g1 g5 g2 g6 g3 g7 by two swaps: nibble d is then quad lane d's 4 bits.
+      uint32_t bits = dropout_keep_bits16(w, R.dropout_threshold);
+      uint32_t t = ((bits >> 4) ^ bits) & 0x00F0u;
+      bits ^= t ^ (t << 4);
+      t = ((bits >> 2) ^ bits) & 0x0C0Cu;
+      bits ^= t ^ (t << 2);
 #pragma unroll
-      for (int d = 0; d < 4; ++d)
-        to[d] |= (((bits >> (2 * d)) & 3u) | (((bits >> (8 + 2 * d)) & 3u) << 2)) << (4 * u);
+      for (int d = 0; d < 4; ++d) to[d] |= ((bits >> (4 * d)) & 0xFu) << (4 * u);
     }
   }
   // Runtime picks by selects (an indexed pick would put to[] and keep[] in local memory).
