@@ -313,6 +313,13 @@ struct AuxShape {
   int64_t tokens = 0, seq = 0;  // tokens = batch x seq
   int heads = 0, groups = 0;    // groups = ceil(heads / kAppendHeads)
   FP_HD int64_t threads() const { return tokens * groups * (x.units + y.units); }
+  // `rows` rows per sequence of `heads` heads each, over `batch` sequences.
+  FP_HD void set_rows(int64_t batch, int64_t rows, int n_heads) {
+    seq = rows;
+    tokens = batch * rows;
+    heads = n_heads;
+    groups = (n_heads + kAppendHeads - 1) / kAppendHeads;
+  }
 };
 
 FP_HD AuxShape append_kv_shape(const AppendArgs& a, int elem_bytes) {
@@ -321,10 +328,7 @@ FP_HD AuxShape append_kv_shape(const AppendArgs& a, int elem_bytes) {
                   rows_aligned16(a.k_new, elem_bytes, a.k_new_addr) && rows_aligned16(a.k, elem_bytes, a.k_addr));
   s.y = row_units(a.dv, 0, false, elem_bytes,
                   rows_aligned16(a.v_new, elem_bytes, a.v_new_addr) && rows_aligned16(a.v, elem_bytes, a.v_addr));
-  s.seq = a.seq.snew;
-  s.tokens = a.seq.batch * a.seq.snew;
-  s.heads = a.hkv;
-  s.groups = (a.hkv + kAppendHeads - 1) / kAppendHeads;
+  s.set_rows(a.seq.batch, a.seq.snew, a.hkv);
   return s;
 }
 
@@ -333,10 +337,7 @@ FP_HD AuxShape rotate_q_shape(const AppendArgs& a, int elem_bytes) {
   if (a.q_rot == nullptr) return s;
   s.x = row_units(a.d, a.rot_dim, a.interleaved, elem_bytes,
                   rows_aligned16(a.q, elem_bytes, a.q_addr) && rows_aligned16(a.q_rot, elem_bytes, a.q_rot_addr));
-  s.seq = a.seq.sq;
-  s.tokens = a.seq.batch * a.seq.sq;
-  s.heads = a.hq;
-  s.groups = (a.hq + kAppendHeads - 1) / kAppendHeads;
+  s.set_rows(a.seq.batch, a.seq.sq, a.hq);
   return s;
 }
 

@@ -89,5 +89,4 @@ __device__ __forceinline__ void mma_3xtf32(float (&d)[4], const Tf32Split (&a)[4
   for (int e = 0; e < 4; ++e) d[e] += step[e];
 }
 
-
 }  // namespace flashport::gpu::f32

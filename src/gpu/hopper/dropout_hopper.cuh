@@ -23,6 +23,16 @@
 
 namespace flashport::gpu::sm90 {
 
+// In each 16-bit half of x, its 2-bit pairs g0..g7 (g0 lowest) to the order g0 g4 g1 g5 g2 g6 g3
+// g7 by two swaps (nibble 1 <-> nibble 2, then the middle pairs of each byte): a call's bits of
+// keys 2d, 2d + 1 (byte 0) and 8 + 2d, 9 + 2d (byte 1) side by side in nibble d.
+__device__ __forceinline__ uint32_t interleave_key_pairs(uint32_t x) {
+  uint32_t t = ((x >> 4) ^ x) & 0x00F000F0u;
+  x ^= t ^ (t << 4);
+  t = ((x >> 2) ^ x) & 0x0C0C0C0Cu;
+  return x ^ t ^ (t << 2);
+}
+
 // Forward: the keep bits of this thread's two rows (query i_row0 and i_row0 + 8) for the
 // kNTiles 8-key tiles of keys [n0, n0 + 8 kNTiles), n0 a multiple of 16: bit 2t + e2 of
 // keep[hf] is element [4t + 2hf + e2].
@@ -42,13 +52,8 @@ __device__ __forceinline__ void fwd_keep_bits(uint32_t (&keep)[2], const ScoreRu
     const int u = 2 * m + my_half;
     if (kCalls % 2 == 0 || u < kCalls) {
       const Philox4 w = dropout_words(seed, offset, b, hq, h, i_row0 + 8 * my_hf, n0 + 16 * u);
-      // Pairs g0..g7 of the call's bits (g_d: keys 2d, 2d + 1; g_{4+d}: keys 8 + 2d, 9 + 2d) to the
-      // order g0 g4 g1 g5 g2 g6 g3 g7 by two swaps: nibble d is then quad lane d's 4 bits.
-      uint32_t bits = dropout_keep_bits16(w, R.dropout_threshold);
-      uint32_t t = ((bits >> 4) ^ bits) & 0x00F0u;
-      bits ^= t ^ (t << 4);
-      t = ((bits >> 2) ^ bits) & 0x0C0Cu;
-      bits ^= t ^ (t << 2);
+      // Nibble d: quad lane d's 4 bits of the call.
+      const uint32_t bits = interleave_key_pairs(dropout_keep_bits16(w, R.dropout_threshold));
 #pragma unroll
       for (int d = 0; d < 4; ++d) to[d] |= ((bits >> (4 * d)) & 0xFu) << (4 * u);
     }
@@ -125,13 +130,8 @@ __device__ __forceinline__ void bwd_keep_bits(uint32_t (&keep)[(4 * kQTiles + 31
     x = (r & 4) ? ((x & 0xF0F0F0F0u) | ((p & 0xF0F0F0F0u) >> 4)) : ((x & 0x0F0F0F0Fu) | ((p & 0x0F0F0F0Fu) << 4));
     // Bit r' of byte (m, hf) is element [4t + 2hf + e2] with t = 4m + r'/2, e2 = r' % 2: in each
     // call's 16 bits the 2-bit pairs p of the hf 0 byte go to bits 4p + {0, 1}, those of hf 1 to
-    // 4p + {2, 3}; pairs g0..g7 (hf 0: g0..g3) to the order g0 g4 g1 g5 g2 g6 g3 g7, by two swaps
-    // (nibble 1 <-> nibble 2, then the middle pairs of each byte).
-    uint32_t t = ((x >> 4) ^ x) & 0x00F000F0u;
-    x ^= t ^ (t << 4);
-    t = ((x >> 2) ^ x) & 0x0C0C0C0Cu;
-    x ^= t ^ (t << 2);
-    keep[w] = x;
+    // 4p + {2, 3}.
+    keep[w] = interleave_key_pairs(x);
   }
 #pragma unroll
   for (int w = kWords; w < (4 * kQTiles + 31) / 32; ++w) keep[w] = 0u;
