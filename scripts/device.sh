@@ -14,7 +14,7 @@
 #                              tree as B, both fpbench builds in one process with cuDNN; POINTS as
 #                              bench_ab_fwd.py takes them (head dims "64,128,256" or "decode")
 # Environment: OUT (logs and tables; default /tmp/flashport-device), SUITE_TIMEOUT (s per test
-# suite, default 420), GTEST_FILTER (tests: only these, e.g. 'CudaBwd.*:CudaFwd.Dropout'), BUILD (default
+# process, default 420), SUITE_SHARDS (processes per suite, gtest sharding; default 4), GTEST_FILTER (tests: only these, e.g. 'CudaBwd.*:CudaFwd.Dropout'), BUILD (default
 # /tmp/build-device), CUDA_ARCH (default: the device's, e.g. 90), GTEST_DIR (a GTest CMake
 # package dir when the system has none; .gtest/ in the tree is used when present).
 set -uo pipefail
@@ -49,24 +49,29 @@ build() {  # PTXAS_VERBOSE TARGETS...; SRC/B: source tree and build dir (default
 case "$mode" in
   tests)
     build OFF gpu_tests
-    # One process per suite: most of their time is the fp64 reference on the host.
-    # GTEST_FILTER (optional) picks tests; each suite's picked tests run in one process.
+    # SUITE_SHARDS processes per suite (gtest sharding): most of their time is the fp64 reference
+    # on the host. GTEST_FILTER (optional) picks tests.
     picked=$("$B/tests/gpu/gpu_tests" --gtest_list_tests --gtest_filter="${GTEST_FILTER:-*}" |
       awk '/^[A-Za-z0-9_]+\.$/ {s = $1; next} /^  / {print s $1}')
     suites=$(echo "$picked" | cut -d. -f1 | sort -u)
+    shards=${SUITE_SHARDS:-4}
     for s in $suites; do
       f=$(echo "$picked" | grep "^$s\." | paste -sd:)
-      timeout "${SUITE_TIMEOUT:-420}" "$B/tests/gpu/gpu_tests" --gtest_filter="$f" > "$OUT/t_$s.log" 2>&1 &
+      for k in $(seq 0 $((shards - 1))); do
+        GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$k timeout "${SUITE_TIMEOUT:-420}" "$B/tests/gpu/gpu_tests" \
+          --gtest_filter="$f" > "$OUT/t_${s}_$k.log" 2>&1 &
+      done
     done
     wait
     fail=0
     for s in $suites; do
-      if grep -q '^\[  PASSED ' "$OUT/t_$s.log" && ! grep -q '^\[  FAILED ' "$OUT/t_$s.log"; then
-        printf '%-24s %s\n' "$s" "$(grep -E '^\[  PASSED ' "$OUT/t_$s.log")"
+      passed=$(cat "$OUT"/t_${s}_*.log | grep -E '^\[  PASSED ' | grep -oE '[0-9]+ test' | awk '{n += $1} END {print n + 0}')
+      if [ "$(cat "$OUT"/t_${s}_*.log | grep -c '^\[  PASSED ')" = "$shards" ] && ! grep -q '^\[  FAILED ' "$OUT"/t_${s}_*.log; then
+        printf '%-24s %s tests passed\n' "$s" "$passed"
       else
         fail=1
         printf '%-24s FAILED\n' "$s"
-        grep -E "^\[  FAILED|Failure|Expected|Which is|rel_err|differs|Value of" "$OUT/t_$s.log" | head -10
+        cat "$OUT"/t_${s}_*.log | grep -E "^\[  FAILED|Failure|Expected|Which is|rel_err|differs|Value of" | head -10
       fi
     done | tee "$OUT/gpu_tests_summary.txt"
     cat "$OUT"/t_*.log > "$OUT/gpu_tests.log" && rm -f "$OUT"/t_*.log

@@ -85,8 +85,10 @@ def coverage_points(calls):
                 ("append + rotary (bf16 tables)", lambda: fa.flash_attn_with_kvcache(
                     q, k_cache, v_cache, k=kn, v=vn, rotary_cos=cos16, rotary_sin=sin16,
                     cache_seqlens=before, causal=True)),
-                ("dropout 0.1", lambda: fa.flash_attn_func(q, k, v, dropout_p=0.1, causal=True))]
-    for page in (16, 64):
+                ("dropout 0.1", lambda: fa.flash_attn_func(q, k, v, dropout_p=0.1, causal=True)),
+                ("kv cache (contiguous)", lambda: fa.flash_attn_with_kvcache(q, k_cache, v_cache,
+                                                                             cache_seqlens=seqlens, causal=True))]
+    for page in (16, 64, 256):
         kp, vp, table = paged(page)
         calls_of.append((f"paged {page}", lambda kp=kp, vp=vp, table=table: fa.flash_attn_with_kvcache(
             q, kp, vp, cache_seqlens=seqlens, block_table=table, causal=True)))

@@ -37,12 +37,12 @@
 namespace flashport::gpu {
 
 // Tile of the Hopper forward (warp-specialised): one producer warpgroup (one TMA-issuing thread,
-// 24 registers) and consumer warpgroups of 64 query rows each. K and V have their own stages(d)-deep
+// 40 or 24 registers, producer_regs) and consumer warpgroups of 64 query rows each. K and V have their own stages(d)-deep
 // rings and mbarriers (full: TMA landed; empty: every consumer done reading).
 // D64: three consumers (BM = 192, 160 registers each): a 64-wide head dim gives each key tile
 // little tensor-core work per softmax, so a third warpgroup keeps the tensor cores fed where
 // two ping-ponging ones leave them idle (FlashAttention-3 picks 192 rows at D64 too).
-// D128, D192, D256: two consumers (BM = 128, 240 registers) taking turns at the tensor cores (ping-pong).
+// D128, D192, D256: two consumers (BM = 128, 232 registers; 240 with 160-key tiles) taking turns at the tensor cores (ping-pong).
 struct HopperTileV3 {
   static constexpr int consumers(int d) { return d == 64 ? 3 : 2; }
   static constexpr int block_m(int d) { return 64 * consumers(d); }
@@ -51,13 +51,16 @@ struct HopperTileV3 {
   // 32 KB D128 / D256 and 24 KB D192 tiles leave no room for more next to Q).
   static constexpr int stages(int d) { return d == 64 ? 4 : 2; }
   // The producer gives back what the consumers take: launch registers 65536 / threads
-  // (168 or 128), producer 24, consumers 240 (2 x 72 <= 144) or 160 (3 x 32 <= 104).
-  // Paged K/V copied by the producer's threads (kv_rows) with two consumers: producer 40,
-  // consumers 232 (2 x 64 <= 128): the copies' addresses spill at 24, the consumers do not at 232.
-  // Three consumers keep 160 (152 spills in their softmax), so their producer stays at 24.
-  static constexpr int producer_regs(int d, bool kv_rows) { return kv_rows && consumers(d) == 2 ? 40 : 24; }
-  static constexpr int consumer_regs(int d, bool kv_rows) {
-    return consumers(d) == 3 ? 160 : kv_rows ? 232 : 240;
+  // (168 or 128). Two consumers with key tiles up to 128: producer 40, consumers 232
+  // (2 x 64 <= 128); at 24 the producer's per-tile loops spilled 68 bytes (TMA issuer) and the
+  // row copies' addresses more, and the consumers do not spill at 232. The 160-key tile needs the
+  // consumers' 240 (28 bytes of spills at 232): producer 24. Three consumers (D64) keep 160 (152
+  // bytes of spills in their softmax below that), so their producer stays at 24 (3 x 32 <= 104).
+  static constexpr int producer_regs(int d, int block_n) {
+    return consumers(d) == 2 && block_n <= 128 ? 40 : 24;
+  }
+  static constexpr int consumer_regs(int d, int block_n) {
+    return consumers(d) == 3 ? 160 : block_n <= 128 ? 232 : 240;
   }
   // Key tile: 128 up to D128; 96 at D192 (230,528 bytes: the most that fits next to Q and the O
   // staging), 64 at D256. With 96, pages of 64, 128, 256 rows do not tile a key tile with TMA boxes:

@@ -4,14 +4,16 @@
 // Block = a producer warpgroup and 2 or 3 consumer warpgroups of 64 query rows (HopperTileV3:
 // BM = 128 at D128/D192/D256, 192 at D64), key tiles of HopperTileV3::block_n(D) keys or (D128's
 // long unmasked calls, hopper_wide_tile) 160:
-//   warpgroup 0, the producer: drops to 24 registers (setmaxnreg; 40 in the paged row-copy instances,
-//     kKvRows: its 128 threads copy K/V rows with cp.async instead); one thread issues every copy
+//   warpgroup 0, the producer: drops to 40 registers (setmaxnreg; 24 with three consumers or
+//     160-key tiles, HopperTileV3::producer_regs; in the paged row-copy instances, kKvRows, its
+//     128 threads copy K/V rows with cp.async instead); one thread issues every copy
 //     as TMA (cp.async.bulk.tensor, 64-column boxes, 128B swizzle: the panel layout wgmma reads):
 //     Q once, then K(t), V(t) for the tiles in consumer order, each into its ring slot once the
 //     slot's `empty` mbarrier says both consumers are done with it; the copy engine signals the
 //     slot's `full` mbarrier (transaction bytes). Rows past the tensor are zero-filled by TMA;
 //     rows past a sequence inside the tensor (varlen) are masked by the softmax (P = 0).
-//   warpgroups 1.., the consumers: rise to 240 registers (160 with three); 64 query rows each.
+//   warpgroups 1.., the consumers: rise to 232 registers (240 with 160-key tiles, 160 with three);
+//     64 query rows each.
 //     Per tile t: [my turn] S(t+1) = Q K(t+1)^T and O += P(t) V(t) issued back to back
 //     [other's turn]; softmax of S(t+1) runs while the tensor cores do P(t) V(t) (intra-warpgroup
 //     overlap) and, with two consumers, while the other warpgroup's GEMMs run (ping-pong through
@@ -205,7 +207,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
   };
   if (wg == 0) {
     // ---- producer ----
-    regs_dec<T::producer_regs(D, kKvRows)>();
+    regs_dec<T::producer_regs(D, BN)>();
     if constexpr (kKvRows) {
       // Paged K/V with pages below the key tile (or a left pad): the warpgroup's 128 threads copy
       // with cp.async into the 128B-swizzled panels a TMA box would produce (row r, 16-byte chunk
@@ -401,7 +403,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
     }
   } else {
     // ---- consumers ----
-    regs_inc<T::consumer_regs(D, kKvRows)>();
+    regs_inc<T::consumer_regs(D, BN)>();
     const int cwg = wg - 1;
     const int my_bar = 1 + cwg, other_bar = 2 - cwg;
     auto my_turn = [&] {
