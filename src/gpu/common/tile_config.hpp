@@ -106,7 +106,7 @@ struct DecodeTileConfig {
   int block_n;     // keys per ring slot
   int warps;       // each takes block_n / warps keys of a slot
   int stages;      // ring slots of (K, V) tiles: stages - 1 tiles in flight while one is used
-  int min_blocks;  // __launch_bounds__ blocks per SM (the shared memory allows 2 on sm_80/sm_90)
+  int min_blocks;  // __launch_bounds__ blocks per SM
   const char* name;
   constexpr int threads() const { return warps * 32; }
   constexpr int keys_per_warp() const { return block_n / warps; }
@@ -116,8 +116,14 @@ struct DecodeTileConfig {
   static constexpr int kScratchPad = 8;
   constexpr int scratch_bytes() const { return warps * rows * (head_dim + kScratchPad) * 4; }
 };
-// 64-key slots x 3: two tiles (64 KiB) in flight per block, two blocks per SM (200 KiB).
-inline constexpr DecodeTileConfig kDecodeTile{128, 16, 64, 4, 3, 2, "decode_d128_r16n64w4s3"};
+// 128-key slots x 2, 8 warps, one block per SM (135 KiB): the next tile (64 KiB) loads while the
+// 8 warps work on this one. Sweep on the H200 (session 12, kernel time per call vs cuDNN at B1 Sk8k
+// / B1 Sk64k / B8 Sk8k / B64 Sk8k, GQA 32/8): this tile 0.93 / 0.98 / 0.98 / 1.00; 128 x 3 slots
+// 0.90 / 0.99 / 0.98 / 1.00; the 64-key tile of 4 warps at 3 slots x 2 blocks (the previous one)
+// 0.80 / 0.96 / 0.97 / 1.00, at 2 slots x 3 blocks 0.69 / 0.93 / 0.96 / 0.92; 32-key tiles of 2
+// warps x 4 blocks 0.51 at B1 Sk8k. More warps on one tile shorten the per-tile chain
+// (bench/results/HISTORY.md).
+inline constexpr DecodeTileConfig kDecodeTile{128, 16, 128, 8, 2, 1, "decode_d128_r16n128w8s2"};
 static_assert(kDecodeTile.keys_per_warp() == 16, "one 16-key k-step of P V per warp and slot");
 static_assert(kDecodeTile.scratch_bytes() <= 2 * kDecodeTile.block_n * kDecodeTile.stages * kDecodeTile.head_dim * 2,
               "the in-block merge scratch fits the ring");

@@ -2,13 +2,14 @@
 // memory-bound, so built to keep K/V bytes in flight and to split keys, not rows:
 //   - a block is (split, head, sequence): all packed query rows of the head (Sq x GQA group
 //     <= 16, one 16-row m-tile) against the split's share of the keys;
-//   - every thread copies: (K, V) tiles of 64 keys stream through a ring of 3 shared slots with
-//     16-byte cp.async (KvTileLoader, as the mma.sync forward: contiguous, paged with any page
-//     size, cache_batch_idx, cache_leftpad, varlen), two tiles in flight while one is used, two
-//     blocks per SM;
-//   - each of the 4 warps takes 16 keys of every tile (S = Q K^T, the score hooks, an online
+//   - every thread copies: (K, V) tiles of kDecodeTile.block_n keys (128) stream through a ring
+//     of kDecodeTile.stages shared slots (2) with 16-byte cp.async (KvTileLoader, as the mma.sync
+//     forward: contiguous, paged with any page size, cache_batch_idx, cache_leftpad, varlen):
+//     the next tile lands while this one is used, one block per SM (tile_config.hpp);
+//   - each of the 8 warps takes 16 keys of every tile (S = Q K^T, the score hooks, an online
 //     softmax of its own, O += P V: 32 mma.sync per warp and tile, Q in registers), so the math
-//     of a tile is spread over the SM's four schedulers instead of one warp's 16 rows;
+//     of a tile is spread over the SM's four schedulers, two warps each, instead of one warp's
+//     16 rows;
 //   - the warps' states merge in shared memory at the end; with splits the block writes an fp32
 //     partial, and the last split block of the (sequence, head) to arrive -- a counter in the
 //     workspace, zeroed on the stream before the launch -- merges them into out / lse: no
