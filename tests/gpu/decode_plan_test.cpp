@@ -156,12 +156,13 @@ TEST(DecodeKernelPlan, WorkspaceBaseIsAligned) {
   }
 }
 
-// The tile row the planner and the kernel share: two blocks per SM on sm_90.
-TEST(DecodeKernelPlan, TileFitsTwoBlocksPerSm) {
+// The tile row the planner and the kernel share: its min_blocks blocks per SM on sm_90 (228 KiB
+// per SM, 1 KiB reserved per block), and a block within an A100's 163 KiB opt-in limit.
+TEST(DecodeKernelPlan, TileFitsItsBlocksPerSm) {
   EXPECT_EQ(kDecodeTile.rows, 16);
   EXPECT_EQ(kDecodeTile.keys_per_warp(), 16);
-  // H100/H200: 228 KiB per SM, 1 KiB reserved per block (an A100's 164 KiB holds one block).
-  EXPECT_LE(2 * (kDecodeTile.smem_bytes() + 1024), 228 * 1024);
+  EXPECT_LE(kDecodeTile.min_blocks * (kDecodeTile.smem_bytes() + 1024), 228 * 1024);
+  EXPECT_LE(kDecodeTile.smem_bytes(), 163 * 1024);
   EXPECT_LE(kDecodeTile.scratch_bytes(), kDecodeTile.smem_bytes());
 }
 
