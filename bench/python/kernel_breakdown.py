@@ -7,7 +7,7 @@ to work on (main kernel, preprocess, dQ conversion, split combine, ...) is named
         [--out DIR]     (after `bash python/device_test.sh build`)
 
 Points: splits -- decode B1/B8 with num_splits forced (0 = auto); coverage -- the prefill-chunk calls of bench_coverage.py below the featureless speed
-(append + rotary, paged pages of 16 and 64, dropout); fwd_bwd -- forward+backward, bf16, B*S = 16k, H*D = 2048, D in {64, 128, 256} x S in
+(append + rotary, dropout, the contiguous cache, pages of 16, 64 and 256); fwd_bwd -- forward+backward, bf16, B*S = 16k, H*D = 2048, D in {64, 128, 256} x S in
 {1k, 4k} x causal; decode -- flash_attn_with_kvcache, GQA 32/8, D128, B in {1, 8, 64} x Sk in
 {8k, 64k}. Prints one block per point (kernel name, calls per call, mean us) and, with --out,
 writes kernel_breakdown.md there.
