@@ -8,6 +8,14 @@
 #                              and cuDNN (needs torch with CUDA)
 #   scripts/device.sh codegen  build with ptxas -v and print per-kernel registers, spills and SASS
 #                              instruction counts (scripts/cuda_codegen_stats.py)
+#   scripts/device.sh steps CMD...
+#                              one device call's session: the Python package (CUDA, build-py/site-cuda)
+#                              and gpu_tests built side by side, then each CMD (a shell command; $B is
+#                              the CMake build dir) under `timeout $STEP_TIMEOUT` (default 150 s), its
+#                              output in $OUT/steps.log and on stdout; the build logs in $OUT/logs.tgz
+#                              (the device tool returns at most 8 files: keep $OUT small). E.g.
+#                                scripts/device.sh steps "OUT=/tmp/device-logs GTEST_FILTER='CudaDecodeKernel.*' bash scripts/device.sh tests" \
+#                                  "PYTHONPATH=build-py/site-cuda python3 bench/python/decode_check.py"
 #   scripts/device.sh ab TREE [POINTS]
 #                              interleaved A/B (bench/gpu/bench_ab_fwd.py): TREE (another checkout,
 #                              e.g. `git archive BASE | tar -x -C TREE`, carried) as A against this
@@ -101,8 +109,22 @@ case "$mode" in
     PYTHONUNBUFFERED=1 timeout 400 python3 bench/gpu/bench_ab_fwd.py "$B-ab/bench/gpu/libfpbench.so" \
       "$B/bench/gpu/libfpbench.so" ${3:-} | tee "$OUT/ab.md"
     ;;
+  steps)
+    shift
+    mkdir -p /tmp/device-logs
+    ( OUT=/tmp/device-logs bash python/device_test.sh build > /tmp/device-logs/pybuild.log 2>&1
+      echo "python package: rc=$? at $(( $(date +%s) - t0 )) s" ) &
+    ( build OFF gpu_tests > /tmp/device-logs/gbuild.log 2>&1; echo "gpu_tests: rc=$? at $(( $(date +%s) - t0 )) s" ) &
+    wait
+    for cmd in "$@"; do
+      echo "== $cmd" | tee -a "$OUT/steps.log"
+      B=$B timeout "${STEP_TIMEOUT:-150}" bash -c "$cmd" 2>&1 | tee -a "$OUT/steps.log"
+      echo "== rc=${PIPESTATUS[0]} at $(( $(date +%s) - t0 )) s" | tee -a "$OUT/steps.log"
+    done
+    tar czf "$OUT/logs.tgz" -C /tmp device-logs
+    ;;
   *)
-    echo "usage: scripts/device.sh tests|bench|codegen|ab TREE [POINTS]" >&2
+    echo "usage: scripts/device.sh tests|bench|codegen|steps CMD...|ab TREE [POINTS]" >&2
     exit 2
     ;;
 esac
