@@ -7,7 +7,10 @@ on the H100). flashport without dropout is timed next to it: the price of the ma
     python3 bench/python/bench_dropout.py --out /tmp/dropout --quick                      # smoke run
 
 Metric: kernel time per call, torch.profiler's device time of every kernel (and memset/memcpy)
-the call launches (bench_api.time_kernels), averaged over --reps profiled calls after a warm-up.
+the call launches (bench_api.time_kernels), averaged over --reps profiled calls after a warm-up;
+next to it, as the benchmark of record reports them (bench_api.py): eager time per call (CUDA
+events around the call, synced after each, median of --reps) and host time per call (calls issued
+back to back without waiting, median of 3 batches of 20).
 Shapes: D in {64, 128, 256} x S in {1k, 4k} x causal, B*S = 16k tokens, H*D = 2048, dropout p
 (--p, default 0.1). Ratio: SDPA flash time / flashport time (> 1: flashport faster).
 """
@@ -27,7 +30,7 @@ except ImportError:  # pragma: no cover
     import flashport.torch as fa
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_api import call_of_kind, device_line, time_kernels  # noqa: E402  (the benchmark of record's timer)
+from bench_api import call_of_kind, device_line, time_eager, time_host, time_kernels  # noqa: E402  (the benchmark of record's timers)
 
 LIBS = ("flashport", "sdpa_flash", "flashport_p0")  # flashport_p0: no dropout, for the mask's price
 
@@ -64,7 +67,10 @@ def run_point(b, s, h, d, causal, p, reps):
         r = {}
         for kind in ("fwd", "fwd_bwd"):
             try:
-                r[kind] = kernel_us(make_call(lib, kind, q, k, v, causal, p), reps)
+                fn = make_call(lib, kind, q, k, v, causal, p)
+                r[kind] = kernel_us(fn, reps)
+                r[kind + "_eager"] = time_eager(fn, reps, "cuda")
+                r[kind + "_host"] = time_host(fn, 20, 3, "cuda")
             except Exception as e:  # noqa: BLE001 - a backend that cannot run a point is reported
                 r["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
                 torch.cuda.synchronize()
@@ -95,7 +101,9 @@ def main():
                 line = f"D{d} S{s} B{pt['b']} H{pt['h']} {'causal' if causal else 'full'}"
                 for lib, r in res.items():
                     line += f" | {lib}: " + (r["error"] if "error" in r else
-                                             f"fwd {r['fwd']:.0f} us, fwd+bwd {r['fwd_bwd']:.0f} us")
+                                             f"fwd {r['fwd']:.0f} us (eager {r['fwd_eager']:.0f}, host "
+                                             f"{r['fwd_host']:.0f}), fwd+bwd {r['fwd_bwd']:.0f} us (eager "
+                                             f"{r['fwd_bwd_eager']:.0f}, host {r['fwd_bwd_host']:.0f})")
                 print(line, flush=True)
 
     os.makedirs(args.out, exist_ok=True)
@@ -126,6 +134,17 @@ def main():
         cells = [str(pt["d"]), str(pt["s"]), str(pt["b"]), str(pt["h"]), "yes" if pt["causal"] else "no"]
         for kind in ("fwd", "fwd_bwd"):
             cells += [us(val(fp, kind)), us(val(sd, kind)), ratio(val(sd, kind), val(fp, kind)), us(val(p0, kind))]
+        md.append("| " + " | ".join(cells) + " |")
+    md += ["", "Through the public API, the way a user sees the call: eager µs per call (synced after each "
+           "call; median) and host µs per call (back-to-back calls, not waited on), flashport / SDPA flash.", "",
+           "| D | S | causal | fwd eager | fwd host | fwd+bwd eager | fwd+bwd host |",
+           "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        pt, res = row["point"], row["results"]
+        fp, sd = res.get("flashport"), res.get("sdpa_flash")
+        cells = [str(pt["d"]), str(pt["s"]), "yes" if pt["causal"] else "no"]
+        for key in ("fwd_eager", "fwd_host", "fwd_bwd_eager", "fwd_bwd_host"):
+            cells.append(f"{us(val(fp, key))} / {us(val(sd, key))}")
         md.append("| " + " | ".join(cells) + " |")
     errs = [(lib, r["error"]) for row in rows for lib, r in row["results"].items() if "error" in r]
     for lib, e in sorted(set(errs)):
