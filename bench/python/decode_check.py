@@ -34,6 +34,8 @@ def main():
             err = (out[i].float().transpose(0, 1) - ref).abs().max().item()
             worst = max(worst, err)
     print(f"max abs err {worst:.2e} {'OK' if worst < 2e-2 else 'FAIL'}", flush=True)
+    if worst >= 2e-2:
+        sys.exit(1)
     cells = []
     for b, sk in ((1, 8192), (1, 65536), (8, 8192), (8, 65536), (64, 8192)):
         t = {}

@@ -56,6 +56,15 @@ def split_sweep(calls):
     return lines
 
 
+def random_paged_cache(B, rows, page, Hkv, D, dev, dt, sequential=False):
+    """Paged K/V caches of random values holding `rows` rows per sequence and their block table:
+    pages in random order (sequential: sequence b's pages one after another)."""
+    blocks = (rows + page - 1) // page
+    ids = torch.arange(B * blocks, device=dev) if sequential else torch.randperm(B * blocks, device=dev)
+    kp = torch.randn(B * blocks, page, Hkv, D, device=dev, dtype=dt)
+    return kp, torch.randn_like(kp), ids.to(torch.int32).view(B, blocks)
+
+
 def coverage_points(calls):
     """The prefill-chunk calls of bench_coverage.py whose speed is below the featureless call's:
     B2, Sq 1024, keys 4096, Hq/Hkv 32/8, D128, bf16, causal."""
@@ -70,12 +79,6 @@ def coverage_points(calls):
     cos32, sin32 = ro.cos(), ro.sin()
     cos16, sin16 = cos32.to(dt), sin32.to(dt)
 
-    def paged(page):
-        blocks = (cap + page - 1) // page
-        table = torch.randperm(B * blocks, device=dev).to(torch.int32).view(B, blocks)
-        kp = torch.randn(B * blocks, page, Hkv, D, device=dev, dtype=dt)
-        return kp, torch.randn_like(kp), table
-
     calls_of = [("featureless causal", lambda: fa.flash_attn_func(q, k, v, causal=True)),
                 ("append", lambda: fa.flash_attn_with_kvcache(q, k_cache, v_cache, k=kn, v=vn,
                                                                cache_seqlens=before, causal=True)),
@@ -89,7 +92,7 @@ def coverage_points(calls):
                 ("kv cache (contiguous)", lambda: fa.flash_attn_with_kvcache(q, k_cache, v_cache,
                                                                              cache_seqlens=seqlens, causal=True))]
     for page in (16, 64, 256):
-        kp, vp, table = paged(page)
+        kp, vp, table = random_paged_cache(B, cap, page, Hkv, D, dev, dt)
         calls_of.append((f"paged {page}", lambda kp=kp, vp=vp, table=table: fa.flash_attn_with_kvcache(
             q, kp, vp, cache_seqlens=seqlens, block_table=table, causal=True)))
     lines = ["## coverage calls (B2 Sq1024 keys 4096 Hq/Hkv 32/8 D128 causal)"]

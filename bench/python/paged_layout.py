@@ -10,7 +10,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernel_breakdown import breakdown  # noqa: E402
+from kernel_breakdown import breakdown, random_paged_cache  # noqa: E402
 from bench_coverage import prefill_chunk_inputs  # noqa: E402
 import flashport.torch as fa  # noqa: E402
 
@@ -21,11 +21,8 @@ def main():
     _, q, k, v, k_cache, v_cache, seqlens, cap = prefill_chunk_inputs(B, Sq, Sk, Hq, Hkv, D, dev, dt)
     calls = [("contiguous", lambda: fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True))]
     for page in (64, 128, 256):
-        blocks = (cap + page - 1) // page
         for order in ("random", "sequential"):
-            table = (torch.randperm(B * blocks, device=dev) if order == "random" else torch.arange(B * blocks, device=dev)).to(torch.int32).view(B, blocks)
-            kp = torch.randn(B * blocks, page, Hkv, D, device=dev, dtype=dt)
-            vp = torch.randn_like(kp)
+            kp, vp, table = random_paged_cache(B, cap, page, Hkv, D, dev, dt, sequential=order == "sequential")
             calls.append((f"paged {page} {order}", lambda kp=kp, vp=vp, table=table: fa.flash_attn_with_kvcache(
                 q, kp, vp, cache_seqlens=seqlens, block_table=table, causal=True)))
     for rnd in range(2):

@@ -133,9 +133,9 @@ TEST(DecodeKernelPlan, SplitsAndWorkspace) {
       EXPECT_EQ(decode_kernel_workspace_bytes(ws), 0u);
     }
   }
-  // Forced counts: kept, clamped to the key tiles and the partials' bound.
+  // Forced counts: kept, clamped to the key tiles (1000 keys: 8 tiles of 128) and the partials' bound.
   for (auto [forced, sk, want] : {std::tuple<int32_t, int64_t, int>{2, 8192, 2}, {7, 8192, 7}, {64, 8192, 64},
-                                  {64, 1000, int((1000 + kDecodeTile.block_n - 1) / kDecodeTile.block_n)}, {64, 7, 1}, {1, 8192, 1}, {300, 65536, 128}}) {
+                                  {64, 1000, 8}, {64, 7, 1}, {1, 8192, 1}, {300, 65536, 128}}) {
     Problem p;
     fp_attn_params raw;
     Shape s;
