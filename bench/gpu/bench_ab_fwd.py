@@ -14,10 +14,16 @@ Decode (flash_attn_with_kvcache shape: Sq = 1, Hq/Hkv = 32/8, D = 128, bf16, K/V
 
     python3 bench/gpu/bench_ab_fwd.py A.so B.so decode
 
+Dropout (p = 0.1, the same grid; the third column is SDPA's flash backend with dropout, which
+cuDNN's SDPA does not take on every shape):
+
+    python3 bench/gpu/bench_ab_fwd.py A.so B.so dropout:64,128,256
+
 B in {1, 8, 64} x Sk in {8k, 64k}; per point 5 rounds of [A, B, cuDNN], each a CUDA-graph replay of
 20 back-to-back calls (us per call, medians), then the kernel time per call from torch.profiler
 (every kernel and memset of the call: main kernel + combine, or decode kernel + counter memset).
 """
+import ctypes
 import os
 import statistics
 import sys
@@ -85,9 +91,16 @@ def main():
     lib_a, lib_b = bf.load_lib(sys.argv[1]), bf.load_lib(sys.argv[2])
     if len(sys.argv) > 3 and sys.argv[3] == "decode":
         return main_decode(lib_a, lib_b)
-    dims = [int(x) for x in (sys.argv[3] if len(sys.argv) > 3 else "64,128,256").split(",")]
-    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}")
-    print("| D | S | causal | A TF | B TF | cuDNN TF | A/B | A/cuDNN | B/cuDNN | kernel A |")
+    points = sys.argv[3] if len(sys.argv) > 3 else "64,128,256"
+    dropout_p = 0.0
+    if points.startswith("dropout:"):
+        dropout_p, points = 0.1, points[len("dropout:"):]
+        for lib in (lib_a, lib_b):
+            lib.fpb_set_dropout(ctypes.c_float(dropout_p))
+    peer = "SDPA flash (dropout)" if dropout_p else "cuDNN"
+    dims = [int(x) for x in points.split(",")]
+    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; dropout p = {dropout_p}")
+    print(f"| D | S | causal | A TF | B TF | {peer} TF | A/B | A/peer | B/peer | kernel A |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for d in dims:
         h = 2048 // d
@@ -97,7 +110,8 @@ def main():
                 q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 fa = bf.Flashport(lib_a).prepare(q, k, v, torch.empty_like(q), causal, 1)
                 fb = bf.Flashport(lib_b).prepare(q, k, v, torch.empty_like(q), causal, 1)
-                cudnn = bf.sdpa_fn(SDPBackend.CUDNN_ATTENTION, q, k, v, causal, False)
+                cudnn = (bf.sdpa_fn(SDPBackend.FLASH_ATTENTION, q, k, v, causal, False, dropout_p) if dropout_p
+                         else bf.sdpa_fn(SDPBackend.CUDNN_ATTENTION, q, k, v, causal, False))
                 times = {"A": [], "B": [], "C": []}
                 for _ in range(5):
                     for name, fn in (("A", fa), ("B", fb), ("C", cudnn)):

@@ -97,12 +97,12 @@ def time_graph_ms(fn, calls=20, reps=10):
     return time_ms(g.replay, warmup=2, reps=reps) / calls
 
 
-def sdpa_fn(backend, q, k, v, causal, gqa):
+def sdpa_fn(backend, q, k, v, causal, gqa, dropout_p=0.0):
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def run():
         with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=gqa)
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=gqa, dropout_p=dropout_p)
     return run
 
 

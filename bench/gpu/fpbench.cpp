@@ -19,9 +19,14 @@ fp_tensor make(void* data, fp_dtype t, int nd, const int64_t* shape, const int64
   return x;
 }
 
+// Dropout probability of every fpb_fwd call (fpb_set_dropout; 0: none), fixed seed and offset.
+float g_dropout_p = 0.0f;
+
 }  // namespace
 
 extern "C" {
+
+void fpb_set_dropout(float p) { g_dropout_p = p; }
 
 // dims: B, Sq, Sk, Hq, Hkv, D, Dv. strides: q, k, v, out (4 each, elements). dtype: 0 fp16, 1 bf16.
 // Returns fp_status; on FP_ERR_WORKSPACE (or ws == null) *ws_needed says how much to pass.
@@ -46,6 +51,9 @@ int fpb_fwd(const int64_t* dims, const int64_t* strides, void* q, void* k, void*
   p.causal = causal;
   p.causal_align = FP_CAUSAL_TOP_LEFT;  // torch's is_causal
   p.num_splits = num_splits;
+  p.dropout_p = g_dropout_p;
+  p.dropout_seed = 1234;
+  p.dropout_offset = 0;
   p.backend = FP_BACKEND_CUDA;
   p.stream = stream;
   fp_selection sel;
