@@ -59,9 +59,17 @@ __device__ __forceinline__ void st_global_16(void* ptr, const uint4& v) {
 // instead of its last (D64, BM = 192, causal S = 1k: 27 key tiles of work instead of 32). Rows
 // above the sequence (i < 0) are computed from zero-filled or neighbouring q rows and never stored;
 // each row's softmax and P V are its own.
-template <int BN>
+// kLazyRescale: a row's reference max moves only when a tile's max passes it by more than
+// kRescaleSlack (softmax), and a warp skips rescale_o when none of its rows moved. Two interleaved
+// A/B runs over the forward grid on the H200 (bench/results/gpu_forward.md): D64 +0.3-5.6%, D256
+// -1.4 to +7.8% (its O rescale is 128 multiplies a tile per 32 exponentials); D128 -0.6 to -4.9%
+// and D192 -8.6 to +0.9% (the vote and branch cost more than their rescales save): the kernel
+// takes it at D64 and D256 only (fwd_hopper_v3.cuh).
+template <int BN, bool kLazyRescale>
 struct HopperRows {
   static constexpr int kNTiles = BN / 8;  // 8-key accumulator tiles per step
+  // How far (log2 units) a tile's row max may pass the row's reference max before O is rescaled.
+  static constexpr float kRescaleSlack = 8.0f;
 
   const FwdArgs& a;
   int b, head, m0, lq, lk, i_min, i_max, n_lo, n_hi;
@@ -149,10 +157,24 @@ struct HopperRows {
       for (int t = 0; t < kNTiles; ++t) mx = fmaxf(mx, fmaxf(s[4 * t + 2 * hf], s[4 * t + 2 * hf + 1]));
       mx = fmaxf(mx, shfl_xor(mx, 1));
       mx = fmaxf(mx, shfl_xor(mx, 2));
-      const float m_new = fmaxf(row_max[hf], mx * mul);
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-      corr[hf] = fast_exp2(row_max[hf] - m_use);
-      row_max[hf] = m_new;
+      // Lazy rescale: the row's reference max moves only when the tile's max passes it by more
+      // than kRescaleSlack (log2 units), so after the first tiles O and the sum are rarely
+      // rescaled (corr = 1). Exact: P, the sum and the LSE all use the same reference; P stays
+      // below 2^kRescaleSlack, which 16-bit P and the fp32 sums hold without loss.
+      float m_use;
+      if constexpr (kLazyRescale) {
+        const float m_tile = mx * mul;
+        const bool bump = m_tile > row_max[hf] + kRescaleSlack;  // the first tile with a key: -inf + 8
+        const float m_new = bump ? m_tile : row_max[hf];
+        m_use = m_new == -INFINITY ? 0.0f : m_new;
+        corr[hf] = bump ? fast_exp2(row_max[hf] - m_use) : 1.0f;
+        row_max[hf] = m_new;
+      } else {
+        const float m_new = fmaxf(row_max[hf], mx * mul);
+        m_use = m_new == -INFINITY ? 0.0f : m_new;
+        corr[hf] = fast_exp2(row_max[hf] - m_use);
+        row_max[hf] = m_new;
+      }
       float sum = 0.0f;
 #pragma unroll
       for (int t = 0; t < kNTiles; ++t)
@@ -182,8 +204,13 @@ struct HopperRows {
     }
   }
 
+  // Lazy rescale: skipped by the whole warp when none of its rows moved its reference max (the
+  // usual case after the first tiles); warp-uniform, so the loop stays branch-free.
   template <int kPanels>
   __device__ __forceinline__ static void rescale_o(float (&o)[kPanels][32], const float (&corr)[2]) {
+    if constexpr (kLazyRescale) {
+      if (!__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) return;
+    }
 #pragma unroll
     for (int p = 0; p < kPanels; ++p)
 #pragma unroll

@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
   static_assert((S & (S - 1)) == 0, "ring depth: a power of two");
   static_assert(BN == T::block_n(D) || (D == 128 && BN == T::kWideBlockN && !kKvRows),
                 "key tile: the head dim's, or D128's wide tile (no row copies)");
-  using Rows = HopperRows<BN>;
+  using Rows = HopperRows<BN, D == 64 || D == 256>;  // lazy rescale at D64, D256 (fwd_hopper_rows.cuh)
   const FwdArgs& a = P.a;
 
   extern __shared__ uint8_t smem_raw[];
