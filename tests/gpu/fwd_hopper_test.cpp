@@ -974,10 +974,10 @@ TEST(CudaHopperFwd, WideKeyTileDeclinedCalls) {
   check_key_tile(c, false);
 }
 
-// Dropout over 160-key tiles (its keep bits in two chunks of 10 accumulator tiles): both rates of
-// the suites, partial last tiles, GQA, LSE (the undropped softmax's), sinks, seed and offset on the
+// Long unmasked D128 calls with dropout keep the 128-key tile (hopper_wide_tile): both rates of the
+// suites, partial last tiles, GQA, LSE (the undropped softmax's), sinks, seed and offset on the
 // device, and forced splits over a garbage workspace.
-TEST(CudaHopperFwd, WideKeyTileDropout) {
+TEST(CudaHopperFwd, LongUnmaskedDropoutKeepsKeyTile) {
   SKIP_WITHOUT_GPU();
   for (float rate : kDropoutRates)
     for (int64_t sk : {2001, 4095}) {
@@ -986,14 +986,14 @@ TEST(CudaHopperFwd, WideKeyTileDropout) {
       c.batch = 2, c.hq = 4, c.hkv = 2, c.d = 128, c.dv = 128, c.sq = 131, c.sk = sk, c.dropout = rate;
       c.sinks = sk == 2001;
       c.rng_on_device = rate == kDropoutRates[0];
-      check_key_tile(c, true);
+      check_key_tile(c, false);
     }
   Case s;
   s.dtype = rand_dtype();
   s.batch = 1, s.hq = 2, s.hkv = 1, s.d = 128, s.dv = 128, s.sq = 200, s.sk = 2100, s.dropout = 0.2f;
   s.splits = 3;
   const fp_selection sel = check_hopper_split(s, 3);
-  if (hopper_here()) EXPECT_NE(std::string(sel.kernel).find("_m128n160_"), std::string::npos) << sel.kernel;
+  if (hopper_here()) EXPECT_NE(std::string(sel.kernel).find("_m128n128_"), std::string::npos) << sel.kernel;
 }
 
 // Split-KV over 160-key tiles: forced counts resolve in 64-key blocks (as on the mma.sync kernel),
@@ -1037,7 +1037,7 @@ TEST(CudaHopperFwd, WideKeyTilePersistentGrid) {
 }
 
 // The choice rule and the plan names (no device needed): D128 (and dims padded into it) with at
-// least kWideMinKeys keys and equal-cost tiles runs 160-key tiles, dropout too; masks, varlen,
+// least kWideMinKeys keys and equal-cost tiles runs 160-key tiles; dropout, masks, varlen,
 // caches, short keys and the other head dims keep theirs. Its shared memory fits an H100 block; the
 // persistent grid's 64-key-tile limit counts its tiles.
 TEST(HopperFwdPlan, WideKeyTileChoice) {
@@ -1063,8 +1063,9 @@ TEST(HopperFwdPlan, WideKeyTileChoice) {
   EXPECT_EQ(name(p, 3), "cuda:sm90_wgmma_prefill_d128_m128n160_tma_ws:bf16:splitkv+combine");
   p.d = 96, p.dv = 64;
   EXPECT_EQ(name(p, 1), "cuda:sm90_wgmma_prefill_d128_m128n160_tma_ws:bf16:d96_dv64");
-  p.rules.dropout_p = 0.1f;
-  EXPECT_EQ(g::hopper_block_n(p), 160);
+  p.rules.dropout_p = 0.1f;  // dropout keeps the 128-key tile
+  EXPECT_FALSE(g::hopper_wide_tile(p));
+  EXPECT_EQ(g::hopper_block_n(p), 128);
   p = problem(128, HopperTileV3::kWideMinKeys - 1);
   EXPECT_EQ(g::hopper_block_n(p), 128);
   EXPECT_EQ(name(p, 1), "cuda:sm90_wgmma_prefill_d128_m128n128_tma_ws:bf16");

@@ -71,25 +71,20 @@ __device__ __forceinline__ void fwd_keep_bits(uint32_t (&keep)[2], const ScoreRu
   keep[1] = my_hf ? same : other;
 }
 
-// Forward: P elements of dropped positions to 0 (s: one tile of P, keys [n0, n0 + 8 kNTiles)).
-// A row's keep word holds 16 tiles: wider tiles (D128's 160 keys: 20) go in equal chunks.
+// Forward: P elements of dropped positions to 0 (s: one tile of P, keys [n0, n0 + 8 kNTiles);
+// dropout's key tiles hold at most 128 keys: one keep word per row).
 template <int kNTiles>
 __device__ __forceinline__ void fwd_apply_dropout(float (&s)[4 * kNTiles], const ScoreRules& R, int b, int hq,
                                                   int h, int i_row0, int n0) {
-  constexpr int kChunks = (kNTiles + 15) / 16, kChunkTiles = kNTiles / kChunks;
-  static_assert(kChunks * kChunkTiles == kNTiles, "equal chunks of at most 16 tiles");
+  uint32_t keep[2];
+  fwd_keep_bits<kNTiles>(keep, R, b, hq, h, i_row0, n0);
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    uint32_t keep[2];
-    fwd_keep_bits<kChunkTiles>(keep, R, b, hq, h, i_row0, n0 + c * 8 * kChunkTiles);
+  for (int t = 0; t < kNTiles; ++t)
 #pragma unroll
-    for (int t = 0; t < kChunkTiles; ++t)
+    for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-        for (int e2 = 0; e2 < 2; ++e2)
-          if (!((keep[hf] >> (2 * t + e2)) & 1u)) s[4 * (c * kChunkTiles + t) + 2 * hf + e2] = 0.0f;
-  }
+      for (int e2 = 0; e2 < 2; ++e2)
+        if (!((keep[hf] >> (2 * t + e2)) & 1u)) s[4 * t + 2 * hf + e2] = 0.0f;
 }
 
 // Backward: the keep bits of this thread's elements of P^T (keys key0 and key0 + 8, queries

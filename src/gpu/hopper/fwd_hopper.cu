@@ -149,16 +149,14 @@ KernelInfo hopper_fwd_kernel_info(int device) {
   using Elem = std::conditional_t<kBf16, BFloat16, Half>;
   const int threads = HopperTileV3::threads(D), smem = HopperTileV3::smem_bytes(D);
   constexpr int BN = HopperTileV3::block_n(D);
-  // D128 adds its wide-tile instances (hopper_wide_tile); elsewhere the plain and dropout ones
-  // stand in.
+  // D128 adds its wide-tile instance (hopper_wide_tile); elsewhere the plain one stands in.
   constexpr int kWideBN = D == 128 ? HopperTileV3::kWideBlockN : BN;
   const int wide_smem = HopperTileV3::smem_bytes(D, kWideBN);
-  const KernelInfo infos[5] = {
+  const KernelInfo infos[4] = {
       cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, false, false, BN>>(device, threads, smem),
       cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, true, false, BN>>(device, threads, smem),
       cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, false, true, BN>>(device, threads, smem),
-      cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, false, false, kWideBN>>(device, threads, wide_smem),
-      cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, true, false, kWideBN>>(device, threads, wide_smem)};
+      cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, false, false, kWideBN>>(device, threads, wide_smem)};
   KernelInfo worst = infos[0];
   for (const KernelInfo& k : infos) {
     if (k.status != gpuSuccess) return k;
@@ -191,13 +189,10 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, int32
   constexpr int BN = HopperTileV3::block_n(D);
   const int threads = HopperTileV3::threads(D), smem = HopperTileV3::smem_bytes(D);
   if constexpr (D == 128) {
-    if (hopper_wide_tile(p)) {  // no cache: TMA boxes of whole tiles
+    if (hopper_wide_tile(p)) {  // no cache, no dropout: TMA boxes of whole tiles
       constexpr int kWideBN = HopperTileV3::kWideBlockN;
       const int wide_smem = HopperTileV3::smem_bytes(D, kWideBN);
-      if (a.rules.dropout_p > 0.0f)
-        sm90::fwd_hopper_v3_kernel<D, Elem, true, false, kWideBN><<<blocks, threads, wide_smem, stream>>>(prm);
-      else
-        sm90::fwd_hopper_v3_kernel<D, Elem, false, false, kWideBN><<<blocks, threads, wide_smem, stream>>>(prm);
+      sm90::fwd_hopper_v3_kernel<D, Elem, false, false, kWideBN><<<blocks, threads, wide_smem, stream>>>(prm);
       return gpuGetLastError();
     }
   }

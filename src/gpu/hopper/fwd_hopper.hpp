@@ -17,7 +17,7 @@
 // pre-pass writes the cache rows and the rotated q, which the kernel reads from the workspace),
 // varlen queries over a cache (chunked prefill), dropout (core/philox.hpp's keep mask, the
 // words shared between lanes: dropout_hopper.cuh; split-KV too). Key tiles: HopperTileV3::block_n,
-// and 160 keys for D128's long unmasked calls (hopper_wide_tile; plan name `_m128n160_`).
+// and 160 keys for D128's long unmasked calls without dropout (hopper_wide_tile; plan name `_m128n160_`).
 // Declined: decode-shaped calls (the mma.sync decode tile packs GQA heads), head dims
 // above 256, unaligned tensors, devices other than sm_90, FLASHPORT_HOPPER_FWD=0 (the user's kill
 // switch, core/config.hpp).
@@ -71,7 +71,7 @@ struct HopperTileV3 {
   // fp32 registers, P 40, O 64: under the consumers' 240. Keys from kWideMinKeys: a partial last
   // tile wastes at most 159 keys' work: under 8.3% from 1920 keys (12 tiles of 160, 15 of 128);
   // the A/B on the H100 decides the bound.
-  static constexpr int kWideBlockN = 160;  // dropout's keep bits: two chunks of 10 tiles (dropout_hopper.cuh)
+  static constexpr int kWideBlockN = 160;
   static constexpr int kWideMinKeys = 1920;
   // full/empty Q, full/empty x K/V x stages, `v_tail_zeroed` (KV-cache calls: the first V tile's
   // rows past the keys are zeroed before P V reads them), and the dynamic walk's two tile-id slots
@@ -158,10 +158,13 @@ inline bool equal_cost_tiles(const Problem& p) {
 }
 
 // D128 calls of equal-cost work tiles with at least kWideMinKeys keys run 160-key tiles (their own
-// plain and dropout instances); varlen is left out because the plan sees only the longest sequence
-// (short ones would waste partial tiles).
+// instance); varlen is left out because the plan sees only the longest sequence (short ones would
+// waste partial tiles), and dropout because its issue-bound softmax (the Philox calls) loses more
+// on the wide tile's register pressure than the tile saves: on the H200 the 160-key dropout kernel
+// ran at 0.48 of the featureless call, the 128-key one at 0.63 (gpu_dropout.md).
 inline bool hopper_wide_tile(const Problem& p) {
-  return hopper_head_bucket(p) == 128 && equal_cost_tiles(p) && p.seq.sk >= HopperTileV3::kWideMinKeys;
+  return hopper_head_bucket(p) == 128 && equal_cost_tiles(p) && !p.rules.has_dropout() &&
+         p.seq.sk >= HopperTileV3::kWideMinKeys;
 }
 // The call's key tile: the wide one, else its head dim's.
 inline int hopper_block_n(const Problem& p) {

@@ -75,7 +75,7 @@ namespace sm90 {
 // the producer warpgroup copies K/V rows with cp.async (its own instance: the copies need more
 // producer registers than the TMA issuer, HopperTileV3::producer_regs).
 // kBlockN: the key tile, HopperTileV3::block_n(D), or kWideBlockN for D128's long unmasked calls
-// (fwd_hopper.hpp hopper_wide_tile: plain and dropout, no row copies).
+// (fwd_hopper.hpp hopper_wide_tile: plain only).
 template <int D, typename Elem, bool kDropout, bool kKvRows, int kBlockN>
 __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
     fwd_hopper_v3_kernel(const __grid_constant__ HopperV3Params P) {
@@ -89,8 +89,8 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
   constexpr uint32_t kTileBytes = uint32_t(BN) * D * 2;
   constexpr uint32_t kQBytes = uint32_t(BM) * D * 2;
   static_assert((S & (S - 1)) == 0, "ring depth: a power of two");
-  static_assert(BN == T::block_n(D) || (D == 128 && BN == T::kWideBlockN && !kKvRows),
-                "key tile: the head dim's, or D128's wide tile (no row copies)");
+  static_assert(BN == T::block_n(D) || (D == 128 && BN == T::kWideBlockN && !kKvRows && !kDropout),
+                "key tile: the head dim's, or D128's wide tile (no row copies, no dropout)");
   using Rows = HopperRows<BN, D == 64 || D == 256>;  // lazy rescale at D64, D256 (fwd_hopper_rows.cuh)
   const FwdArgs& a = P.a;
 
