@@ -541,7 +541,24 @@ TEST(HopperFwdPlan, HeadBucketsAndNames) {
   EXPECT_EQ(HopperTileV3::block_m(192), 128);
   EXPECT_EQ(HopperTileV3::block_n(192), 96);
   EXPECT_EQ(HopperTileV3::smem_bytes(192), 230528);
-  for (int d : {64, 128, 192, 256}) EXPECT_LE(HopperTileV3::smem_bytes(d), 232448) << "d " << d;
+  for (int d : {64, 128, 192, 256}) {
+    EXPECT_LE(HopperTileV3::smem_bytes(d), 232448) << "d " << d;
+    EXPECT_LE(HopperTileV3::smem_bytes(d, HopperTileV3::block_n(d), true), 232448) << "d " << d << " dropout";
+  }
+  // D64 with dropout: two ping-pong consumers (128 rows), its own plan name.
+  EXPECT_EQ(HopperTileV3::block_m(64), 192);
+  EXPECT_EQ(HopperTileV3::block_m(64, true), 128);
+  EXPECT_EQ(HopperTileV3::threads(64, true), 384);
+  flashport::Problem p;
+  p.dtype = FP_BF16;
+  p.d = p.dv = 64;
+  p.hq = p.hkv = 4;
+  p.seq.batch = 1, p.seq.sq = p.seq.sk = 1000;
+  p.rules.dropout_p = 0.1f;
+  char name[160];
+  flashport::gpu::hopper_kernel_name(name, sizeof(name), p, 1);
+  EXPECT_EQ(std::string(name), "cuda:sm90_wgmma_prefill_d64_m128n128_tma_ws:bf16");
+  EXPECT_EQ(flashport::gpu::hopper_work_tiles(p, 1), 8 * 4);
 }
 
 // ---- KV caches -----------------------------------------------------------------------------

@@ -102,7 +102,7 @@ std::string make_v3_maps(const Problem& p, const FwdArgs& a, HopperV3Params* prm
   const int box = kv_box_rows(p);
   const V3View q = q_view(p, a.q_addr), k = kv_view(p, p.k), v = kv_view(p, p.v);
   std::string why = encode_rows_map(&prm->tq, a.q, p.d, q.rows, q.heads, q.batch, q.row_stride, q.head_stride,
-                                    q.batch_stride, HopperTileV3::block_m(hopper_head_bucket(p)));
+                                    q.batch_stride, hopper_block_m(p));
   if (!why.empty() || kv_by_rows(p)) return why;  // rows by threads: no K/V maps
   why = encode_rows_map(&prm->tk, p.k_ptr, p.d, k.rows, k.heads, k.batch, k.row_stride, k.head_stride,
                         k.batch_stride, box);
@@ -149,12 +149,13 @@ KernelInfo hopper_fwd_kernel_info(int device) {
   using Elem = std::conditional_t<kBf16, BFloat16, Half>;
   const int threads = HopperTileV3::threads(D), smem = HopperTileV3::smem_bytes(D);
   constexpr int BN = HopperTileV3::block_n(D);
+  const int drop_threads = HopperTileV3::threads(D, true), drop_smem = HopperTileV3::smem_bytes(D, BN, true);
   // D128 adds its wide-tile instance (hopper_wide_tile); elsewhere the plain one stands in.
   constexpr int kWideBN = D == 128 ? HopperTileV3::kWideBlockN : BN;
   const int wide_smem = HopperTileV3::smem_bytes(D, kWideBN);
   const KernelInfo infos[4] = {
       cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, false, false, BN>>(device, threads, smem),
-      cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, true, false, BN>>(device, threads, smem),
+      cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, true, false, BN>>(device, drop_threads, drop_smem),
       cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, false, true, BN>>(device, threads, smem),
       cached_kernel_info<sm90::fwd_hopper_v3_kernel<D, Elem, false, false, kWideBN>>(device, threads, wide_smem)};
   KernelInfo worst = infos[0];
@@ -168,8 +169,9 @@ KernelInfo hopper_fwd_kernel_info(int device) {
 template <int D, bool kBf16>
 gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, int32_t* tile_counter, gpuStream_t stream) {
   using Elem = std::conditional_t<kBf16, BFloat16, Half>;
-  constexpr int64_t kBlockM = HopperTileV3::block_m(D);
-  const int64_t m_blocks = (p.seq.sq + kBlockM - 1) / kBlockM;
+  const bool dropout = a.rules.dropout_p > 0.0f;
+  const int64_t block_m = HopperTileV3::block_m(D, dropout);
+  const int64_t m_blocks = (p.seq.sq + block_m - 1) / block_m;
   if (m_blocks == 0 || p.seq.batch == 0) return gpuSuccess;
   HopperV3Params prm;
   prm.a = a;
@@ -198,8 +200,9 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, int32
   }
   if (rows)  // the candidate declines row copies with dropout
     sm90::fwd_hopper_v3_kernel<D, Elem, false, true, BN><<<blocks, threads, smem, stream>>>(prm);
-  else if (a.rules.dropout_p > 0.0f)
-    sm90::fwd_hopper_v3_kernel<D, Elem, true, false, BN><<<blocks, threads, smem, stream>>>(prm);
+  else if (dropout)
+    sm90::fwd_hopper_v3_kernel<D, Elem, true, false, BN>
+        <<<blocks, HopperTileV3::threads(D, true), HopperTileV3::smem_bytes(D, BN, true), stream>>>(prm);
   else
     sm90::fwd_hopper_v3_kernel<D, Elem, false, false, BN><<<blocks, threads, smem, stream>>>(prm);
   return gpuGetLastError();

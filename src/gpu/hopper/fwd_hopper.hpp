@@ -41,12 +41,16 @@ namespace flashport::gpu {
 // rings and mbarriers (full: TMA landed; empty: every consumer done reading).
 // D64: three consumers (BM = 192, 160 registers each): a 64-wide head dim gives each key tile
 // little tensor-core work per softmax, so a third warpgroup keeps the tensor cores fed where
-// two ping-ponging ones leave them idle (FlashAttention-3 picks 192 rows at D64 too).
+// two ping-ponging ones leave them idle (FlashAttention-3 picks 192 rows at D64 too). Not with
+// dropout: its softmax is issue-bound (the Philox calls), and two ping-pong consumers at 232
+// registers let one warpgroup's softmax run in the shadow of the other's GEMMs as at D128, where
+// three at 160 spill 184 bytes (the `dropout` argument below; the D64 dropout instance: +4-12%
+// over three consumers on the H200, gpu_forward.md run 5).
 // D128, D192, D256: two consumers (BM = 128, 232 registers; 240 with 160-key tiles) taking turns at the tensor cores (ping-pong).
 struct HopperTileV3 {
-  static constexpr int consumers(int d) { return d == 64 ? 3 : 2; }
-  static constexpr int block_m(int d) { return 64 * consumers(d); }
-  static constexpr int threads(int d) { return 128 * (consumers(d) + 1); }
+  static constexpr int consumers(int d, bool dropout = false) { return d == 64 && !dropout ? 3 : 2; }
+  static constexpr int block_m(int d, bool dropout = false) { return 64 * consumers(d, dropout); }
+  static constexpr int threads(int d, bool dropout = false) { return 128 * (consumers(d, dropout) + 1); }
   // K/V ring depth: 4 at D64 (16 KB tiles; +3-5% at S >= 4k over 2 on the H100), 2 otherwise (the
   // 32 KB D128 / D256 and 24 KB D192 tiles leave no room for more next to Q).
   static constexpr int stages(int d) { return d == 64 ? 4 : 2; }
@@ -56,11 +60,11 @@ struct HopperTileV3 {
   // row copies' addresses more, and the consumers do not spill at 232. The 160-key tile needs the
   // consumers' 240 (28 bytes of spills at 232): producer 24. Three consumers (D64) keep 160 (152
   // bytes of spills in their softmax below that), so their producer stays at 24 (3 x 32 <= 104).
-  static constexpr int producer_regs(int d, int block_n) {
-    return consumers(d) == 2 && block_n <= 128 ? 40 : 24;
+  static constexpr int producer_regs(int d, int block_n, bool dropout = false) {
+    return consumers(d, dropout) == 2 && block_n <= 128 ? 40 : 24;
   }
-  static constexpr int consumer_regs(int d, int block_n) {
-    return consumers(d) == 3 ? 160 : block_n <= 128 ? 232 : 240;
+  static constexpr int consumer_regs(int d, int block_n, bool dropout = false) {
+    return consumers(d, dropout) == 3 ? 160 : block_n <= 128 ? 232 : 240;
   }
   // Key tile: 128 up to D128; 96 at D192 (230,528 bytes: the most that fits next to Q and the O
   // staging), 64 at D256. With 96, pages of 64, 128, 256 rows do not tile a key tile with TMA boxes:
@@ -83,10 +87,13 @@ struct HopperTileV3 {
   // to every ring: D64 206,016 bytes, D128 197,760 (160-key tile 230,528), D192 230,528, D256 230,528
   // of the 232,448 an H100 block may opt in to.
   static constexpr int kOutStageRowBytes = 256;
-  static constexpr int out_stage_bytes(int d) { return consumers(d) * 64 * kOutStageRowBytes; }
+  static constexpr int out_stage_bytes(int d, bool dropout = false) {
+    return consumers(d, dropout) * 64 * kOutStageRowBytes;
+  }
   // Key tile bn (D128's wide tile: 230,528 bytes).
-  static constexpr int smem_bytes(int d, int bn) {
-    return (block_m(d) + 2 * stages(d) * bn) * d * 2 + out_stage_bytes(d) + 1024 + barrier_bytes(d);
+  static constexpr int smem_bytes(int d, int bn, bool dropout = false) {
+    return (block_m(d, dropout) + 2 * stages(d) * bn) * d * 2 + out_stage_bytes(d, dropout) + 1024 +
+           barrier_bytes(d);
   }
   static constexpr int smem_bytes(int d) { return smem_bytes(d, block_n(d)); }
 };
@@ -195,8 +202,11 @@ inline bool kv_by_rows(const Problem& p) {
 
 // Work tiles of a call: query blocks of block_m rows x splits x heads x sequences (the kernel's
 // grid unit; a persistent block walks several).
+inline int hopper_block_m(const Problem& p) {
+  return HopperTileV3::block_m(hopper_head_bucket(p), p.rules.has_dropout());
+}
 inline int64_t hopper_work_tiles(const Problem& p, int splits) {
-  const int64_t bm = HopperTileV3::block_m(hopper_head_bucket(p));
+  const int64_t bm = hopper_block_m(p);
   return (p.seq.sq + bm - 1) / bm * p.hq * p.seq.batch * std::max(splits, 1);
 }
 
@@ -205,7 +215,7 @@ inline int64_t hopper_work_tiles(const Problem& p, int splits) {
 inline void hopper_kernel_name(char* buf, size_t size, const Problem& p, int splits) {
   const int bucket = hopper_head_bucket(p);
   const HopperDimsTag dims(p);
-  std::snprintf(buf, size, "cuda:sm90_wgmma_prefill_d%d_m%dn%d_tma_ws:%s%s%s%s", bucket, HopperTileV3::block_m(bucket),
+  std::snprintf(buf, size, "cuda:sm90_wgmma_prefill_d%d_m%dn%d_tma_ws:%s%s%s%s", bucket, hopper_block_m(p),
                 hopper_block_n(p), p.dtype == FP_BF16 ? "bf16" : "fp16", dims.text,
                 kv_by_rows(p) ? ":kv_rows" : "", splits > 1 ? ":splitkv+combine" : "");
 }
@@ -276,7 +286,8 @@ inline std::string hopper_fwd_candidate(const Problem& p, int arch, int sm_count
            "dividing the key tile): no row-copy dropout instance";
   if (kv_by_rows(p) && (p.d % 8 != 0 || p.dv % 8 != 0))
     return "hopper path: a paged cache copied by rows needs head dims D, Dv of whole 16-byte chunks (multiples of 8)";
-  if (HopperTileV3::smem_bytes(d, hopper_block_n(p)) > smem_optin) return "hopper path: shared memory";
+  if (HopperTileV3::smem_bytes(d, hopper_block_n(p), p.rules.has_dropout()) > smem_optin)
+    return "hopper path: shared memory";
   const KernelInfo ki = hopper_info_for(d, p.dtype == FP_BF16, p.device_index);
   if (ki.status != gpuSuccess) return std::string("hopper path: no kernel image: ") + gpuGetErrorString(ki.status);
   if (ki.blocks_per_sm < 1) return "hopper path: kernel does not fit an SM";

@@ -2,7 +2,7 @@
 // Included by fwd_hopper.cu only (sm_90a object).
 //
 // Block = a producer warpgroup and 2 or 3 consumer warpgroups of 64 query rows (HopperTileV3:
-// BM = 128 at D128/D192/D256, 192 at D64), key tiles of HopperTileV3::block_n(D) keys or (D128's
+// BM = 128 at D128/D192/D256, 192 at D64 (128 with dropout)), key tiles of HopperTileV3::block_n(D) keys or (D128's
 // long unmasked calls, hopper_wide_tile) 160:
 //   warpgroup 0, the producer: drops to 40 registers (setmaxnreg; 24 with three consumers or
 //     160-key tiles, HopperTileV3::producer_regs; in the paged row-copy instances, kKvRows, its
@@ -77,12 +77,12 @@ namespace sm90 {
 // kBlockN: the key tile, HopperTileV3::block_n(D), or kWideBlockN for D128's long unmasked calls
 // (fwd_hopper.hpp hopper_wide_tile: plain only).
 template <int D, typename Elem, bool kDropout, bool kKvRows, int kBlockN>
-__global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
+__global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
     fwd_hopper_v3_kernel(const __grid_constant__ HopperV3Params P) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = HopperTileV3;
-  constexpr int BM = T::block_m(D), BN = kBlockN, S = T::stages(D);
-  constexpr int kConsumers = T::consumers(D);
+  constexpr int BM = T::block_m(D, kDropout), BN = kBlockN, S = T::stages(D);
+  constexpr int kConsumers = T::consumers(D, kDropout);
   constexpr bool kPingPong = kConsumers == 2;  // two consumers take turns at the tensor cores
   constexpr int kPanels = D / 64;
   constexpr bool kBf16 = Elem::kIsBf16;
@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
   const uint32_t sK = sQ + kQBytes;                // slot s at sK + s * kTileBytes
   const uint32_t sV = sK + S * kTileBytes;
   const uint32_t sO = sV + S * kTileBytes;         // the consumers' output staging tiles, one each
-  const uint32_t bars = sO + T::out_stage_bytes(D);
+  const uint32_t bars = sO + T::out_stage_bytes(D, kDropout);
   const uint32_t full_q = bars;
   auto full_k = [&](int s) { return bars + 8u * uint32_t(1 + s); };
   auto full_v = [&](int s) { return bars + 8u * uint32_t(1 + S + s); };
@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
   };
   if (wg == 0) {
     // ---- producer ----
-    regs_dec<T::producer_regs(D, BN)>();
+    regs_dec<T::producer_regs(D, BN, kDropout)>();
     if constexpr (kKvRows) {
       // Paged K/V with pages below the key tile (or a left pad): the warpgroup's 128 threads copy
       // with cp.async into the 128B-swizzled panels a TMA box would produce (row r, 16-byte chunk
@@ -403,7 +403,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
     }
   } else {
     // ---- consumers ----
-    regs_inc<T::consumer_regs(D, BN)>();
+    regs_inc<T::consumer_regs(D, BN, kDropout)>();
     const int cwg = wg - 1;
     const int my_bar = 1 + cwg, other_bar = 2 - cwg;
     auto my_turn = [&] {
@@ -506,7 +506,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D), 1)
         if (wait_tail) ++zeroed;
       }
       // Named barriers 3.. (1 and 2 are the ping-pong turns): one per consumer's staging tile.
-      const sm90::OutStage stage{sO + uint32_t(cwg) * uint32_t(T::out_stage_bytes(D) / kConsumers), 3 + cwg};
+      const sm90::OutStage stage{sO + uint32_t(cwg) * uint32_t(T::out_stage_bytes(D, kDropout) / kConsumers), 3 + cwg};
       rows.template epilogue<Elem, kPanels, kDropout>(o_acc, split, stage);
     }
   }
