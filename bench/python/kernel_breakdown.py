@@ -119,6 +119,7 @@ def main():
             for s in (1024, 4096):
                 for causal in (False, True):
                     b, h = 16384 // s, 2048 // d
+                    first = len(lines)
                     lines.append(f"## fwd_bwd D{d} S{s} B{b} H{h} causal={causal}")
                     for lib in LIBS:
                         q, k, v = make_qkv(b, s, h, d, torch.bfloat16, "cuda", requires_grad=True)
@@ -132,7 +133,7 @@ def main():
                         lines.append(f"- **{lib}** total {total:.1f} us")
                         for name, n, mean, per_call in rows:
                             lines.append(f"  - {per_call:8.1f} us  ({n:.0f} x {mean:.1f})  {short(name)}")
-                    print("\n".join(lines[-40:]), flush=True)
+                    print("\n".join(lines[first:]), flush=True)  # this point's lines only
                     lines.append("")
     if "decode" in kinds:
         for b, sk in ((1, 8192), (1, 65536), (8, 8192), (8, 65536), (64, 8192)):
