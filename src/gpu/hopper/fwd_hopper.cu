@@ -169,7 +169,7 @@ KernelInfo hopper_fwd_kernel_info(int device) {
 template <int D, bool kBf16>
 gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, int32_t* tile_counter, gpuStream_t stream) {
   using Elem = std::conditional_t<kBf16, BFloat16, Half>;
-  const bool dropout = a.rules.dropout_p > 0.0f;
+  const bool dropout = p.rules.has_dropout();  // the plan's rule too (hopper_block_m)
   const int64_t block_m = HopperTileV3::block_m(D, dropout);
   const int64_t m_blocks = (p.seq.sq + block_m - 1) / block_m;
   if (m_blocks == 0 || p.seq.batch == 0) return gpuSuccess;
@@ -189,7 +189,7 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, int32
     prm.tile_counter = tile_counter;
   }
   constexpr int BN = HopperTileV3::block_n(D);
-  const int threads = HopperTileV3::threads(D), smem = HopperTileV3::smem_bytes(D);
+  const int threads = HopperTileV3::threads(D, dropout), smem = HopperTileV3::smem_bytes(D, BN, dropout);
   if constexpr (D == 128) {
     if (hopper_wide_tile(p)) {  // no cache, no dropout: TMA boxes of whole tiles
       constexpr int kWideBN = HopperTileV3::kWideBlockN;
@@ -201,8 +201,7 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, int32
   if (rows)  // the candidate declines row copies with dropout
     sm90::fwd_hopper_v3_kernel<D, Elem, false, true, BN><<<blocks, threads, smem, stream>>>(prm);
   else if (dropout)
-    sm90::fwd_hopper_v3_kernel<D, Elem, true, false, BN>
-        <<<blocks, HopperTileV3::threads(D, true), HopperTileV3::smem_bytes(D, BN, true), stream>>>(prm);
+    sm90::fwd_hopper_v3_kernel<D, Elem, true, false, BN><<<blocks, threads, smem, stream>>>(prm);
   else
     sm90::fwd_hopper_v3_kernel<D, Elem, false, false, BN><<<blocks, threads, smem, stream>>>(prm);
   return gpuGetLastError();
