@@ -19,7 +19,13 @@ cuDNN's SDPA does not take on every shape):
 
     python3 bench/gpu/bench_ab_fwd.py A.so B.so dropout:64,128,256
 
-B in {1, 8, 64} x Sk in {8k, 64k}; per point 5 rounds of [A, B, cuDNN], each a CUDA-graph replay of
+Backward (the whole fp_attn_bwd call: preprocess, main loop, dQ conversion; out and lse from B's
+forward; the peer is cuDNN's backward alone, through autograd; with dropout: bwd-dropout:DIMS and
+SDPA flash with dropout as the peer), and the same with deterministic dQ (A and B only):
+
+    python3 bench/gpu/bench_ab_fwd.py A.so B.so bwd:64,128,256
+
+Decode: B in {1, 8, 64} x Sk in {8k, 64k}; per point 5 rounds of [A, B, cuDNN], each a CUDA-graph replay of
 20 back-to-back calls (us per call, medians), then the kernel time per call from torch.profiler
 (every kernel and memset of the call: main kernel + combine, or decode kernel + counter memset).
 """
@@ -87,10 +93,99 @@ def main_decode(lib_a, lib_b):
             torch.cuda.empty_cache()
 
 
+class FlashportBwd:
+    """fpb_bwd of one build on fixed tensors (the backward of fwd's call)."""
+
+    def __init__(self, lib, q, k, v, out, lse, dout, causal, deterministic=False):
+        lib.fpb_bwd.restype = ctypes.c_int
+        lib.fpb_bwd.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)] + \
+            [ctypes.c_void_p] * 9 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                                           ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p]
+        self.lib = lib
+        B, Sq, Hq, D = q.shape
+        self.grads = [torch.empty_like(t) for t in (q, k, v)]
+        self.dims = (ctypes.c_int64 * 7)(B, Sq, k.shape[1], Hq, k.shape[2], D, v.shape[3])
+        st = []
+        for t in (q, k, v, out, dout, *self.grads):
+            st += list(t.stride())
+        self.strides = (ctypes.c_int64 * 32)(*st)
+        self.ptrs = [t.data_ptr() for t in (q, k, v, out, lse, dout, *self.grads)]
+        self.dtype = 1 if q.dtype == torch.bfloat16 else 0
+        self.flags = [int(causal), int(deterministic)]
+        need = ctypes.c_size_t(0)
+        kern = ctypes.create_string_buffer(96)
+        rc = lib.fpb_bwd(self.dims, self.strides, *self.ptrs, self.dtype, *self.flags, None, 0, None,
+                         ctypes.byref(need), kern)
+        if rc not in (0, 3):
+            raise RuntimeError(lib.fpb_last_error().decode())
+        self.ws = torch.empty(max(need.value, 1), dtype=torch.uint8, device="cuda")
+        self.kernel = kern.value.decode()
+
+    def __call__(self):
+        rc = self.lib.fpb_bwd(self.dims, self.strides, *self.ptrs, self.dtype, *self.flags, self.ws.data_ptr(),
+                              self.ws.numel(), torch.cuda.current_stream().cuda_stream, None, None)
+        if rc != 0:
+            raise RuntimeError(self.lib.fpb_last_error().decode())
+
+
+def main_bwd(lib_a, lib_b, dims, dropout_p):
+    """Backward A/B over the grid (see the module docstring); also checks A's grads against B's."""
+    peer = "SDPA flash (dropout)" if dropout_p else "cuDNN"
+    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; dropout p = {dropout_p}")
+    print("Backward (preprocess + main loop + dQ conversion), bf16, B*S = 16k, H*D = 2048; TFLOPS = "
+          "2.5 x forward FLOPs / median time; det = deterministic dQ.")
+    print(f"| D | S | causal | A TF | B TF | {peer} TF | A/B | A/peer | B/peer | A det/B det | A det/A | "
+          "max rel diff A-B | kernel A |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for d in dims:
+        h = 2048 // d
+        for s in (1024, 4096, 16384):
+            b = 16384 // s
+            for causal in (False, True):
+                q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+                out = torch.empty_like(q)
+                lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+                bf.Flashport(lib_b).prepare(q, k, v, out, causal, 1, lse)()
+                fa = FlashportBwd(lib_a, q, k, v, out, lse, dout, causal)
+                fb = FlashportBwd(lib_b, q, k, v, out, lse, dout, causal)
+                fad = FlashportBwd(lib_a, q, k, v, out, lse, dout, causal, True)
+                fbd = FlashportBwd(lib_b, q, k, v, out, lse, dout, causal, True)
+                qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+                backend = SDPBackend.FLASH_ATTENTION if dropout_p else SDPBackend.CUDNN_ATTENTION
+                with bf.sdpa_kernel(backend):
+                    ref_out = torch.nn.functional.scaled_dot_product_attention(
+                        qt, kt, vt, is_causal=causal, dropout_p=dropout_p)
+                do_t = dout.transpose(1, 2)
+
+                def peer_bwd():
+                    torch.autograd.grad(ref_out, (qt, kt, vt), do_t, retain_graph=True)
+                times = {n: [] for n in ("A", "B", "C", "Ad", "Bd")}
+                for _ in range(5):
+                    for name, fn in (("A", fa), ("B", fb), ("C", peer_bwd), ("Ad", fad), ("Bd", fbd)):
+                        times[name].append(bf.time_ms(fn, warmup=2, reps=10))
+                fa(), fb()
+                torch.cuda.synchronize()
+                diff = max(((x - y).float().norm() / y.float().norm().clamp_min(1e-30)).item()
+                           for x, y in zip(fa.grads, fb.grads))
+                flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+                tf = {n: flops / (statistics.median(t) * 1e-3) / 1e12 for n, t in times.items()}
+                print(f"| {d} | {s} | {'y' if causal else 'n'} | {tf['A']:.0f} | {tf['B']:.0f} | {tf['C']:.0f} | "
+                      f"{tf['A'] / tf['B']:.3f} | {tf['A'] / tf['C']:.2f} | {tf['B'] / tf['C']:.2f} | "
+                      f"{tf['Ad'] / tf['Bd']:.3f} | {tf['Ad'] / tf['A']:.2f} | {diff:.1e} | {fa.kernel} |", flush=True)
+                del q, k, v, dout, out, lse, fa, fb, fad, fbd, qt, kt, vt, ref_out
+                torch.cuda.empty_cache()
+
+
 def main():
     lib_a, lib_b = bf.load_lib(sys.argv[1]), bf.load_lib(sys.argv[2])
     if len(sys.argv) > 3 and sys.argv[3] == "decode":
         return main_decode(lib_a, lib_b)
+    if len(sys.argv) > 3 and sys.argv[3].split(":")[0] in ("bwd", "bwd-dropout"):
+        mode, dims = sys.argv[3].split(":")
+        dropout_p = 0.1 if mode == "bwd-dropout" else 0.0
+        for lib in (lib_a, lib_b):
+            lib.fpb_set_dropout(ctypes.c_float(dropout_p))
+        return main_bwd(lib_a, lib_b, [int(x) for x in dims.split(",")], dropout_p)
     points = sys.argv[3] if len(sys.argv) > 3 else "64,128,256"
     dropout_p = 0.0
     if points.startswith("dropout:"):

@@ -68,6 +68,46 @@ int fpb_fwd(const int64_t* dims, const int64_t* strides, void* q, void* k, void*
   return fp_attn_fwd(&p);
 }
 
+// The backward of an fpb_fwd call (same dims; out and lse from that call). strides: q, k, v, out,
+// dout, dq, dk, dv (4 each, elements). Same workspace protocol as fpb_fwd.
+int fpb_bwd(const int64_t* dims, const int64_t* strides, void* q, void* k, void* v, void* out, void* lse,
+            void* dout, void* dq, void* dk, void* dv, int dtype, int causal, int deterministic, void* ws,
+            size_t ws_bytes, void* stream, size_t* ws_needed, char* kernel /* 96 bytes */) {
+  const int64_t B = dims[0], Sq = dims[1], Sk = dims[2], Hq = dims[3], Hkv = dims[4], D = dims[5],
+                Dv = dims[6];
+  const fp_dtype t = dtype == 1 ? FP_BF16 : FP_F16;
+  fp_attn_bwd_params p;
+  fp_attn_bwd_params_init(&p);
+  const int64_t qs[4] = {B, Sq, Hq, D}, ks[4] = {B, Sk, Hkv, D}, vs[4] = {B, Sk, Hkv, Dv},
+                os[4] = {B, Sq, Hq, Dv}, ls[3] = {B, Hq, Sq}, lst[3] = {Hq * Sq, Sq, 1};
+  p.fwd.q = make(q, t, 4, qs, strides);
+  p.fwd.k = make(k, t, 4, ks, strides + 4);
+  p.fwd.v = make(v, t, 4, vs, strides + 8);
+  p.fwd.out = make(out, t, 4, os, strides + 12);
+  p.fwd.lse = make(lse, FP_F32, 3, ls, lst);
+  p.dout = make(dout, t, 4, os, strides + 16);
+  p.dq = make(dq, t, 4, qs, strides + 20);
+  p.dk = make(dk, t, 4, ks, strides + 24);
+  p.dv = make(dv, t, 4, vs, strides + 28);
+  p.fwd.causal = causal;
+  p.fwd.causal_align = FP_CAUSAL_TOP_LEFT;
+  p.fwd.dropout_p = g_dropout_p;
+  p.fwd.dropout_seed = 1234;
+  p.fwd.dropout_offset = 0;
+  p.fwd.backend = FP_BACKEND_CUDA;
+  p.fwd.stream = stream;
+  p.deterministic = deterministic;
+  fp_selection sel;
+  fp_status st = fp_attn_bwd_select(&p, &sel);
+  if (st != FP_OK) return st;
+  if (ws_needed) *ws_needed = sel.workspace_bytes;
+  if (kernel) std::memcpy(kernel, sel.kernel, sizeof(sel.kernel));
+  if (sel.workspace_bytes > ws_bytes) return FP_ERR_WORKSPACE;
+  p.fwd.workspace = ws;
+  p.fwd.workspace_bytes = ws_bytes;
+  return fp_attn_bwd(&p);
+}
+
 const char* fpb_last_error(void) { return fp_last_error(); }
 
 }  // extern "C"
