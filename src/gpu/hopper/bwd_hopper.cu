@@ -22,14 +22,17 @@
 //   dV  += P^T dO   wgmma RS: P^T from registers (the accumulator layout is the A-fragment
 //                   layout), dO MN-major from the same shared tile
 //   dK  += dS^T Q   wgmma RS, Q MN-major; once both have landed the warp releases the stage
-//   dS^T -> shared memory (both warpgroups; named barriers: the other's previous dQ has read
-//                   it, both halves stored), then
+//   dS^T -> shared memory (named barriers: the other's previous dQ has read it; each
+//                   warpgroup announces its own half stored), then
 //   dQ   = dS K     wgmma SS, dS and K both MN-major; D128: warpgroup w takes columns
 //                   [64w, 64w + 64) of the 64 rows; D64: rows [64w, 64w + 64) of the 128;
 //                   staged in shared memory (double-buffered) and handed to the writer warp on
 //                   named barriers (buffer full / empty).
-//   No block-wide barrier inside the walk: the MMA warpgroups wait on each other only around
-//   dS^T, on the ring's `full` mbarriers and on a free dQ staging buffer.
+//   The MMA warpgroups take turns on the tensor cores (ping-pong, named barriers `turn`): 1 issues
+//   a step's S^T and dP^T, then 2 its own, then 1 its dV, dK and dQ, then 2. Each one's
+//   elementwise phase (P^T, dS^T) then runs under the other's products, and 1's dQ waits for 2's
+//   dS^T half, which 2 has made while 1's dV and dK ran (+3-6% over both computing in lockstep:
+//   bench/results/gpu_backward.md, session 14). No block-wide barrier inside the walk.
 // D256 (bwd_hopper_d256_kernel): the same three roles and ring (HopperBwdTileD256), 64-key blocks;
 // the MMA warpgroups split the head dim of dK/dV/dQ and the queries of S^T/dP^T, P^T and dS^T go
 // through shared memory (bwd_hopper.hpp); a step's dQ is staged in its own ring stage, which the
@@ -380,11 +383,14 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
   // dQ split between the warpgroups: by columns at D128 (BM = 64), by rows at D64 (BM = 128).
   constexpr bool kDqByCols = D == 128;
   static_assert(BM * D == 8192 && (kDqByCols ? kPanels == 2 : BM == 128), "dQ split: 64 x 64 per warpgroup");
-  // Named barriers (0 is __syncthreads). dS^T free, one per MMA warpgroup: it arrives once its dQ
-  // has read the step's dS^T, the other syncs on it before storing the next. dS^T ready: both
-  // halves stored. dQ staging buffer full / empty, one each per buffer: the MMA side and the
-  // writer warp take turns on each, so neither side can arrive a generation ahead.
-  constexpr int kBarDsFree = 1, kBarDsReady = 3, kBarDqFull = 4, kBarDqEmpty = 6;
+  // Named barriers (0 is __syncthreads); on each, one side arrives and the other syncs, strictly
+  // alternating, so no side can arrive a generation ahead. One per MMA warpgroup w:
+  //   turn w: w may issue its next product group (the other has issued its own). The other's 128
+  //     threads arrive and w's 128 sync, so the sync is also a barrier among w's own warps.
+  //   dS^T stored w: w's half is in shared memory (the other syncs before its dQ).
+  //   dS^T free w: w's dQ has read the step's dS^T (the other syncs before storing the next).
+  // and dQ staging buffer full / empty, one each per buffer: the MMA side and the writer warp.
+  constexpr int kBarTurn = 1, kBarDsStored = 3, kBarDsFree = 5, kBarDqFull = 7, kBarDqEmpty = 9;
   constexpr int kMmaThreads = 256, kDqSyncThreads = kMmaThreads + 32;
 
   extern __shared__ uint8_t smem_raw[];
@@ -537,12 +543,15 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
     };
     if constexpr (kDropout) step_keep(0);
 
+    // Turns: warpgroup 1 starts; the other's barrier id.
+    const int my_turn = kBarTurn + mwg, other_turn = kBarTurn + (mwg ^ 1);
     mbar_wait(kv_bar, 0);
     for (int s = 0; s < steps; ++s) {
       const int st = s % kStages;
       const int h = kvh * a.group + s / nm;
       const int m = m_lo + s % nm;
       const int i0 = m * BM;
+      if (mwg == 1 || s > 0) named_sync<kMmaThreads>(my_turn);  // warpgroup 1's first turn needs none
       mbar_wait(full_bar(st), (s / kStages) & 1);
       fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
 
@@ -579,6 +588,7 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
         }
         wg_commit();
       }
+      named_arrive<kMmaThreads>(other_turn);
 
       // ---- P^T, dS^T (s_acc[4t + 2hf + e2] is key n0 + key_loc0 + 8hf, query i0 + 8t + col_base + e2)
       p_and_ds<kQTiles, kDropout>(s_acc, dp_acc, S, transformed, S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1),
@@ -603,6 +613,9 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
           const int off = panel_offset(BN, key_loc0 + 8 * hf, t) + col_base;
           *reinterpret_cast<uint32_t*>(sdS + off) = da[t >> 1][(t & 1) * 2 + hf];
         }
+      fence_proxy_async();  // dS^T stores (generic proxy) -> wgmma reads (async proxy)
+      named_arrive<kMmaThreads>(kBarDsStored + mwg);
+      named_sync<kMmaThreads>(my_turn);  // the other has issued its S^T, dP^T
 
       // ---- dV += P^T dO, dK += dS^T Q (A from registers; dO, Q MN-major) -------------------
       {
@@ -623,8 +636,7 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
             wgmma_rs_m64n64k16<kBf16, 1>(dk_acc[p], da[ks], q_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
         wg_commit();
       }
-      fence_proxy_async();  // dS^T stores (generic proxy) -> wgmma reads (async proxy)
-      named_sync<kMmaThreads>(kBarDsReady);  // dS^T of both warpgroups in shared memory
+      named_sync<kMmaThreads>(kBarDsStored + (mwg ^ 1));  // the other's dS^T half in shared memory
 
       // ---- dQ = dS K (64 x 64 per warpgroup; dS^T and K MN-major) ---------------------------
       {
@@ -640,6 +652,7 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
                                           ks > 0 ? 1 : 0);
         wg_commit();
       }
+      if (s + 1 < steps || mwg == 0) named_arrive<kMmaThreads>(other_turn);
       if constexpr (kDropout) {
         if (s + 1 < steps) step_keep(s + 1);
       }

@@ -46,7 +46,8 @@ namespace flashport::gpu {
 //     memory goes into the workspace with one bulk reduce (cp.reduce.async.bulk .add.f32) of
 //     the whole tile (one per row for padded head dims).
 //   warpgroups 1 and 2, at 240 registers: 64 keys each, dK, dV in registers over the walk; they
-//     exchange dS^T (dQ = dS K needs both halves) and hand dQ to the writer on named barriers.
+//     take turns on the tensor cores (ping-pong), exchange dS^T (dQ = dS K needs both halves)
+//     and hand dQ to the writer on named barriers.
 // dQ staging: fp32, double-buffered, unpadded rows (the workspace's layout; the stores rotate their
 // column chunks against bank conflicts). A third ring stage does not fit in shared memory at either
 // head dim (D64 233,528 bytes, D128 248,376).
