@@ -93,6 +93,14 @@ def main_decode(lib_a, lib_b):
             torch.cuda.empty_cache()
 
 
+def grid_points(dims):
+    """The grid's (D, S, B, H, causal): B*S = 16k, H*D = 2048, S in {1k, 4k, 16k}."""
+    for d in dims:
+        for s in (1024, 4096, 16384):
+            for causal in (False, True):
+                yield d, s, 16384 // s, 2048 // d, causal
+
+
 class FlashportBwd:
     """fpb_bwd of one build on fixed tensors (the backward of fwd's call)."""
 
@@ -137,43 +145,39 @@ def main_bwd(lib_a, lib_b, dims, dropout_p):
     print(f"| D | S | causal | A TF | B TF | {peer} TF | A/B | A/peer | B/peer | A det/B det | A det/A | "
           "max rel diff A-B | kernel A |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for d in dims:
-        h = 2048 // d
-        for s in (1024, 4096, 16384):
-            b = 16384 // s
-            for causal in (False, True):
-                q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-                out = torch.empty_like(q)
-                lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-                bf.Flashport(lib_b).prepare(q, k, v, out, causal, 1, lse)()
-                fa = FlashportBwd(lib_a, q, k, v, out, lse, dout, causal)
-                fb = FlashportBwd(lib_b, q, k, v, out, lse, dout, causal)
-                fad = FlashportBwd(lib_a, q, k, v, out, lse, dout, causal, True)
-                fbd = FlashportBwd(lib_b, q, k, v, out, lse, dout, causal, True)
-                qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
-                backend = SDPBackend.FLASH_ATTENTION if dropout_p else SDPBackend.CUDNN_ATTENTION
-                with bf.sdpa_kernel(backend):
-                    ref_out = torch.nn.functional.scaled_dot_product_attention(
-                        qt, kt, vt, is_causal=causal, dropout_p=dropout_p)
-                do_t = dout.transpose(1, 2)
+    for d, s, b, h, causal in grid_points(dims):
+        q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        out = torch.empty_like(q)
+        lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+        bf.Flashport(lib_b).prepare(q, k, v, out, causal, 1, lse)()
+        fa = FlashportBwd(lib_a, q, k, v, out, lse, dout, causal)
+        fb = FlashportBwd(lib_b, q, k, v, out, lse, dout, causal)
+        fad = FlashportBwd(lib_a, q, k, v, out, lse, dout, causal, True)
+        fbd = FlashportBwd(lib_b, q, k, v, out, lse, dout, causal, True)
+        qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+        backend = SDPBackend.FLASH_ATTENTION if dropout_p else SDPBackend.CUDNN_ATTENTION
+        with bf.sdpa_kernel(backend):
+            ref_out = torch.nn.functional.scaled_dot_product_attention(
+                qt, kt, vt, is_causal=causal, dropout_p=dropout_p)
+        do_t = dout.transpose(1, 2)
 
-                def peer_bwd():
-                    torch.autograd.grad(ref_out, (qt, kt, vt), do_t, retain_graph=True)
-                times = {n: [] for n in ("A", "B", "C", "Ad", "Bd")}
-                for _ in range(5):
-                    for name, fn in (("A", fa), ("B", fb), ("C", peer_bwd), ("Ad", fad), ("Bd", fbd)):
-                        times[name].append(bf.time_ms(fn, warmup=2, reps=10))
-                fa(), fb()
-                torch.cuda.synchronize()
-                diff = max(((x - y).float().norm() / y.float().norm().clamp_min(1e-30)).item()
-                           for x, y in zip(fa.grads, fb.grads))
-                flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
-                tf = {n: flops / (statistics.median(t) * 1e-3) / 1e12 for n, t in times.items()}
-                print(f"| {d} | {s} | {'y' if causal else 'n'} | {tf['A']:.0f} | {tf['B']:.0f} | {tf['C']:.0f} | "
-                      f"{tf['A'] / tf['B']:.3f} | {tf['A'] / tf['C']:.2f} | {tf['B'] / tf['C']:.2f} | "
-                      f"{tf['Ad'] / tf['Bd']:.3f} | {tf['Ad'] / tf['A']:.2f} | {diff:.1e} | {fa.kernel} |", flush=True)
-                del q, k, v, dout, out, lse, fa, fb, fad, fbd, qt, kt, vt, ref_out
-                torch.cuda.empty_cache()
+        def peer_bwd():
+            torch.autograd.grad(ref_out, (qt, kt, vt), do_t, retain_graph=True)
+        times = {n: [] for n in ("A", "B", "C", "Ad", "Bd")}
+        for _ in range(5):
+            for name, fn in (("A", fa), ("B", fb), ("C", peer_bwd), ("Ad", fad), ("Bd", fbd)):
+                times[name].append(bf.time_ms(fn, warmup=2, reps=10))
+        fa(), fb()
+        torch.cuda.synchronize()
+        diff = max(((x - y).float().norm() / y.float().norm().clamp_min(1e-30)).item()
+                   for x, y in zip(fa.grads, fb.grads))
+        flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+        tf = {n: flops / (statistics.median(t) * 1e-3) / 1e12 for n, t in times.items()}
+        print(f"| {d} | {s} | {'y' if causal else 'n'} | {tf['A']:.0f} | {tf['B']:.0f} | {tf['C']:.0f} | "
+              f"{tf['A'] / tf['B']:.3f} | {tf['A'] / tf['C']:.2f} | {tf['B'] / tf['C']:.2f} | "
+              f"{tf['Ad'] / tf['Bd']:.3f} | {tf['Ad'] / tf['A']:.2f} | {diff:.1e} | {fa.kernel} |", flush=True)
+        del q, k, v, dout, out, lse, fa, fb, fad, fbd, qt, kt, vt, ref_out
+        torch.cuda.empty_cache()
 
 
 def main():
@@ -197,25 +201,21 @@ def main():
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; dropout p = {dropout_p}")
     print(f"| D | S | causal | A TF | B TF | {peer} TF | A/B | A/peer | B/peer | kernel A |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for d in dims:
-        h = 2048 // d
-        for s in (1024, 4096, 16384):
-            b = 16384 // s
-            for causal in (False, True):
-                q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-                fa = bf.Flashport(lib_a).prepare(q, k, v, torch.empty_like(q), causal, 1)
-                fb = bf.Flashport(lib_b).prepare(q, k, v, torch.empty_like(q), causal, 1)
-                cudnn = (bf.sdpa_fn(SDPBackend.FLASH_ATTENTION, q, k, v, causal, False, dropout_p) if dropout_p
-                         else bf.sdpa_fn(SDPBackend.CUDNN_ATTENTION, q, k, v, causal, False))
-                times = {"A": [], "B": [], "C": []}
-                for _ in range(5):
-                    for name, fn in (("A", fa), ("B", fb), ("C", cudnn)):
-                        times[name].append(bf.time_ms(fn, warmup=2, reps=10))
-                flops = 4 * b * h * s * s * d / (2 if causal else 1)
-                tf = {n: flops / (statistics.median(t) * 1e-3) / 1e12 for n, t in times.items()}
-                print(f"| {d} | {s} | {'y' if causal else 'n'} | {tf['A']:.0f} | {tf['B']:.0f} | {tf['C']:.0f} | "
-                      f"{tf['A'] / tf['B']:.3f} | {tf['A'] / tf['C']:.2f} | {tf['B'] / tf['C']:.2f} | {fa.kernel} |",
-                      flush=True)
+    for d, s, b, h, causal in grid_points(dims):
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        fa = bf.Flashport(lib_a).prepare(q, k, v, torch.empty_like(q), causal, 1)
+        fb = bf.Flashport(lib_b).prepare(q, k, v, torch.empty_like(q), causal, 1)
+        cudnn = (bf.sdpa_fn(SDPBackend.FLASH_ATTENTION, q, k, v, causal, False, dropout_p) if dropout_p
+                 else bf.sdpa_fn(SDPBackend.CUDNN_ATTENTION, q, k, v, causal, False))
+        times = {"A": [], "B": [], "C": []}
+        for _ in range(5):
+            for name, fn in (("A", fa), ("B", fb), ("C", cudnn)):
+                times[name].append(bf.time_ms(fn, warmup=2, reps=10))
+        flops = 4 * b * h * s * s * d / (2 if causal else 1)
+        tf = {n: flops / (statistics.median(t) * 1e-3) / 1e12 for n, t in times.items()}
+        print(f"| {d} | {s} | {'y' if causal else 'n'} | {tf['A']:.0f} | {tf['B']:.0f} | {tf['C']:.0f} | "
+              f"{tf['A'] / tf['B']:.3f} | {tf['A'] / tf['C']:.2f} | {tf['B'] / tf['C']:.2f} | {fa.kernel} |",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,35 @@ fp_tensor make(void* data, fp_dtype t, int nd, const int64_t* shape, const int64
   return x;
 }
 
-// Dropout probability of every fpb_fwd call (fpb_set_dropout; 0: none), fixed seed and offset.
+// Dropout probability of every fpb_fwd / fpb_bwd call (fpb_set_dropout; 0: none), fixed seed and offset.
 float g_dropout_p = 0.0f;
+
+// The forward call of dims (B, Sq, Sk, Hq, Hkv, D, Dv) over BSHD q, k, v, out (strides: 4 each,
+// elements; lse [B, Hq, Sq] fp32 or null), dtype 0 fp16 / 1 bf16, torch's top-left causal.
+void forward_params(fp_attn_params* p, const int64_t* dims, const int64_t* strides, void* q, void* k, void* v,
+                    void* out, void* lse, int dtype, int causal, void* stream) {
+  const int64_t B = dims[0], Sq = dims[1], Sk = dims[2], Hq = dims[3], Hkv = dims[4], D = dims[5],
+                Dv = dims[6];
+  const fp_dtype t = dtype == 1 ? FP_BF16 : FP_F16;
+  fp_attn_params_init(p);
+  const int64_t qs[4] = {B, Sq, Hq, D}, ks[4] = {B, Sk, Hkv, D}, vs[4] = {B, Sk, Hkv, Dv},
+                os[4] = {B, Sq, Hq, Dv};
+  p->q = make(q, t, 4, qs, strides);
+  p->k = make(k, t, 4, ks, strides + 4);
+  p->v = make(v, t, 4, vs, strides + 8);
+  p->out = make(out, t, 4, os, strides + 12);
+  if (lse) {
+    const int64_t ls[3] = {B, Hq, Sq}, lst[3] = {Hq * Sq, Sq, 1};
+    p->lse = make(lse, FP_F32, 3, ls, lst);
+  }
+  p->causal = causal;
+  p->causal_align = FP_CAUSAL_TOP_LEFT;  // torch's is_causal
+  p->dropout_p = g_dropout_p;
+  p->dropout_seed = 1234;
+  p->dropout_offset = 0;
+  p->backend = FP_BACKEND_CUDA;
+  p->stream = stream;
+}
 
 }  // namespace
 
@@ -33,29 +60,9 @@ void fpb_set_dropout(float p) { g_dropout_p = p; }
 int fpb_fwd(const int64_t* dims, const int64_t* strides, void* q, void* k, void* v, void* out,
             void* lse, int dtype, int causal, int num_splits, void* ws, size_t ws_bytes,
             void* stream, size_t* ws_needed, int* splits_used, char* kernel /* 96 bytes */) {
-  const int64_t B = dims[0], Sq = dims[1], Sk = dims[2], Hq = dims[3], Hkv = dims[4], D = dims[5],
-                Dv = dims[6];
-  const fp_dtype t = dtype == 1 ? FP_BF16 : FP_F16;
   fp_attn_params p;
-  fp_attn_params_init(&p);
-  const int64_t qs[4] = {B, Sq, Hq, D}, ks[4] = {B, Sk, Hkv, D}, vs[4] = {B, Sk, Hkv, Dv},
-                os[4] = {B, Sq, Hq, Dv};
-  p.q = make(q, t, 4, qs, strides);
-  p.k = make(k, t, 4, ks, strides + 4);
-  p.v = make(v, t, 4, vs, strides + 8);
-  p.out = make(out, t, 4, os, strides + 12);
-  if (lse) {
-    const int64_t ls[3] = {B, Hq, Sq}, lst[3] = {Hq * Sq, Sq, 1};
-    p.lse = make(lse, FP_F32, 3, ls, lst);
-  }
-  p.causal = causal;
-  p.causal_align = FP_CAUSAL_TOP_LEFT;  // torch's is_causal
+  forward_params(&p, dims, strides, q, k, v, out, lse, dtype, causal, stream);
   p.num_splits = num_splits;
-  p.dropout_p = g_dropout_p;
-  p.dropout_seed = 1234;
-  p.dropout_offset = 0;
-  p.backend = FP_BACKEND_CUDA;
-  p.stream = stream;
   fp_selection sel;
   fp_status st = fp_attn_fwd_select(&p, &sel);
   if (st != FP_OK) return st;
@@ -73,29 +80,14 @@ int fpb_fwd(const int64_t* dims, const int64_t* strides, void* q, void* k, void*
 int fpb_bwd(const int64_t* dims, const int64_t* strides, void* q, void* k, void* v, void* out, void* lse,
             void* dout, void* dq, void* dk, void* dv, int dtype, int causal, int deterministic, void* ws,
             size_t ws_bytes, void* stream, size_t* ws_needed, char* kernel /* 96 bytes */) {
-  const int64_t B = dims[0], Sq = dims[1], Sk = dims[2], Hq = dims[3], Hkv = dims[4], D = dims[5],
-                Dv = dims[6];
-  const fp_dtype t = dtype == 1 ? FP_BF16 : FP_F16;
   fp_attn_bwd_params p;
   fp_attn_bwd_params_init(&p);
-  const int64_t qs[4] = {B, Sq, Hq, D}, ks[4] = {B, Sk, Hkv, D}, vs[4] = {B, Sk, Hkv, Dv},
-                os[4] = {B, Sq, Hq, Dv}, ls[3] = {B, Hq, Sq}, lst[3] = {Hq * Sq, Sq, 1};
-  p.fwd.q = make(q, t, 4, qs, strides);
-  p.fwd.k = make(k, t, 4, ks, strides + 4);
-  p.fwd.v = make(v, t, 4, vs, strides + 8);
-  p.fwd.out = make(out, t, 4, os, strides + 12);
-  p.fwd.lse = make(lse, FP_F32, 3, ls, lst);
-  p.dout = make(dout, t, 4, os, strides + 16);
-  p.dq = make(dq, t, 4, qs, strides + 20);
-  p.dk = make(dk, t, 4, ks, strides + 24);
-  p.dv = make(dv, t, 4, vs, strides + 28);
-  p.fwd.causal = causal;
-  p.fwd.causal_align = FP_CAUSAL_TOP_LEFT;
-  p.fwd.dropout_p = g_dropout_p;
-  p.fwd.dropout_seed = 1234;
-  p.fwd.dropout_offset = 0;
-  p.fwd.backend = FP_BACKEND_CUDA;
-  p.fwd.stream = stream;
+  forward_params(&p.fwd, dims, strides, q, k, v, out, lse, dtype, causal, stream);
+  const fp_tensor& o = p.fwd.out;
+  p.dout = make(dout, o.dtype, 4, o.shape, strides + 16);
+  p.dq = make(dq, o.dtype, 4, p.fwd.q.shape, strides + 20);
+  p.dk = make(dk, o.dtype, 4, p.fwd.k.shape, strides + 24);
+  p.dv = make(dv, o.dtype, 4, p.fwd.v.shape, strides + 28);
   p.deterministic = deterministic;
   fp_selection sel;
   fp_status st = fp_attn_bwd_select(&p, &sel);
