@@ -13,7 +13,7 @@ Metrics (per call; medians):
   kernel  torch.profiler: the device time of every kernel (and memset/memcpy) the call launches
   host    wall time of the Python call, calls issued back to back (the device is not waited on)
 Modes (--modes, comma separated; default: all that apply to the device):
-  grid    D in {64,128,256} x S in {1k,4k,16k} x causal, B*S = 16k, H*D = 2048: forward without
+  grid    D in {64,128,256} (--dims) x S in {1k,4k,16k} x causal, B*S = 16k, H*D = 2048: forward without
           grad, forward with requires_grad, forward+backward (+ varlen forward and forward+backward
           with ragged lengths around S, against torch.nn.attention.varlen when torch has it)
   decode  flash_attn_with_kvcache, GQA 32/8, D128, B in {1,8,64} x Sk in {8k,64k}, vs SDPA
@@ -250,7 +250,7 @@ def varlen_call(lib, kind, q, k, v, cu, max_len, causal):
 # ------------------------------------------------------------------------------------------------
 
 def mode_grid(args, dtype, rows):
-    ds, ss = ((64, 128, 256), (1024, 4096, 16384)) if not args.quick else ((128,), (1024,))
+    ds, ss = ((args.dims, (1024, 4096, 16384)) if not args.quick else ((128,), (1024,)))
     tokens = 16384 if not args.quick else 4096
     for d in ds:
         for s in ss:
@@ -585,6 +585,9 @@ def main():
                     choices=["cuda", "cpu"])
     ap.add_argument("--modes", default=None, help="comma separated: grid,decode,host,tiny,jax")
     ap.add_argument("--dtypes", default="bf16", help="comma separated: bf16,fp16 (CUDA)")
+    ap.add_argument("--dims", default="64,128,256",
+                    help="comma separated head dims of the grid mode (a device call's time limit "
+                         "may need the grid in parts)")
     ap.add_argument("--quick", action="store_true", help="one point per mode, few repetitions")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--host-calls", type=int, default=None)
@@ -592,6 +595,7 @@ def main():
     ap.add_argument("--threads", type=int, default=None,
                     help="CPU threads for torch and flashport (default: torch's default)")
     args = ap.parse_args()
+    args.dims = tuple(int(x) for x in args.dims.split(","))
     args.reps = args.reps or (5 if args.quick else 12)
     args.host_calls = args.host_calls or (20 if args.quick else 200)
     if args.threads:
