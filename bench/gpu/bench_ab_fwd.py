@@ -102,13 +102,9 @@ def grid_points(dims):
 
 
 class FlashportBwd:
-    """fpb_bwd of one build on fixed tensors (the backward of fwd's call)."""
+    """fpb_bwd of one build (bench_fwd.load_lib) on fixed tensors (the backward of fwd's call)."""
 
     def __init__(self, lib, q, k, v, out, lse, dout, causal, deterministic=False):
-        lib.fpb_bwd.restype = ctypes.c_int
-        lib.fpb_bwd.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)] + \
-            [ctypes.c_void_p] * 9 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
-                                                           ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p]
         self.lib = lib
         B, Sq, Hq, D = q.shape
         self.grads = [torch.empty_like(t) for t in (q, k, v)]

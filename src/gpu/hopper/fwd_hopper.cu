@@ -169,8 +169,8 @@ KernelInfo hopper_fwd_kernel_info(int device) {
 template <int D, bool kBf16>
 gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, int32_t* tile_counter, gpuStream_t stream) {
   using Elem = std::conditional_t<kBf16, BFloat16, Half>;
-  const bool dropout = p.rules.has_dropout();  // the plan's rule too (hopper_block_m)
-  const int64_t block_m = HopperTileV3::block_m(D, dropout);
+  const bool dropout = p.rules.has_dropout();  // the instance (hopper_block_m's rule)
+  const int64_t block_m = hopper_block_m(p);
   const int64_t m_blocks = (p.seq.sq + block_m - 1) / block_m;
   if (m_blocks == 0 || p.seq.batch == 0) return gpuSuccess;
   HopperV3Params prm;
