@@ -25,6 +25,12 @@ SDPA flash with dropout as the peer), and the same with deterministic dQ (A and 
 
     python3 bench/gpu/bench_ab_fwd.py A.so B.so bwd:64,128,256
 
+KV-cache prefill chunk (B2, Sq 1024 after 3072 cached keys: 4096 keys, Hq/Hkv 32/8, D128, bf16,
+bottom-right causal): the contiguous cache and paged caches of 256/128/64/32/16/8-row pages (random
+block tables), graph replay us per call, 5 rounds of [A, B]:
+
+    python3 bench/gpu/bench_ab_fwd.py A.so B.so cache
+
 Decode: B in {1, 8, 64} x Sk in {8k, 64k}; per point 5 rounds of [A, B, cuDNN], each a CUDA-graph replay of
 20 back-to-back calls (us per call, medians), then the kernel time per call from torch.profiler
 (every kernel and memset of the call: main kernel + combine, or decode kernel + counter memset).
@@ -91,6 +97,75 @@ def main_decode(lib_a, lib_b):
                   f"{err:.1e} |", flush=True)
             del q, k, v, out_a, out_b, ref
             torch.cuda.empty_cache()
+
+
+class FlashportCache:
+    """fpb_fwd_cache of one build: a KV-cache forward (contiguous, or paged when table is given)."""
+
+    def __init__(self, lib, q, kc, vc, seqlens, table=None):
+        self.lib, self.out = lib, torch.empty_like(q)
+        self.qshape = (ctypes.c_int64 * 4)(*q.shape)
+        self.kshape = (ctypes.c_int64 * 4)(*kc.shape)
+        st = []
+        for t in (q, kc, vc, self.out):
+            st += list(t.stride())
+        self.strides = (ctypes.c_int64 * 16)(*st)
+        self.ptrs = [t.data_ptr() for t in (q, kc, vc, self.out, seqlens)] + \
+            [table.data_ptr() if table is not None else None]
+        self.bt_cols = table.shape[1] if table is not None else 0
+        self.dtype = 1 if q.dtype == torch.bfloat16 else 0
+        need = ctypes.c_size_t(0)
+        kern = ctypes.create_string_buffer(96)
+        rc = lib.fpb_fwd_cache(self.qshape, self.kshape, self.strides, *self.ptrs, self.bt_cols, self.dtype, 1,
+                               None, 0, None, ctypes.byref(need), kern)
+        if rc not in (0, 3):
+            raise RuntimeError(lib.fpb_last_error().decode())
+        self.ws = torch.empty(max(need.value, 1), dtype=torch.uint8, device="cuda")
+        self.kernel = kern.value.decode()
+
+    def __call__(self):
+        rc = self.lib.fpb_fwd_cache(self.qshape, self.kshape, self.strides, *self.ptrs, self.bt_cols, self.dtype, 1,
+                                    self.ws.data_ptr(), self.ws.numel(), torch.cuda.current_stream().cuda_stream,
+                                    None, None)
+        if rc != 0:
+            raise RuntimeError(self.lib.fpb_last_error().decode())
+
+
+def main_cache(lib_a, lib_b):
+    B, Sq, Sk, Hq, Hkv, D, dt = 2, 1024, 4096, 32, 8, 128, torch.bfloat16
+    cap = Sk + 512
+    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}")
+    print(f"KV-cache prefill chunk: B{B} Sq{Sq} keys {Sk} Hq/Hkv {Hq}/{Hkv} D{D} bf16 causal, caches of {cap} rows; "
+          "graph replay us per call (medians of 5 rounds); vs contiguous = B's contiguous time / B's time.")
+    print("| cache | A us | B us | A/B | vs contiguous (B) | max rel diff A-B | kernel A | kernel B |")
+    print("|---|---|---|---|---|---|---|---|")
+    q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=dt)
+    kc, vc = (torch.randn(B, cap, Hkv, D, device="cuda", dtype=dt) for _ in range(2))
+    seqlens = torch.full((B,), Sk, dtype=torch.int32, device="cuda")
+    calls = [("contiguous", kc, vc, None)]
+    for page in (256, 128, 64, 32, 16, 8):
+        blocks = cap // page
+        perm = torch.randperm(B * blocks, device="cuda")
+        table = perm.to(torch.int32).view(B, blocks)
+        kp, vp = (torch.empty(B * blocks, page, Hkv, D, device="cuda", dtype=dt) for _ in range(2))
+        kp[perm] = kc.reshape(B * blocks, page, Hkv, D)  # the same keys as the contiguous cache
+        vp[perm] = vc.reshape(B * blocks, page, Hkv, D)
+        calls.append((f"paged {page}", kp, vp, table))
+    base = None
+    for name, k, v, table in calls:
+        fa = FlashportCache(lib_a, q, k, v, seqlens, table)
+        fb = FlashportCache(lib_b, q, k, v, seqlens, table)
+        times = {"A": [], "B": []}
+        for _ in range(5):
+            for n, fn in (("A", fa), ("B", fb)):
+                times[n].append(bf.time_graph_ms(fn) * 1e3)
+        t = {n: statistics.median(x) for n, x in times.items()}
+        base = base or t["B"]
+        fa(), fb()
+        torch.cuda.synchronize()
+        diff = ((fa.out - fb.out).float().norm() / fb.out.float().norm()).item()
+        print(f"| {name} | {t['A']:.1f} | {t['B']:.1f} | {t['A'] / t['B']:.3f} | {base / t['B']:.3f} | {diff:.1e} | "
+              f"{fa.kernel} | {fb.kernel} |", flush=True)
 
 
 def grid_points(dims):
@@ -180,6 +255,8 @@ def main():
     lib_a, lib_b = bf.load_lib(sys.argv[1]), bf.load_lib(sys.argv[2])
     if len(sys.argv) > 3 and sys.argv[3] == "decode":
         return main_decode(lib_a, lib_b)
+    if len(sys.argv) > 3 and sys.argv[3] == "cache":
+        return main_cache(lib_a, lib_b)
     if len(sys.argv) > 3 and sys.argv[3].split(":")[0] in ("bwd", "bwd-dropout"):
         mode, dims = sys.argv[3].split(":")
         dropout_p = 0.1 if mode == "bwd-dropout" else 0.0

@@ -32,6 +32,11 @@ def load_lib(path):
         lib.fpb_bwd.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)] + \
             [ctypes.c_void_p] * 9 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
                                                            ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p]
+    if hasattr(lib, "fpb_fwd_cache"):
+        lib.fpb_fwd_cache.restype = ctypes.c_int
+        lib.fpb_fwd_cache.argtypes = [ctypes.POINTER(ctypes.c_int64)] * 3 + [ctypes.c_void_p] * 6 + \
+            [ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+             ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p]
     lib.fpb_last_error.restype = ctypes.c_char_p
     return lib
 

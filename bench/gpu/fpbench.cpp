@@ -100,6 +100,36 @@ int fpb_bwd(const int64_t* dims, const int64_t* strides, void* q, void* k, void*
   return fp_attn_bwd(&p);
 }
 
+// A KV-cache forward (flash_attn_with_kvcache's prefill chunk, bottom-right causal): q [B, Sq, Hq, D];
+// k, v the cache, kshape [B, rows, Hkv, D] (contiguous) or [blocks, page, Hkv, D] with block_table
+// int32 [B, max_blocks] (bt_cols > 0: paged); seqused_k int32 [B]. strides: q, k, v, out (4 each).
+int fpb_fwd_cache(const int64_t* qshape, const int64_t* kshape, const int64_t* strides, void* q, void* k, void* v,
+                  void* out, void* seqused_k, void* block_table, int64_t bt_cols, int dtype, int causal, void* ws,
+                  size_t ws_bytes, void* stream, size_t* ws_needed, char* kernel /* 96 bytes */) {
+  const int64_t B = qshape[0];
+  const int64_t dims[7] = {B, qshape[1], kshape[1], qshape[2], kshape[2], qshape[3], kshape[3]};
+  fp_attn_params p;
+  forward_params(&p, dims, strides, q, k, v, out, nullptr, dtype, causal, stream);
+  p.causal_align = FP_CAUSAL_BOTTOM_RIGHT;  // flash_attn_with_kvcache's
+  p.k = make(k, p.k.dtype, 4, kshape, strides + 4);
+  p.v = make(v, p.v.dtype, 4, kshape, strides + 8);
+  const int64_t bs[1] = {B}, bst[1] = {1};
+  p.seqused_k = make(seqused_k, FP_I32, 1, bs, bst);
+  if (bt_cols > 0) {
+    const int64_t ts[2] = {B, bt_cols}, tst[2] = {bt_cols, 1};
+    p.block_table = make(block_table, FP_I32, 2, ts, tst);
+  }
+  fp_selection sel;
+  fp_status st = fp_attn_fwd_select(&p, &sel);
+  if (st != FP_OK) return st;
+  if (ws_needed) *ws_needed = sel.workspace_bytes;
+  if (kernel) std::memcpy(kernel, sel.kernel, sizeof(sel.kernel));
+  if (sel.workspace_bytes > ws_bytes) return FP_ERR_WORKSPACE;
+  p.workspace = ws;
+  p.workspace_bytes = ws_bytes;
+  return fp_attn_fwd(&p);
+}
+
 const char* fpb_last_error(void) { return fp_last_error(); }
 
 }  // extern "C"
