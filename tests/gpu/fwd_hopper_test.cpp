@@ -493,8 +493,8 @@ TEST(CudaHopperFwd, HeadDim192Instance) {
       k.seqused = {599, 77};
       check_case(k, &sel);
       expect_d192(sel, k);
-      if (hopper_here())
-        EXPECT_EQ(std::string(sel.kernel).find(":kv_rows") != std::string::npos, page == 16) << sel.kernel;
+      if (hopper_here())  // pages of 16 and 96 rows tile the 96-key tile: TMA boxes
+        EXPECT_EQ(std::string(sel.kernel).find(":kv_rows"), std::string::npos) << sel.kernel;
     }
     Case s = c;
     s.sk = 2000, s.splits = 3;
@@ -584,9 +584,9 @@ TEST(CudaHopperFwd, KvCacheContiguous) {
   }
 }
 
-// The producer a paged call runs (fwd_hopper.hpp kv_by_rows): row copies (":kv_rows") for pages
-// below or not a multiple of the key tile and for left pads; TMA boxes for pages a multiple of it,
-// and for dropout calls (no row-copy dropout instance) with pages of a multiple of 8 dividing it.
+// The producer a paged call runs (fwd_hopper.hpp kv_by_rows): TMA boxes for pages a multiple of the
+// key tile or of 16 rows and up, a multiple of 8, dividing it; row copies (":kv_rows") for the other
+// pages and for left pads.
 void check_hopper_paged(const Case& c) {
   fp_selection sel{};
   check_case(c, &sel);
@@ -596,13 +596,14 @@ void check_hopper_paged(const Case& c) {
   flashport::Problem dims;
   dims.d = c.d, dims.dv = c.dv;
   const int64_t bn = flashport::gpu::HopperTileV3::block_n(flashport::gpu::hopper_head_bucket(dims));
-  const bool rows = !c.leftpad.empty() || !(c.page_size % bn == 0 || (bn % c.page_size == 0 && c.page_size >= 64));
+  const bool rows = !c.leftpad.empty() ||
+                    !(c.page_size % bn == 0 || (bn % c.page_size == 0 && c.page_size % 8 == 0 && c.page_size >= 16));
   EXPECT_EQ(ran.find(":kv_rows") != std::string::npos, rows) << c.describe() << " ran " << ran;
   expect_split_tag(sel, c.describe());
 }
 
-// Paged caches, pages 8 .. 512 rows (row copies below 64 rows, TMA boxes from there: one per page dividing the
-// key tile or one per tile: the D192 and D256 instances' key tile is 64), a shuffled block table, unused rows NaN,
+// Paged caches, pages 8 .. 512 rows (row copies at 8; TMA boxes from 16 rows: one per page dividing the
+// key tile, or one per tile: the D256 instance's key tile is 64), a shuffled block table, unused rows NaN,
 // causal, sinks, LSE.
 TEST(CudaHopperFwd, KvCachePaged) {
   SKIP_WITHOUT_GPU();
@@ -648,26 +649,29 @@ TEST(CudaHopperFwd, KvCachePagedByRows) {
   }
 }
 
-// The producer a paged call gets (the plan's rule, no device needed): row copies for pages below
-// 64 rows or not dividing the key tile (128 rows; 64 at D256) and with a left pad, TMA boxes for
-// multiples of the tile and pages of 64 rows and up that divide it; dropout
-// keeps a box per page where pages of a multiple of 8 divide the tile, and has no row copies (the
-// candidate declines those). The plan's name says which.
+// The producer a paged call gets (the plan's rule, no device needed): row copies for pages not
+// dividing the key tile (128 rows; 96 at D192, 64 at D256) nor a multiple of it, for pages below
+// 16 rows, and with a left pad; TMA boxes for multiples of the tile and pages of 16 rows and up, a
+// multiple of 8, dividing it; dropout (no row copies: the candidate declines those) keeps the boxes
+// of 8-row pages too. The plan's name says which.
 TEST(HopperFwdPlan, PagedProducerChoice) {
   struct Want {
     int64_t d, page;
     bool leftpad, dropout, rows;
   };
   const Want wants[] = {
-      {128, 16, false, false, true},  {128, 64, false, false, false}, {128, 1, false, false, true},
+      {128, 16, false, false, false}, {128, 64, false, false, false}, {128, 1, false, false, true},
       {128, 48, false, false, true},  {128, 3, false, false, true},   {128, 200, false, false, true},
       {128, 128, false, false, false}, {128, 256, false, false, false}, {128, 256, true, false, true},
-      {96, 16, false, false, true},   {64, 16, false, false, true},   {64, 512, false, false, false},
-      {256, 16, false, false, true},  {256, 64, false, false, false}, {256, 128, false, false, false},
-      {192, 32, false, false, true},  {128, 16, false, true, false},  {128, 64, false, true, false},
+      {96, 16, false, false, false},  {64, 16, false, false, false},  {64, 512, false, false, false},
+      {256, 16, false, false, false}, {256, 64, false, false, false}, {256, 128, false, false, false},
+      {192, 32, false, false, false}, {128, 16, false, true, false},  {128, 64, false, true, false},
+      {128, 8, false, false, true},   {128, 4, false, false, true},   {128, 12, false, false, true},
+      {128, 8, false, true, false},   {256, 8, false, false, true},   {256, 32, false, false, false},
       {128, 256, false, true, false}, {128, 48, false, true, true},    {128, 16, true, true, true},
-      {192, 64, false, false, true},  {192, 256, false, false, true},  {160, 16, false, false, true},
+      {192, 64, false, false, true},  {192, 256, false, false, true},  {160, 16, false, false, false},
       {192, 64, false, true, true},   {176, 32, false, true, false},   {192, 64, true, false, true},
+      {160, 16, false, true, false},
       {192, 96, false, false, false}, {192, 192, false, false, false}, {192, 48, false, true, false},
   };
   const int32_t pad = 0;
@@ -692,7 +696,7 @@ TEST(HopperFwdPlan, PagedProducerChoice) {
 
 // Row copies with the rest of a serving call: GQA 8:1 and 4:1, split-KV (forced and automatic),
 // append with rotary, a left pad, sequences without keys and with keys ending mid-page, pages of
-// 1, 3, 16, 48, 64 and 256 (64 and 256: TMA boxes, the same calls); and dropout, which has no row-copy
+// 1, 3, 16, 48, 64 and 256 (16, 64 and 256: TMA boxes, the same calls); and dropout, which has no row-copy
 // instance: pages of a multiple of 8 dividing the key tile keep TMA boxes, the rest run on the
 // mma.sync kernel (still correct).
 TEST(CudaHopperFwd, KvCachePagedServing) {

@@ -173,11 +173,11 @@ TEST(CudaFwd, KvCachePagedAnyPageSize) {
 // past the pool the pool's last page (kernel_args.hpp clamp_page_id), never a fault. The fp64
 // reference runs the same call with those ids clamped on the host. Decode-shaped calls (5 query
 // rows: the mma.sync decode tile) and prefill chunks (300 rows: on sm_90 the Hopper kernel, pages
-// of 16 rows by its kv_rows producer, of 64 by one TMA box per page), and the fp32 kernel.
+// of 8 rows by its kv_rows producer, of 16 and 64 by one TMA box per page), and the fp32 kernel.
 TEST(CudaFwd, KvCachePagedDeviceIdsAreClamped) {
   SKIP_WITHOUT_GPU();
   for (fp_dtype dtype : {rand_dtype(), FP_F32})
-  for (int64_t page : {16, 64})
+  for (int64_t page : {8, 16, 64})
   for (int64_t sq : {5, 300}) {
     Case c;
     c.dtype = dtype;

@@ -9,11 +9,10 @@
 // alignments), sliding windows, GQA/MQA, LSE, softcap, ALiBi, sinks; split-KV (partials in the
 // workspace, then the combine kernel; hopper_fwd_candidate picks the count); KV caches:
 // contiguous (seqused_k, cache_batch_idx, cache_leftpad) and paged with any page size (pages a
-// multiple of the key tile: one TMA box per tile; pages of 64 rows and up dividing the tile: one
-// box per page; smaller pages and left pads: coalesced cp.async row copies by the producer
-// warpgroup, kv_by_rows, head dims of multiples of 8; with dropout,
-// pages of a multiple of 8 rows dividing the key tile: one TMA box per page, and the rest
-// declined), append and rotary (the
+// multiple of the key tile: one TMA box per tile; pages of 16 rows and up, a multiple of 8, dividing
+// the tile: one box per page, issued by one lane each; other pages and left pads: coalesced
+// cp.async row copies by the producer warpgroup, kv_by_rows, head dims of multiples of 8; with
+// dropout, 8-row pages keep their boxes too, and the rest is declined), append and rotary (the
 // pre-pass writes the cache rows and the rotated q, which the kernel reads from the workspace),
 // varlen queries over a cache (chunked prefill), dropout (core/philox.hpp's keep mask, the
 // words shared between lanes: dropout_hopper.cuh; split-KV too). Key tiles: HopperTileV3::block_n,
@@ -178,26 +177,25 @@ inline int hopper_block_n(const Problem& p) {
   return hopper_wide_tile(p) ? HopperTileV3::kWideBlockN : HopperTileV3::block_n(hopper_head_bucket(p));
 }
 
-// How the producer reads a paged cache. TMA boxes tile pages that are a multiple of the key tile
-// (one box per tile) or a multiple of 8 rows dividing it (one box per page), without a left pad.
-// Below the key tile the producer's threads copy the rows instead (the kKvRows instances,
-// coalesced cp.async): one thread issuing a box per page starved the ring on the H100 (0.43 of a
-// contiguous cache at page 16, 0.81 at page 64; bench/results/gpu_coverage.md), and row copies
-// take any page size and left pad. Dropout has no row-copy instance: its calls keep the boxes
-// where they fit, and the candidate declines the rest (hopper_fwd_candidate).
+// How the producer reads a paged cache: TMA boxes where they tile it, pages a multiple of the key
+// tile (one box per tile) or a multiple of 8 rows dividing it (one box per page, each lane of the
+// issuing warp issuing its page's box), without a left pad; row copies by the producer's threads
+// (the kKvRows instances, coalesced cp.async) for the rest -- pages that do not divide into key
+// tiles, left pads -- and for pages below kMinBoxPageRows, where a box's fixed cost passes the row
+// copies'. On the H200 (D128 prefill chunk, bench_ab_fwd.py cache, session 15; gpu_coverage.md),
+// against the contiguous cache: boxes 0.93-0.95 at pages of 128/256 rows, 0.97 at 64, 0.91 at 32,
+// 0.79 at 16, 0.60 at 8; row copies 0.71-0.73 at every size. Dropout has no row-copy instance: its
+// calls keep the boxes wherever they tile the cache, and the candidate declines the rest
+// (hopper_fwd_candidate).
+inline constexpr int64_t kMinBoxPageRows = 16;
 inline bool kv_tma_boxes_fit(const Problem& p) {
   const int64_t page = p.seq.page_size, bn = hopper_block_n(p);
   return p.seq.cache_leftpad == nullptr && (page % bn == 0 || (bn % page == 0 && page % 8 == 0));
 }
-// Row copies for pages below 64 rows, pages that do not divide into key tiles, and left pads;
-// TMA boxes (one per tile, or per page of 64 rows and up dividing the tile) for the rest. Measured
-// on the H100 (bench_coverage, D128 prefill chunk): boxes of 64-row pages 0.81 of the contiguous
-// call, of 16-row pages 0.43 (the single issuing thread); row copies 0.69-0.70 at every size.
 inline bool kv_by_rows(const Problem& p) {
   if (p.seq.kv_layout != KvLayout::Paged) return false;
-  const int64_t bn = hopper_block_n(p), page = p.seq.page_size;
   if (p.rules.has_dropout()) return !kv_tma_boxes_fit(p);
-  return p.seq.cache_leftpad != nullptr || !(page % bn == 0 || (bn % page == 0 && page >= 64));
+  return !kv_tma_boxes_fit(p) || p.seq.page_size < kMinBoxPageRows;
 }
 
 // Work tiles of a call: query blocks of block_m rows x splits x heads x sequences (the kernel's

@@ -328,7 +328,11 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
           }
           // One K or V tile (keys key0 .. key0 + BN) into a ring slot, completing on `bar`. Paged:
           // only the boxes holding keys of the sequence (the block table ends there); lane q
-          // holds the page of box q.
+          // holds the page of box q and issues that box's copies itself. No warp-wide step
+          // between one lane's copies and the next: with the page ids handed to lane 0 by
+          // shuffles, each shuffle after a copy cost 12-18% of the call (bench/results/
+          // gpu_coverage.md, session 15). The transaction count may run ahead of the expectation
+          // (lane 0's arrival): the phase cannot complete before that arrival.
           auto load_kv = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar, int key0, int boxes, int my_page) {
             if constexpr (!kPaged) {
               if (lane == 0) {
@@ -340,14 +344,11 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
             } else {
               const int box = P.kv_box_rows;
               if (lane == 0) mbar_arrive_expect_tx(bar, uint32_t(boxes * box) * 128u * kPanels);
-              for (int q = 0; q < boxes; ++q) {
-                const int page = __shfl_sync(0xffffffffu, my_page, q);
-                if (lane == 0) {
-                  const int in_page = (key0 + q * box) % int(a.seq.page_size);
+              if (lane < boxes) {
+                const int in_page = (key0 + lane * box) % int(a.seq.page_size);
 #pragma unroll
-                  for (int p = 0; p < kPanels; ++p)
-                    tma_load_4d(dst + p * (BN * 128) + q * box * 128, map, bar, p * 64, in_page, kvh, page);
-                }
+                for (int p = 0; p < kPanels; ++p)
+                  tma_load_4d(dst + p * (BN * 128) + lane * box * 128, map, bar, p * 64, in_page, kvh, my_page);
               }
             }
           };
