@@ -49,6 +49,21 @@ void forward_params(fp_attn_params* p, const int64_t* dims, const int64_t* strid
   p->stream = stream;
 }
 
+// Selects the forward call's kernel, reports its workspace, and runs it when ws_bytes covers that.
+int select_and_run_fwd(fp_attn_params* p, void* ws, size_t ws_bytes, size_t* ws_needed, int* splits_used,
+                       char* kernel) {
+  fp_selection sel;
+  fp_status st = fp_attn_fwd_select(p, &sel);
+  if (st != FP_OK) return st;
+  if (ws_needed) *ws_needed = sel.workspace_bytes;
+  if (splits_used) *splits_used = sel.num_splits;
+  if (kernel) std::memcpy(kernel, sel.kernel, sizeof(sel.kernel));
+  if (sel.workspace_bytes > ws_bytes) return FP_ERR_WORKSPACE;
+  p->workspace = ws;
+  p->workspace_bytes = ws_bytes;
+  return fp_attn_fwd(p);
+}
+
 }  // namespace
 
 extern "C" {
@@ -63,16 +78,7 @@ int fpb_fwd(const int64_t* dims, const int64_t* strides, void* q, void* k, void*
   fp_attn_params p;
   forward_params(&p, dims, strides, q, k, v, out, lse, dtype, causal, stream);
   p.num_splits = num_splits;
-  fp_selection sel;
-  fp_status st = fp_attn_fwd_select(&p, &sel);
-  if (st != FP_OK) return st;
-  if (ws_needed) *ws_needed = sel.workspace_bytes;
-  if (splits_used) *splits_used = sel.num_splits;
-  if (kernel) std::memcpy(kernel, sel.kernel, sizeof(sel.kernel));
-  if (sel.workspace_bytes > ws_bytes) return FP_ERR_WORKSPACE;
-  p.workspace = ws;
-  p.workspace_bytes = ws_bytes;
-  return fp_attn_fwd(&p);
+  return select_and_run_fwd(&p, ws, ws_bytes, ws_needed, splits_used, kernel);
 }
 
 // The backward of an fpb_fwd call (same dims; out and lse from that call). strides: q, k, v, out,
@@ -119,15 +125,7 @@ int fpb_fwd_cache(const int64_t* qshape, const int64_t* kshape, const int64_t* s
     const int64_t ts[2] = {B, bt_cols}, tst[2] = {bt_cols, 1};
     p.block_table = make(block_table, FP_I32, 2, ts, tst);
   }
-  fp_selection sel;
-  fp_status st = fp_attn_fwd_select(&p, &sel);
-  if (st != FP_OK) return st;
-  if (ws_needed) *ws_needed = sel.workspace_bytes;
-  if (kernel) std::memcpy(kernel, sel.kernel, sizeof(sel.kernel));
-  if (sel.workspace_bytes > ws_bytes) return FP_ERR_WORKSPACE;
-  p.workspace = ws;
-  p.workspace_bytes = ws_bytes;
-  return fp_attn_fwd(&p);
+  return select_and_run_fwd(&p, ws, ws_bytes, ws_needed, nullptr, kernel);
 }
 
 const char* fpb_last_error(void) { return fp_last_error(); }
