@@ -6,7 +6,8 @@
 // long unmasked calls, hopper_wide_tile) 160:
 //   warpgroup 0, the producer: drops to 40 registers (setmaxnreg; 24 with three consumers or
 //     160-key tiles, HopperTileV3::producer_regs; in the paged row-copy instances, kKvRows, its
-//     128 threads copy K/V rows with cp.async instead); one thread issues every copy
+//     128 threads copy K/V rows with cp.async instead); one thread issues every copy (paged
+//     caches with pages below the key tile: lane q the boxes of the tile's page q)
 //     as TMA (cp.async.bulk.tensor, 64-column boxes, 128B swizzle: the panel layout wgmma reads):
 //     Q once, then K(t), V(t) for the tiles in consumer order, each into its ring slot once the
 //     slot's `empty` mbarrier says both consumers are done with it; the copy engine signals the
@@ -295,7 +296,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
         }
       });
     } else if (tid < 32) {
-      // Warp 0: lane 0 issues every copy; the warp reads a tile's page ids at once (paged).
+      // Warp 0: lane 0 issues every copy; paged, lane q reads and copies the tile's page q.
       if (lane == 0) {
         tma_prefetch_desc(&P.tq);
         tma_prefetch_desc(&P.tk);
