@@ -183,7 +183,7 @@ inline int hopper_block_n(const Problem& p) {
 // (the kKvRows instances, coalesced cp.async) for the rest -- pages that do not divide into key
 // tiles, left pads -- and for pages below kMinBoxPageRows, where a box's fixed cost passes the row
 // copies'. On the H200 (D128 prefill chunk, bench_ab_fwd.py cache, session 15; gpu_coverage.md),
-// against the contiguous cache: boxes 0.93-0.95 at pages of 128/256 rows, 0.97 at 64, 0.91 at 32,
+// against the contiguous cache: boxes 0.93-0.96 at pages of 128/256 rows, 0.97 at 64, 0.91 at 32,
 // 0.79 at 16, 0.60 at 8; row copies 0.71-0.73 at every size. Dropout has no row-copy instance: its
 // calls keep the boxes wherever they tile the cache, and the candidate declines the rest
 // (hopper_fwd_candidate).

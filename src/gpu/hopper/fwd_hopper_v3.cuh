@@ -331,8 +331,8 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
           // only the boxes holding keys of the sequence (the block table ends there); lane q
           // holds the page of box q and issues that box's copies itself. No warp-wide step
           // between one lane's copies and the next: with the page ids handed to lane 0 by
-          // shuffles, each shuffle after a copy cost 12-18% of the call (bench/results/
-          // gpu_coverage.md, session 15). The transaction count may run ahead of the expectation
+          // shuffles, one shuffle placed after a copy cost 16-18% of the call at 128/256-row pages
+          // (bench/results/gpu_coverage.md, session 15). The transaction count may run ahead of the expectation
           // (lane 0's arrival): the phase cannot complete before that arrival.
           auto load_kv = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar, int key0, int boxes, int my_page) {
             if constexpr (!kPaged) {
