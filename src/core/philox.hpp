@@ -12,9 +12,16 @@ struct Philox4 {
 };
 
 FP_HD void philox_mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
+#if defined(__CUDA_ARCH__)
+  // One IMAD.WIDE.U32 whose register pair is (lo, hi). From the 64-bit product and its shift,
+  // ptxas (CUDA 13.0, sm_90a) also adds a zeroed uniform register to hi: two more instructions a
+  // round, a fifth of a call.
+  asm("{\n.reg .b64 p;\nmul.wide.u32 p, %2, %3;\nmov.b64 {%1, %0}, p;\n}" : "=r"(hi), "=r"(lo) : "r"(a), "r"(b));
+#else
   const uint64_t p = static_cast<uint64_t>(a) * b;
   hi = static_cast<uint32_t>(p >> 32);
   lo = static_cast<uint32_t>(p);
+#endif
 }
 
 // Ten rounds; the key is bumped by the Weyl constants before every round but the first.
