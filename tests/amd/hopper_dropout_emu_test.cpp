@@ -59,7 +59,7 @@ int64_t forward_mismatches(const ScoreRules& R, Rng rng, int row0, int n0) {
         for (int e2 = 0; e2 < 2; ++e2) {
           const int i = row0 + 16 * (tid / 32) + (tid % 32) / 4 + 8 * hf, j = n0 + 8 * t + 2 * (tid % 4) + e2;
           const bool want = dropout_keep(rng.seed, rng.offset, t8, kB, kHq, kH, i, j);
-          bad += ((keep[2 * tid + hf] >> (2 * t + e2)) & 1u) != uint32_t(want);
+          bad += ((keep[2 * tid + hf] >> flashport::gpu::sm90::fwd_keep_bit(t, e2)) & 1u) != uint32_t(want);
         }
   return bad;
 }

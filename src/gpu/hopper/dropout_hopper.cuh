@@ -8,7 +8,7 @@
 //   Forward (rows = queries, columns = keys): a call's 16 keys are two tiles of one row, held by
 //     the 4 lanes of a quad (2 + 2 keys each). A quad holds 2 rows x kNTiles / 2 calls: lane q
 //     makes those of row q % 2 and every other call of that row, then hands each quad partner
-//     its 4 bits of each of them (3 shuffles).
+//     its 4 bits of each of them (3 shuffles), in the bytes' top-bit order (fwd_keep_bit).
 //   Backward (P^T: rows = keys, columns = queries): a call's 16 keys are the 16 rows of the
 //     warp's slab, one query column: the 8 lanes l % 4 = c hold them for the columns 2c, 2c + 1
 //     of every tile. Lane (r = l/4, c) makes the calls of its column pair whose index 2t + e2 is
@@ -33,9 +33,30 @@ __device__ __forceinline__ uint32_t interleave_key_pairs(uint32_t x) {
   return x ^ t ^ (t << 2);
 }
 
+// Per byte of x: bit 7 set iff the byte >= the threshold (t4: the threshold in every byte, t4_low:
+// t4 & 0x7F7F7F7F); the other bits are garbage. d = (x | 0x80..) - t4_low borrows across no byte
+// and has bit 7 set iff x's low 7 bits >= the threshold's; x >= t iff x's top bit is set and t's
+// is not, or they are equal and d's is set: 3 instructions a word (the full-byte compare and the
+// bit gather of dropout_keep_bits16 take 9).
+__device__ __forceinline__ uint32_t bytes_ge_top_bits(uint32_t x, uint32_t t4, uint32_t t4_low) {
+  const uint32_t d = (x | 0x80808080u) - t4_low;
+  return (x & ~t4) | (~(x ^ t4) & d);
+}
+
+// Forward keep-word layout: element [4t + 2hf + e2] (key 8t + 2(lane % 4) + e2 of row hf) of a
+// thread is bit fwd_keep_bit(t, e2) of keep[hf]. A 16-key call u = t / 2 (u = 2m + half) lands in
+// the word's 16-bit half `half`, at the positions its byte top bits take (fwd_keep_bits).
+__host__ __device__ constexpr int fwd_keep_bit(int t, int e2) {
+  return 16 * ((t >> 1) & 1) + 7 + 8 * e2 - (t & 1) - 2 * (t >> 2);
+}
+
 // Forward: the keep bits of this thread's two rows (query i_row0 and i_row0 + 8) for the
-// kNTiles 8-key tiles of keys [n0, n0 + 8 kNTiles), n0 a multiple of 16: bit 2t + e2 of
-// keep[hf] is element [4t + 2hf + e2].
+// kNTiles 8-key tiles of keys [n0, n0 + 8 kNTiles), n0 a multiple of 16, in the layout of
+// fwd_keep_bit. A call's 16 keys are two tiles of one row, held by the 4 lanes of a quad (2 + 2
+// keys each): lane d holds keys 2d, 2d + 1 (bytes 2(d % 2) + {0, 1} of word d / 2) and 8 + 2d,
+// 9 + 2d (the same bytes of word 2 + d / 2). So the top bits of words j and 2 + j, the second
+// shifted down by one, hold what lanes 2j (low half) and 2j + 1 (high half) need at bits 7, 15,
+// 6, 14 of their half; a lane's calls m = 0, 1, .. go 2m further down, side by side.
 template <int kNTiles>
 __device__ __forceinline__ void fwd_keep_bits(uint32_t (&keep)[2], const ScoreRules& R, int b, int hq, int h,
                                               int i_row0, int n0) {
@@ -44,35 +65,41 @@ __device__ __forceinline__ void fwd_keep_bits(uint32_t (&keep)[2], const ScoreRu
   const int q = threadIdx.x & 3;       // lane within the quad
   const int my_hf = q & 1, my_half = q >> 1;
   const uint64_t seed = R.rng_seed(), offset = R.rng_offset();
-  // to[d]: the bits of my calls that quad lane d holds, each call's 4 at bit 4u of the row's word
-  // (u: the call's index in the row; keys 16u + 2d + {0, 1} and 16u + 8 + 2d + {0, 1}).
-  uint32_t to[4] = {0u, 0u, 0u, 0u};
+  const uint32_t t4 = R.dropout_threshold * 0x01010101u, t4_low = t4 & 0x7F7F7F7Fu;
+  // to[j]: the bits of my calls (row my_hf, u = 2m + my_half) for quad lanes 2j (low half) and
+  // 2j + 1 (high half).
+  uint32_t to[2] = {0u, 0u};
 #pragma unroll
   for (int m = 0; m < (kCalls + 1) / 2; ++m) {
     const int u = 2 * m + my_half;
     if (kCalls % 2 == 0 || u < kCalls) {
       const Philox4 w = dropout_words(seed, offset, b, hq, h, i_row0 + 8 * my_hf, n0 + 16 * u);
-      // Nibble d: quad lane d's 4 bits of the call.
-      const uint32_t bits = interleave_key_pairs(dropout_keep_bits16(w, R.dropout_threshold));
 #pragma unroll
-      for (int d = 0; d < 4; ++d) to[d] |= ((bits >> (4 * d)) & 0xFu) << (4 * u);
+      for (int j = 0; j < 2; ++j) {
+        const uint32_t lo = bytes_ge_top_bits(w.x[j], t4, t4_low) & 0x80808080u;
+        const uint32_t hi = (bytes_ge_top_bits(w.x[2 + j], t4, t4_low) >> 1) & 0x40404040u;
+        to[j] |= (lo | hi) >> (2 * m);
+      }
     }
   }
-  // Runtime picks by selects (an indexed pick would put to[] and keep[] in local memory).
-  auto pick = [&](int d) { return (d & 2) ? ((d & 1) ? to[3] : to[2]) : ((d & 1) ? to[1] : to[0]); };
-  uint32_t same = pick(q), other = 0u;  // my row's bits, the other row's
+  // Quad lane d's 16 bits of what lane `from` made: half d % 2 of to[d / 2].
+  auto half_of = [&](uint32_t word) { return (word >> (16 * (q & 1))) & 0xFFFFu; };
+  const uint32_t mine = half_of(q & 2 ? to[1] : to[0]);
+  uint32_t got[4];
 #pragma unroll
-  for (int x = 1; x < 4; ++x) {
-    const uint32_t got = __shfl_xor_sync(0xffffffffu, pick(q ^ x), x);  // the partner gets what I made for it
-    if (x & 1) other |= got;  // odd partners make the other row's calls
-    else same |= got;
-  }
+  for (int x = 1; x < 4; ++x)  // the partner q ^ x gets to[(q ^ x) / 2], whole; it takes its half
+    got[x] = half_of(__shfl_xor_sync(0xffffffffu, (q ^ x) & 2 ? to[1] : to[0], x));
+  // Row my_hf: my calls (half my_half) and partner q ^ 2's; the other row: partners q ^ 1 (same
+  // half as mine) and q ^ 3.
+  const int sh_mine = 16 * my_half, sh_other = 16 - sh_mine;
+  const uint32_t same = (mine << sh_mine) | (got[2] << sh_other);
+  const uint32_t other = (got[1] << sh_mine) | (got[3] << sh_other);
   keep[0] = my_hf ? other : same;
   keep[1] = my_hf ? same : other;
 }
 
-// Forward: P elements of dropped positions to 0 (s: one tile of P, keys [n0, n0 + 8 kNTiles);
-// dropout's key tiles hold at most 128 keys: one keep word per row).
+// Forward: P elements of dropped positions to 0 (s: one tile of P; keep: fwd_keep_bits of its
+// keys; dropout's key tiles hold at most 128 keys: one keep word per row).
 template <int kNTiles>
 __device__ __forceinline__ void fwd_apply_dropout(float (&s)[4 * kNTiles], const ScoreRules& R, int b, int hq,
                                                   int h, int i_row0, int n0) {
@@ -84,7 +111,7 @@ __device__ __forceinline__ void fwd_apply_dropout(float (&s)[4 * kNTiles], const
     for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
       for (int e2 = 0; e2 < 2; ++e2)
-        if (!((keep[hf] >> (2 * t + e2)) & 1u)) s[4 * t + 2 * hf + e2] = 0.0f;
+        if (!((keep[hf] >> fwd_keep_bit(t, e2)) & 1u)) s[4 * t + 2 * hf + e2] = 0.0f;
 }
 
 // Backward: the keep bits of this thread's elements of P^T (keys key0 and key0 + 8, queries
