@@ -84,7 +84,8 @@ int64_t backward_mismatches(const ScoreRules& R, Rng rng, int q0, int key_base) 
           const int bit = 4 * t + 2 * hf + e2;
           const int i = q0 + 8 * t + 2 * (tid % 4) + e2, j = key_base + 16 * (tid / 32) + (tid % 32) / 4 + 8 * hf;
           const bool want = dropout_keep(rng.seed, rng.offset, t8, kB, kHq, kH, i, j);
-          bad += ((keep[kWords * tid + bit / 32] >> (bit % 32)) & 1u) != uint32_t(want);
+          const int at = flashport::gpu::sm90::bwd_keep_bit(bit);
+          bad += ((keep[kWords * tid + at / 32] >> (at % 32)) & 1u) != uint32_t(want);
         }
   return bad;
 }

@@ -13,7 +13,7 @@
 //     warp's slab, one query column: the 8 lanes l % 4 = c hold them for the columns 2c, 2c + 1
 //     of every tile. Lane (r = l/4, c) makes the calls of its column pair whose index 2t + e2 is
 //     r mod 8, and an 8 x 8 bit transpose over those 8 lanes (3 shuffle stages, 4 matrices a
-//     word) hands every lane the bits of its own keys.
+//     word) hands every lane the bits of its own keys, in the bytes' top-bit order (bwd_keep_bit).
 // Included by the sm_90a kernels only.
 #pragma once
 #include <cstdint>
@@ -22,16 +22,6 @@
 #include "core/score_rules.hpp"
 
 namespace flashport::gpu::sm90 {
-
-// In each 16-bit half of x, its 2-bit pairs g0..g7 (g0 lowest) to the order g0 g4 g1 g5 g2 g6 g3
-// g7 by two swaps (nibble 1 <-> nibble 2, then the middle pairs of each byte): a call's bits of
-// keys 2d, 2d + 1 (byte 0) and 8 + 2d, 9 + 2d (byte 1) side by side in nibble d.
-__device__ __forceinline__ uint32_t interleave_key_pairs(uint32_t x) {
-  uint32_t t = ((x >> 4) ^ x) & 0x00F000F0u;
-  x ^= t ^ (t << 4);
-  t = ((x >> 2) ^ x) & 0x0C0C0C0Cu;
-  return x ^ t ^ (t << 2);
-}
 
 // Per byte of x: bit 7 set iff the byte >= the threshold (t4: the threshold in every byte, t4_low:
 // t4 & 0x7F7F7F7F); the other bits are garbage. d = (x | 0x80..) - t4_low borrows across no byte
@@ -114,10 +104,18 @@ __device__ __forceinline__ void fwd_apply_dropout(float (&s)[4 * kNTiles], const
         if (!((keep[hf] >> fwd_keep_bit(t, e2)) & 1u)) s[4 * t + 2 * hf + e2] = 0.0f;
 }
 
+// Backward keep-bit layout: element [e] = [4t + 2hf + e2] of a thread (query q0 + 8t + 2(lane % 4)
+// + e2, key key0 + 8hf) is bit bwd_keep_bit(e) of the bit string `keep` (32 bits a word): call
+// m = t / 4 of the 8 lanes sharing the column pair (word m / 2), made by lane r' = 2(t % 4) + e2
+// (bwd_keep_bits).
+__host__ __device__ constexpr int bwd_keep_bit(int e) {
+  const int t = e >> 2, hf = (e >> 1) & 1, e2 = e & 1, m = t >> 2;
+  return 32 * (m >> 1) + 8 * e2 + 16 * (t & 1) + (1 - ((t >> 1) & 1)) + 2 * (1 - hf) + 4 * (1 - (m & 1));
+}
+
 // Backward: the keep bits of this thread's elements of P^T (keys key0 and key0 + 8, queries
-// q0 + 8t + 2(lane % 4) + {0, 1}, t < kQTiles): bit 4t + 2hf + e2 of the bit string `keep`
-// (32 bits a word) is element [4t + 2hf + e2]. key0: this lane's hf = 0 key (row l/4 of its
-// warp's 16-aligned slab of 16 keys).
+// q0 + 8t + 2(lane % 4) + {0, 1}, t < kQTiles), in the layout of bwd_keep_bit. key0: this lane's
+// hf = 0 key (row l/4 of its warp's 16-aligned slab of 16 keys).
 template <int kQTiles>
 __device__ __forceinline__ void bwd_keep_bits(uint32_t (&keep)[(4 * kQTiles + 31) / 32], const ScoreRules& R, int b,
                                               int hq, int h, int q0, int key0) {
@@ -127,9 +125,13 @@ __device__ __forceinline__ void bwd_keep_bits(uint32_t (&keep)[(4 * kQTiles + 31
   const int lane = threadIdx.x & 31;
   const int r = lane >> 2, c = lane & 3;
   const uint64_t seed = R.rng_seed(), offset = R.rng_offset();
-  // Word w: calls m = 2w, 2w + 1 of this lane (query q0 + 8t + 2c + e2 with 2t + e2 = 8m + r),
-  // each call's 16 bits (bit k: key key0 - r + k) at bit 16(m % 2), i.e. two bytes: keys 0..7
-  // (hf 0), 8..15 (hf 1). A word is exchanged as soon as it is made: one word of state.
+  const uint32_t t4 = R.dropout_threshold * 0x01010101u, t4_low = t4 & 0x7F7F7F7Fu;
+  // Word w: calls m = 2w, 2w + 1 of this lane (query q0 + 8t + 2c + e2 with 2t + e2 = 8m + r).
+  // A call's key k = 4j + b (word j, byte b of its Philox words) at bit 8b + 7 - j - 4(m % 2): the
+  // verdicts stay in their bytes' top bits (bytes_ge_top_bits), the words one bit apart, the two
+  // calls 4 apart. So bit p of the word holds key offset k' = k - 8hf with k' bit 0 = p bit 3,
+  // k' bit 1 = p bit 4, k' bit 2 = !p bit 0, hf = !p bit 1, m % 2 = !p bit 2. A word is exchanged
+  // as soon as it is made: one word of state.
 #pragma unroll
   for (int w = 0; w < kWords; ++w) {
     uint32_t x = 0u, p;
@@ -139,21 +141,23 @@ __device__ __forceinline__ void bwd_keep_bits(uint32_t (&keep)[(4 * kQTiles + 31
     for (int m = 2 * w; m < 2 * w + 2 && m < kCalls; ++m) {
       const int k2 = 8 * m + r;
       const Philox4 wd = dropout_words(seed, offset, b, hq, h, q0 + 8 * (k2 >> 1) + 2 * c + (k2 & 1), key0 - r);
-      x |= dropout_keep_bits16(wd, R.dropout_threshold) << (16 * (m & 1));
+      uint32_t v = bytes_ge_top_bits(wd.x[0], t4, t4_low) & 0x80808080u;
+      v |= (bytes_ge_top_bits(wd.x[1], t4, t4_low) >> 1) & 0x40404040u;
+      v |= (bytes_ge_top_bits(wd.x[2], t4, t4_low) >> 2) & 0x20202020u;
+      v |= (bytes_ge_top_bits(wd.x[3], t4, t4_low) >> 3) & 0x10101010u;
+      x |= v >> (4 * (m & 1));
     }
-    // Byte (m, hf) of lane r' is row r' of an 8 x 8 bit matrix (bit k: key k + 8hf). Transposed
-    // over the lanes r (xor 4, 8, 16 on the lane), lane r's byte holds bit r' = call r''s bit of
-    // its key.
+    // Lane r' holds row r' (its call) of 8 x 8 bit matrices (column k', one per (hf, m % 2)).
+    // Transposed over the lanes r (xor 4, 8, 16 on the lane swap the blocks where r's bit s and
+    // k''s bit s differ: positions 8 apart, 16 apart, and 1 apart with k' bit 2 set at the lower
+    // one), lane r holds at column r' call r''s bit of its key r + 8hf.
     p = __shfl_xor_sync(0xffffffffu, x, 4);
-    x = (r & 1) ? ((x & 0xAAAAAAAAu) | ((p & 0xAAAAAAAAu) >> 1)) : ((x & 0x55555555u) | ((p & 0x55555555u) << 1));
+    x = (r & 1) ? ((x & 0xFF00FF00u) | ((p & 0xFF00FF00u) >> 8)) : ((x & 0x00FF00FFu) | ((p & 0x00FF00FFu) << 8));
     p = __shfl_xor_sync(0xffffffffu, x, 8);
-    x = (r & 2) ? ((x & 0xCCCCCCCCu) | ((p & 0xCCCCCCCCu) >> 2)) : ((x & 0x33333333u) | ((p & 0x33333333u) << 2));
+    x = (r & 2) ? ((x & 0xFFFF0000u) | ((p & 0xFFFF0000u) >> 16)) : ((x & 0x0000FFFFu) | ((p & 0x0000FFFFu) << 16));
     p = __shfl_xor_sync(0xffffffffu, x, 16);
-    x = (r & 4) ? ((x & 0xF0F0F0F0u) | ((p & 0xF0F0F0F0u) >> 4)) : ((x & 0x0F0F0F0Fu) | ((p & 0x0F0F0F0Fu) << 4));
-    // Bit r' of byte (m, hf) is element [4t + 2hf + e2] with t = 4m + r'/2, e2 = r' % 2: in each
-    // call's 16 bits the 2-bit pairs p of the hf 0 byte go to bits 4p + {0, 1}, those of hf 1 to
-    // 4p + {2, 3}.
-    keep[w] = interleave_key_pairs(x);
+    x = (r & 4) ? ((x & 0x55555555u) | ((p & 0x55555555u) << 1)) : ((x & 0xAAAAAAAAu) | ((p & 0xAAAAAAAAu) >> 1));
+    keep[w] = x;
   }
 #pragma unroll
   for (int w = kWords; w < (4 * kQTiles + 31) / 32; ++w) keep[w] = 0u;
