@@ -70,24 +70,6 @@ FP_HD uint32_t dropout_byte(const Philox4& w, int64_t j) {
   return (word >> (8 * (j & 3))) & 0xFFu;
 }
 
-// The 16 keep bits of one call: bit k for key 16(j/16) + k.
-FP_HD uint32_t dropout_keep_bits16(const Philox4& w, uint32_t threshold) {
-  uint32_t bits = 0;
-#if defined(__CUDA_ARCH__)
-  const uint32_t t4 = threshold * 0x01010101u;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    // 0xFF in each byte >= the threshold; the four top bits gathered to bits 28..31 by one
-    // multiply (their shifted copies land on distinct bits, so nothing carries).
-    const uint32_t ge = __vcmpgeu4(w.x[k], t4) & 0x80808080u;
-    bits |= ((ge * 0x00204081u) >> 28) << (4 * k);
-  }
-#else
-  for (int k = 0; k < 16; ++k) bits |= uint32_t(dropout_byte(w, k) >= threshold) << k;
-#endif
-  return bits;
-}
-
 FP_HD bool dropout_keep(uint64_t seed, uint64_t offset, uint32_t threshold, int64_t b, int64_t hq,
                         int64_t h, int64_t i, int64_t j) {
   return dropout_byte(dropout_words(seed, offset, b, hq, h, i, j), j) >= threshold;

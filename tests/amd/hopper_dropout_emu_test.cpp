@@ -90,6 +90,23 @@ int64_t backward_mismatches(const ScoreRules& R, Rng rng, int q0, int key_base) 
   return bad;
 }
 
+// The SWAR byte compare behind both layouts: every byte value against every threshold, in each
+// byte position, with garbage in the other bytes.
+TEST(HopperDropoutLanes, ByteCompareIsExact) {
+  int64_t bad = 0;
+  for (uint32_t t = 0; t < 256; ++t) {
+    const uint32_t t4 = t * 0x01010101u;
+    for (uint32_t v = 0; v < 256; ++v)
+      for (int pos = 0; pos < 4; ++pos) {
+        const uint32_t others = 0x9E3779B9u * (v + 7 * t + 1);  // arbitrary neighbours
+        const uint32_t x = (others & ~(0xFFu << (8 * pos))) | (v << (8 * pos));
+        const uint32_t got = flashport::gpu::sm90::bytes_ge_top_bits(x, t4, t4 & 0x7F7F7F7Fu);
+        bad += ((got >> (8 * pos + 7)) & 1u) != uint32_t(v >= t);
+      }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
 const Rng kRngs[] = {{0x1234567890abcdefull, 0}, {7, 0xFFFFFFF0ull}};
 
 // The kernels' dropout key tiles: 16 accumulator tiles (128 keys), 12 (96), 8 (64).

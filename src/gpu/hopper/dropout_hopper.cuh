@@ -26,8 +26,8 @@ namespace flashport::gpu::sm90 {
 // Per byte of x: bit 7 set iff the byte >= the threshold (t4: the threshold in every byte, t4_low:
 // t4 & 0x7F7F7F7F); the other bits are garbage. d = (x | 0x80..) - t4_low borrows across no byte
 // and has bit 7 set iff x's low 7 bits >= the threshold's; x >= t iff x's top bit is set and t's
-// is not, or they are equal and d's is set: 3 instructions a word (the full-byte compare and the
-// bit gather of dropout_keep_bits16 take 9).
+// is not, or they are equal and d's is set: 3 instructions a word (a full-byte SIMD compare and a
+// gather of 16 ordered bits took 9, before session 16).
 __device__ __forceinline__ uint32_t bytes_ge_top_bits(uint32_t x, uint32_t t4, uint32_t t4_low) {
   const uint32_t d = (x | 0x80808080u) - t4_low;
   return (x & ~t4) | (~(x ^ t4) & d);
