@@ -72,7 +72,8 @@ __device__ __forceinline__ void fwd_keep_bits(uint32_t (&keep)[2], const ScoreRu
       }
     }
   }
-  // Quad lane d's 16 bits of what lane `from` made: half d % 2 of to[d / 2].
+  // This lane's 16 bits of a word to[q / 2] that some quad lane made for lanes q & 2, (q & 2) + 1:
+  // its half q % 2.
   auto half_of = [&](uint32_t word) { return (word >> (16 * (q & 1))) & 0xFFFFu; };
   const uint32_t mine = half_of(q & 2 ? to[1] : to[0]);
   uint32_t got[4];
