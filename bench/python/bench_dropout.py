@@ -9,8 +9,9 @@ on the H100). flashport without dropout is timed next to it: the price of the ma
 Metric: kernel time per call, torch.profiler's device time of every kernel (and memset/memcpy)
 the call launches (bench_api.time_kernels), averaged over --reps profiled calls after a warm-up;
 next to it, as the benchmark of record reports them (bench_api.py): eager time per call (CUDA
-events around the call, synced after each, median of --reps) and host time per call (calls issued
-back to back without waiting, median of 3 batches of 20).
+events around the call, synced after each, median of --reps), one CUDA-graph replay (the call
+captured once; SDPA's forward only) and host time per call (calls issued back to back without
+waiting, median of 3 batches of 20).
 Shapes: D in {64, 128, 256} x S in {1k, 4k} x causal, B*S = 16k tokens, H*D = 2048, dropout p
 (--p, default 0.1). Ratio: SDPA flash time / flashport time (> 1: flashport faster).
 """
@@ -30,7 +31,7 @@ except ImportError:  # pragma: no cover
     import flashport.torch as fa
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_api import call_of_kind, device_line, time_eager, time_host, time_kernels  # noqa: E402  (the benchmark of record's timers)
+from bench_api import call_of_kind, device_line, time_eager, time_graph, time_host, time_kernels  # noqa: E402  (the benchmark of record's timers)
 
 LIBS = ("flashport", "sdpa_flash", "flashport_p0")  # flashport_p0: no dropout, for the mask's price
 
@@ -58,6 +59,12 @@ def make_call(lib, kind, q, k, v, causal, p):
     return call_of_kind(kind, fwd, q, k, v)
 
 
+# SDPA's dropout forward+backward does not capture (torch 2.11: "Offset increment outside graph
+# capture", the generator left in capture state), so its graph column is the forward only; a
+# failed capture turns SDPA's graph timing off for the rest of the run.
+SDPA_GRAPH = {"ok": True}
+
+
 def run_point(b, s, h, d, causal, p, reps):
     g = torch.Generator(device="cpu").manual_seed(0)
     q, k, v = (torch.randn(b, s, h, d, generator=g).to("cuda", torch.bfloat16).requires_grad_(True)
@@ -71,10 +78,19 @@ def run_point(b, s, h, d, causal, p, reps):
                 r[kind] = kernel_us(fn, reps)
                 r[kind + "_eager"] = time_eager(fn, reps, "cuda")
                 r[kind + "_host"] = time_host(fn, 20, 3, "cuda")
+                if lib != "sdpa_flash":
+                    r[kind + "_graph"] = time_graph(fn, reps)
             except Exception as e:  # noqa: BLE001 - a backend that cannot run a point is reported
                 r["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
                 torch.cuda.synchronize()
         res[lib] = r
+    if SDPA_GRAPH["ok"] and "error" not in res["sdpa_flash"]:  # last: a failed capture is not undone
+        try:
+            res["sdpa_flash"]["fwd_graph"] = time_graph(make_call("sdpa_flash", "fwd", q, k, v, causal, p), reps)
+        except Exception as e:  # noqa: BLE001
+            SDPA_GRAPH["ok"] = False
+            res["sdpa_flash"]["graph_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            torch.cuda.synchronize()
     del q, k, v
     torch.cuda.empty_cache()
     return res
@@ -136,17 +152,23 @@ def main():
             cells += [us(val(fp, kind)), us(val(sd, kind)), ratio(val(sd, kind), val(fp, kind)), us(val(p0, kind))]
         md.append("| " + " | ".join(cells) + " |")
     md += ["", "Through the public API, the way a user sees the call: eager µs per call (synced after each "
-           "call; median) and host µs per call (back-to-back calls, not waited on), flashport / SDPA flash.", "",
-           "| D | S | causal | fwd eager | fwd host | fwd+bwd eager | fwd+bwd host |",
-           "|---|---|---|---|---|---|---|"]
+           "call; median), one CUDA-graph replay (median; SDPA's dropout forward+backward does not capture: "
+           "-) and host µs per call (back-to-back calls, not waited on), flashport / SDPA flash; "
+           "graph ratio: SDPA / flashport.", "",
+           "| D | S | causal | fwd eager | fwd graph | fwd graph ratio | fwd host | fwd+bwd eager | fwd+bwd graph "
+           "| fwd+bwd host |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         pt, res = row["point"], row["results"]
         fp, sd = res.get("flashport"), res.get("sdpa_flash")
         cells = [str(pt["d"]), str(pt["s"]), "yes" if pt["causal"] else "no"]
-        for key in ("fwd_eager", "fwd_host", "fwd_bwd_eager", "fwd_bwd_host"):
+        for key in ("fwd_eager", "fwd_graph", "fwd_host", "fwd_bwd_eager", "fwd_bwd_graph", "fwd_bwd_host"):
             cells.append(f"{us(val(fp, key))} / {us(val(sd, key))}")
+            if key == "fwd_graph":
+                cells.append(ratio(val(sd, key), val(fp, key)))
         md.append("| " + " | ".join(cells) + " |")
-    errs = [(lib, r["error"]) for row in rows for lib, r in row["results"].items() if "error" in r]
+    errs = [(lib, r[key]) for row in rows for lib, r in row["results"].items()
+            for key in ("error", "graph_error") if key in r]
     for lib, e in sorted(set(errs)):
         md.append(f"\n{lib}: {e}")
     with open(os.path.join(args.out, "gpu_dropout.md"), "w") as f:

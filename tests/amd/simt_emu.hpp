@@ -144,8 +144,8 @@ inline bool warp_any(bool pred) {
 inline float fast_exp2(float x) { return exp2f(x); }
 }  // namespace flashport::gpu
 
-// CUDA's spelling of the xor shuffle (the Hopper kernels' dropout bit exchange,
-// src/gpu/hopper/dropout_hopper.cuh, runs here at wave 32; the mask of lanes is all of them there).
+// CUDA's spelling of the xor shuffle (the NVIDIA kernels' dropout bit exchange,
+// src/gpu/common/dropout_lanes.cuh, runs here at wave 32; the mask of lanes is all of them there).
 template <typename T>
 inline T __shfl_xor_sync(unsigned, T v, int mask) {
   return flashport::gpu::shfl_xor(v, mask);

@@ -82,7 +82,7 @@ TEST(CudaBwd, DropoutReplayFromDeviceRngState) {
 TEST(CudaBwd, DropoutReplay) {
   SKIP_WITHOUT_GPU();
   for (float p : kDropoutRates) {
-    for (int64_t d : {64, 128}) {
+    for (int64_t d : {64, 128, 256}) {  // 256: the mma.sync tile's 2 query tiles a warp
       Case c = rand_dtype_case();
       set_dropout_bwd_case(c, d, p);
       check_bwd(c);

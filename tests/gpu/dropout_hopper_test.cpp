@@ -1,4 +1,4 @@
-// Dropout on the sm_90a kernels (src/gpu/hopper/dropout_hopper.cuh): forward and backward against
+// Dropout on the sm_90a kernels (src/gpu/common/dropout_lanes.cuh): forward and backward against
 // the fp64 reference (which applies the same Philox rule, core/philox.hpp) over head dims, masks,
 // GQA, varlen, awkward lengths, split-KV, score features and the device-resident RNG state; and
 // the keep mask itself, read back bit by bit from probe inputs, against the rule and against the

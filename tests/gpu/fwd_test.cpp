@@ -90,7 +90,7 @@ TEST(CudaFwd, RowsWithoutKeysGetZeroAndMinusInf) {
 TEST(CudaFwd, Dropout) {
   SKIP_WITHOUT_GPU();
   for (float p : kDropoutRates) {
-    for (int64_t d : {64, 128}) {
+    for (int64_t d : {64, 128, 256}) {
       Case c = rand_dtype_case();
       set_dropout_fwd_case(c, d, p);
       check_case(c);

@@ -1,11 +1,13 @@
 // Device pieces shared by the fp32 forward and backward kernels (fwd_f32.cu, bwd_f32.cu): 4- and
 // 16-byte asynchronous copies of fp32 elements, the shared-tile row loader, the 3xTF32 mma
-// products (the split itself: tf32_frag.hpp) and the dropout keep rule.
+// products (the split itself: tf32_frag.hpp); the dropout keep bits are those of every NVIDIA kernel
+// (common/dropout_lanes.cuh: the m16n8 C layout is theirs).
 #pragma once
 #include <cstdint>
 
 #include "core/philox.hpp"
 #include "core/problem.hpp"
+#include "gpu/common/dropout_lanes.cuh"
 #include "gpu/common/tile_io.cuh"
 #include "gpu/f32/tf32_frag.hpp"
 

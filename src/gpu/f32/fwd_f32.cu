@@ -171,18 +171,18 @@ __global__ void __launch_bounds__(128, 2) fwd_f32_kernel(const __grid_constant__
         row_sum[hr] = row_sum[hr] * corr + sum;
 #pragma unroll
         for (int n = 0; n < ON; ++n) o[n][2 * hr] *= corr, o[n][2 * hr + 1] *= corr;
-        // Dropout on P after the sum (the LSE is that of the undropped softmax).
-        if (R.dropout_p > 0.0f) {
-          // Keep bits in a rolled loop (small code), applied with constant indices.
-          const uint64_t seed = R.rng_seed(), offset = R.rng_offset();
-          uint32_t keep = 0;
-#pragma unroll 1
-          for (int c = 0; c < 2 * SN; ++c)
-            keep |= uint32_t(dropout_keep(seed, offset, R.dropout_threshold, b, a.hq, h, i, n0 + 8 * (c / 2) + F::c_col(lane, c % 2))) << c;
+      }
+      // Dropout on P after the sums (the LSE is that of the undropped softmax), both rows: the
+      // m16n8 C layout of common/dropout_lanes.cuh (one lane of the quad makes each 16-key call,
+      // shuffles hand out its bits).
+      if (R.dropout_p > 0.0f) {
+        uint32_t keep[2];
+        fwd_keep_bits<SN>(keep, R, b, a.hq, h, m0 + row0 + 8 * (lane & 1), n0);
 #pragma unroll
-          for (int c = 0; c < 2 * SN; ++c)
-            if (!((keep >> c) & 1u)) s[c / 2][2 * hr + c % 2] = 0.0f;
-        }
+        for (int n = 0; n < SN; ++n)
+#pragma unroll
+          for (int r = 0; r < 4; ++r)
+            if (!((keep[r / 2] >> fwd_keep_bit(n, r % 2)) & 1u)) s[n][r] = 0.0f;
       }
       __syncthreads();  // every thread is done reading sK
       if (nb > n_lo) {

@@ -47,7 +47,7 @@
 
 #include "gpu/hopper/bwd_hopper.hpp"
 #include "gpu/hopper/bwd_hopper_wgmma.hpp"
-#include "gpu/hopper/dropout_hopper.cuh"
+#include "gpu/common/dropout_lanes.cuh"
 #include "gpu/hopper/fwd_hopper_tma.cuh"
 #include "gpu/hopper/hopper_smem.hpp"
 #include "gpu/common/kernel_info.cuh"

@@ -11,7 +11,7 @@
 // stores skip them), batched or varlen q/k/v/dout with 16-byte aligned rows and strides,
 // seqused_k, causal (both alignments), sliding windows, softcap (with its derivative), ALiBi,
 // sinks (d_sinks by the shared conversion step), GQA/MQA (dK/dV summed over the group in
-// registers), dropout (the keep mask replayed: dropout_hopper.cuh), dQ by bulk reduces in any
+// registers), dropout (the keep mask replayed: common/dropout_lanes.cuh), dQ by bulk reduces in any
 // order or, in deterministic mode, in a fixed order per query block (semaphores in the workspace:
 // dq_sema in bwd_hopper.cu). The 256 instance is its own kernel (HopperBwdTileD256), with the same
 // warp-specialised roles.

@@ -15,7 +15,7 @@
 // dropout, 8-row pages keep their boxes too, and the rest is declined), append and rotary (the
 // pre-pass writes the cache rows and the rotated q, which the kernel reads from the workspace),
 // varlen queries over a cache (chunked prefill), dropout (core/philox.hpp's keep mask, the
-// words shared between lanes: dropout_hopper.cuh; split-KV too). Key tiles: HopperTileV3::block_n,
+// words shared between lanes: common/dropout_lanes.cuh; split-KV too). Key tiles: HopperTileV3::block_n,
 // and 160 keys for D128's long unmasked calls without dropout (hopper_wide_tile; plan name `_m128n160_`).
 // Declined: decode-shaped calls (the mma.sync decode tile packs GQA heads), head dims
 // above 256, unaligned tensors, devices other than sm_90, FLASHPORT_HOPPER_FWD=0 (the user's kill

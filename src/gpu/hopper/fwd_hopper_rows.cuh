@@ -1,6 +1,6 @@
 // The row side of the Hopper forward (fwd_hopper_v3.cuh): the block's visible key range, the
 // score hooks (softcap, ALiBi, masks), the online softmax
-// over one tile of S in the wgmma accumulator layout, dropout (dropout_hopper.cuh), and the
+// over one tile of S in the wgmma accumulator layout, dropout (common/dropout_lanes.cuh), and the
 // epilogue (sinks, LSE, O through a shared-memory staging tile).
 //
 // wgmma accumulator layout (m64nN, per warpgroup): warp w owns rows 16w..16w+15; a thread holds
@@ -13,7 +13,7 @@
 #include "gpu/common/kernel_args.hpp"
 #include "gpu/common/tile_io.cuh"
 #include "gpu/common/tile_mma.hpp"
-#include "gpu/hopper/dropout_hopper.cuh"
+#include "gpu/common/dropout_lanes.cuh"
 #include "gpu/hopper/fwd_hopper.hpp"
 #include "gpu/hopper/fwd_hopper_tma.cuh"
 

@@ -30,6 +30,9 @@
 #include "gpu/common/tile_io.cuh"
 #include "gpu/mma/bwd_block.cuh"
 #include "gpu/mma/bwd_launch.hpp"
+#if defined(FP_TARGET_NVIDIA)
+#include "gpu/common/dropout_lanes.cuh"
+#endif
 
 namespace flashport::gpu {
 FP_TARGET_NS_BEGIN
@@ -395,6 +398,19 @@ __global__ void FP_LAUNCH_BOUNDS(kBwdTiles[kTile].threads(kWarpSize), kBwdTiles[
         // ---- P and dS (element (key j, query i)) ----------------------------------------------
         const bool need_mask = S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1);
         const float slope_log2 = R.alibi ? -R.alibi_slope(b, h) * kLog2e : 0.0f;
+#if defined(FP_TARGET_NVIDIA)
+        // Dropout replay: the accumulator (keys x queries) is the layout of the Hopper backward's
+        // P^T, so each Philox call (a query's 16 keys: the warp's 16-key slab) is made by one lane
+        // and its bits reach the slab's lanes by an 8 x 8 bit transpose (common/dropout_lanes.cuh),
+        // one call per 16 elements where each element made its own.
+        constexpr int kKeepWords = (4 * ST + 31) / 32;
+        uint32_t keep_bits[KR][kKeepWords];
+        if (R.dropout_p > 0.0f) {
+#pragma unroll
+          for (int kr = 0; kr < KR; ++kr)
+            bwd_keep_bits<ST>(keep_bits[kr], R, b, a.hq, h, i0 + qg * SC, n0 + key0 + kr * 16 + acc_row0(lane));
+        }
+#endif
 #pragma unroll
         for (int kr = 0; kr < KR; ++kr)
 #pragma unroll
@@ -410,9 +426,16 @@ __global__ void FP_LAUNCH_BOUNDS(kBwdTiles[kTile].threads(kWarpSize), kBwdTiles[
             float p = fast_exp2(sc - tL[il]);
             if (need_mask && (j < S.vis_lo(i) || j >= S.vis_hi(i))) p = 0.0f;
             float keep = 1.0f;
+#if defined(FP_TARGET_NVIDIA)
+            if (R.dropout_p > 0.0f) {
+              const int kBit = bwd_keep_bit(4 * t + e);  // e = 2hf + e2, as the Hopper layout
+              keep = (keep_bits[kr][kBit / 32] >> (kBit % 32)) & 1u ? keep_scale : 0.0f;
+            }
+#else
             if (R.dropout_p > 0.0f)
               keep = dropout_keep(R.rng_seed(), R.rng_offset(), R.dropout_threshold, b, a.hq, h, i, j)
                          ? keep_scale : 0.0f;
+#endif
             acc_dp[kr][t].r[e] = p * (acc_dp[kr][t].r[e] * keep - tDs[il]) * sg.dtanh;
             acc_s[kr][t].r[e] = p * keep;
           }

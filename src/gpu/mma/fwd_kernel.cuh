@@ -28,6 +28,9 @@
 #include "gpu/common/kernel_args.hpp"
 #include "gpu/common/tile_config.hpp"
 #include "gpu/common/tile_io.cuh"
+#if defined(FP_TARGET_NVIDIA)
+#include "gpu/common/dropout_lanes.cuh"
+#endif
 
 namespace flashport::gpu {
 FP_TARGET_NS_BEGIN
@@ -374,11 +377,32 @@ __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileCo
               for (int e = 0; e < kAccElems; ++e) acc_o[mt][t].r[e] *= corr[mt][e / kSlotElems];
         }
 
-        // Dropout on P after the sum (the LSE is that of the undropped softmax). The Philox
-        // words are made in a rolled loop into one keep-bit word per row (small code, few
-        // registers), then applied with constant indices. One Philox call covers an aligned
-        // group of 16 keys: kQuadRun consecutive elements of a row share it.
+        // Dropout on P after the sum (the LSE is that of the undropped softmax). One Philox call
+        // covers an aligned group of 16 keys of a row.
         if (R.dropout_p > 0.0f) {
+#if defined(FP_TARGET_NVIDIA)
+          // NVIDIA: the m16n8 accumulator is the layout of common/dropout_lanes.cuh; each call is
+          // made by one lane of the quad holding the row and its bits shuffled to the others (its
+          // 4 lanes and 2 tiles of a call used to make it 8 times). Lane q makes the calls of
+          // row q % 2, whose head may differ from the other row's (packed GQA rows).
+          static_assert(kNTiles % 2 == 0 && kNTiles <= 16, "whole 16-key calls, one keep word per row");
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            const int m = lane_row(mt, lane & 1);
+            uint32_t keep[kSlots];
+            fwd_keep_bits<kNTiles>(keep, R, b, a.hq, row_h(m < m_rows ? m : m0), row_i(m), n0);
+#pragma unroll
+            for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+              for (int hf = 0; hf < kSlots; ++hf)
+#pragma unroll
+                for (int e2 = 0; e2 < kSlotElems; ++e2)
+                  if (!((keep[hf] >> fwd_keep_bit(t, e2)) & 1u)) acc_s[mt][t].r[hf * kSlotElems + e2] = 0.0f;
+          }
+#else
+          // AMD layouts: the Philox words are made in a rolled loop into one keep-bit word per row
+          // (small code, few registers), then applied with constant indices; kQuadRun consecutive
+          // elements of a row share a call.
           constexpr int kRun = AccLayout::kQuadRun;
           static_assert(kNTiles * kSlotElems <= 32, "one keep-bit word per row");
           const uint64_t rng_seed = R.rng_seed(), rng_offset = R.rng_offset();
@@ -411,6 +435,7 @@ __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileCo
                 for (int e2 = 0; e2 < kSlotElems; ++e2)
                   if (!((keep >> (kSlotElems * t + e2)) & 1u)) acc_s[mt][t].r[hf * kSlotElems + e2] = 0.0f;
             }
+#endif
         }
       }
 

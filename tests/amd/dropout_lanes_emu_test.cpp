@@ -1,15 +1,17 @@
-// The Hopper kernels' dropout keep bits (src/gpu/hopper/dropout_hopper.cuh), unchanged, run on the
-// CPU by the warp emulation of simt_emu.hpp at 32 lanes: each Philox call of the rule is made by
-// one lane and its bits handed to the lanes holding the elements by shuffles (forward: within a
-// quad; backward: an 8 x 8 bit transpose over the 8 lanes of a query column). Every lane's bits
-// of every element, for each tile width the kernels instantiate, are checked against the rule
-// itself (core/philox.hpp dropout_keep) at several rates, seeds, heads and positions, and with the
-// device-resident (seed, offset) words. The GPU suites CudaHopperDropout* check the same bits
-// through whole kernels on sm_90; this runs everywhere, without a GPU.
+// The NVIDIA kernels' dropout keep bits (src/gpu/common/dropout_lanes.cuh: the Hopper forward and
+// backward, and the mma.sync forward main loop), unchanged, run on the CPU by the warp emulation
+// of simt_emu.hpp at 32 lanes: each Philox call of the rule is made by one lane and its bits
+// handed to the lanes holding the elements by shuffles (forward: within a quad; backward: an
+// 8 x 8 bit transpose over the 8 lanes of a query column). Every lane's bits of every element,
+// for each tile width the kernels instantiate, are checked against the rule itself
+// (core/philox.hpp dropout_keep) at several rates, seeds, heads and positions, with rows of two
+// heads (the mma.sync forward's packed GQA rows), and with the device-resident (seed, offset)
+// words. The GPU suites (CudaHopperDropout*, CudaFwd.Dropout*, CudaDecodeKernel.Dropout*) check
+// the same bits through whole kernels; this runs everywhere, without a GPU.
 #include "gpu/amd/amd_layouts.hpp"
 #include "simt_emu.hpp"
 // After the emulation header:
-#include "gpu/hopper/dropout_hopper.cuh"
+#include "gpu/common/dropout_lanes.cuh"
 
 #include <gtest/gtest.h>
 
@@ -41,14 +43,16 @@ ScoreRules rules(float p, Rng rng, const uint32_t* device_words = nullptr) {
 constexpr int kLanes = 128;  // a warpgroup: 4 warps, each its 16 rows (forward) or keys (backward)
 constexpr int kB = 1, kHq = 6, kH = 5;
 
-// Forward: warp w holds rows row0 + 16 w + l/4 (+ 8); keys n0 + 8t + 2(l % 4) + {0, 1}.
+// Forward: warp w holds rows row0 + 16 w + l/4 (+ 8); keys n0 + 8t + 2(l % 4) + {0, 1}. Row
+// hf = 1 is of head h1 (h1 != kH: packed GQA rows, two heads in one m-tile).
 template <int kNTiles>
-int64_t forward_mismatches(const ScoreRules& R, Rng rng, int row0, int n0) {
+int64_t forward_mismatches(const ScoreRules& R, Rng rng, int row0, int n0, int h1 = kH) {
   std::vector<uint32_t> keep(2 * kLanes);
   simt::run_block(kLanes, 32, {}, {1, 1, 1}, 0, [&] {
     const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
     uint32_t k[2];
-    flashport::gpu::sm90::fwd_keep_bits<kNTiles>(k, R, kB, kHq, kH, row0 + 16 * warp + lane / 4, n0);
+    const int hf = lane % 2;  // the row of this lane's calls
+    flashport::gpu::fwd_keep_bits<kNTiles>(k, R, kB, kHq, hf ? h1 : kH, row0 + 16 * warp + lane / 4 + 8 * hf, n0);
     keep[2 * tid] = k[0], keep[2 * tid + 1] = k[1];
   });
   const uint32_t t8 = R.dropout_threshold;
@@ -58,8 +62,8 @@ int64_t forward_mismatches(const ScoreRules& R, Rng rng, int row0, int n0) {
       for (int t = 0; t < kNTiles; ++t)
         for (int e2 = 0; e2 < 2; ++e2) {
           const int i = row0 + 16 * (tid / 32) + (tid % 32) / 4 + 8 * hf, j = n0 + 8 * t + 2 * (tid % 4) + e2;
-          const bool want = dropout_keep(rng.seed, rng.offset, t8, kB, kHq, kH, i, j);
-          bad += ((keep[2 * tid + hf] >> flashport::gpu::sm90::fwd_keep_bit(t, e2)) & 1u) != uint32_t(want);
+          const bool want = dropout_keep(rng.seed, rng.offset, t8, kB, kHq, hf ? h1 : kH, i, j);
+          bad += ((keep[2 * tid + hf] >> flashport::gpu::fwd_keep_bit(t, e2)) & 1u) != uint32_t(want);
         }
   return bad;
 }
@@ -72,7 +76,7 @@ int64_t backward_mismatches(const ScoreRules& R, Rng rng, int q0, int key_base) 
   simt::run_block(kLanes, 32, {}, {1, 1, 1}, 0, [&] {
     const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
     uint32_t k[kWords];
-    flashport::gpu::sm90::bwd_keep_bits<kQTiles>(k, R, kB, kHq, kH, q0, key_base + 16 * warp + lane / 4);
+    flashport::gpu::bwd_keep_bits<kQTiles>(k, R, kB, kHq, kH, q0, key_base + 16 * warp + lane / 4);
     for (int w = 0; w < kWords; ++w) keep[kWords * tid + w] = k[w];
   });
   const uint32_t t8 = R.dropout_threshold;
@@ -84,7 +88,7 @@ int64_t backward_mismatches(const ScoreRules& R, Rng rng, int q0, int key_base) 
           const int bit = 4 * t + 2 * hf + e2;
           const int i = q0 + 8 * t + 2 * (tid % 4) + e2, j = key_base + 16 * (tid / 32) + (tid % 32) / 4 + 8 * hf;
           const bool want = dropout_keep(rng.seed, rng.offset, t8, kB, kHq, kH, i, j);
-          const int at = flashport::gpu::sm90::bwd_keep_bit(bit);
+          const int at = flashport::gpu::bwd_keep_bit(bit);
           bad += ((keep[kWords * tid + at / 32] >> (at % 32)) & 1u) != uint32_t(want);
         }
   return bad;
@@ -92,7 +96,7 @@ int64_t backward_mismatches(const ScoreRules& R, Rng rng, int q0, int key_base) 
 
 // The SWAR byte compare behind both layouts: every byte value against every threshold, in each
 // byte position, with garbage in the other bytes.
-TEST(HopperDropoutLanes, ByteCompareIsExact) {
+TEST(DropoutLanes, ByteCompareIsExact) {
   int64_t bad = 0;
   for (uint32_t t = 0; t < 256; ++t) {
     const uint32_t t4 = t * 0x01010101u;
@@ -100,7 +104,7 @@ TEST(HopperDropoutLanes, ByteCompareIsExact) {
       for (int pos = 0; pos < 4; ++pos) {
         const uint32_t others = 0x9E3779B9u * (v + 7 * t + 1);  // arbitrary neighbours
         const uint32_t x = (others & ~(0xFFu << (8 * pos))) | (v << (8 * pos));
-        const uint32_t got = flashport::gpu::sm90::bytes_ge_top_bits(x, t4, t4 & 0x7F7F7F7Fu);
+        const uint32_t got = flashport::gpu::bytes_ge_top_bits(x, t4, t4 & 0x7F7F7F7Fu);
         bad += ((got >> (8 * pos + 7)) & 1u) != uint32_t(v >= t);
       }
   }
@@ -109,8 +113,9 @@ TEST(HopperDropoutLanes, ByteCompareIsExact) {
 
 const Rng kRngs[] = {{0x1234567890abcdefull, 0}, {7, 0xFFFFFFF0ull}};
 
-// The kernels' dropout key tiles: 16 accumulator tiles (128 keys), 12 (96), 8 (64).
-TEST(HopperDropoutLanes, ForwardBitsAreTheRule) {
+// The kernels' dropout key tiles: 16 accumulator tiles (128 keys), 12 (96), 8 (64: the Hopper D256
+// tile and every mma.sync forward tile, which packs GQA rows).
+TEST(DropoutLanes, ForwardBitsAreTheRule) {
   for (float p : {0.1f, 0.5f, 0.93f})
     for (const Rng& rng : kRngs) {
       const ScoreRules R = rules(p, rng);
@@ -119,11 +124,13 @@ TEST(HopperDropoutLanes, ForwardBitsAreTheRule) {
       EXPECT_EQ(forward_mismatches<16>(R, rng, 1000, 4096 + 128), 0) << what;
       EXPECT_EQ(forward_mismatches<12>(R, rng, 64, 96 * 7), 0) << what;
       EXPECT_EQ(forward_mismatches<8>(R, rng, 333, 64 * 5), 0) << what;
+      EXPECT_EQ(forward_mismatches<8>(R, rng, 77, 64 * 3, kH - 3), 0) << what;  // packed rows
     }
 }
 
-// The query tiles per step: 16 and 8 (64 and 128 queries at D64/D128), 4 (the D256 kernel's halves).
-TEST(HopperDropoutLanes, BackwardBitsAreTheRule) {
+// The query tiles of a warp's stage: 16 and 8 (the Hopper D64/D128 steps), 4 (the Hopper D256
+// kernel's halves, the mma.sync D128 backward), 8 (mma.sync D64), 2 and 1 (below).
+TEST(DropoutLanes, BackwardBitsAreTheRule) {
   for (float p : {0.1f, 0.5f, 0.93f})
     for (const Rng& rng : kRngs) {
       const ScoreRules R = rules(p, rng);
@@ -132,11 +139,14 @@ TEST(HopperDropoutLanes, BackwardBitsAreTheRule) {
       EXPECT_EQ(backward_mismatches<16>(R, rng, 128 * 9, 64 * 3), 0) << what;
       EXPECT_EQ(backward_mismatches<8>(R, rng, 64 * 5, 128 * 2), 0) << what;
       EXPECT_EQ(backward_mismatches<4>(R, rng, 32 * 7, 64 * 11), 0) << what;
+      // Below 4 tiles some lanes make no call: the mma.sync D256 (2) and fp32 D256 (1) backward.
+      EXPECT_EQ(backward_mismatches<2>(R, rng, 64 * 3, 64 * 5), 0) << what;
+      EXPECT_EQ(backward_mismatches<1>(R, rng, 32 * 9 + 8, 32 * 3), 0) << what;
     }
 }
 
 // (seed, offset) read from the device-resident words (dropout_rng), as under CUDA graphs and JAX.
-TEST(HopperDropoutLanes, DeviceResidentRngWords) {
+TEST(DropoutLanes, DeviceResidentRngWords) {
   const Rng rng{0x0123456789abcdefull, 0x100000003ull};
   const uint32_t words[4] = {uint32_t(rng.seed), uint32_t(rng.seed >> 32), uint32_t(rng.offset),
                              uint32_t(rng.offset >> 32)};
@@ -147,7 +157,7 @@ TEST(HopperDropoutLanes, DeviceResidentRngWords) {
 
 // Applying the bits: a 128-key tile (16 accumulator tiles, one keep word per row) zeroes exactly
 // the dropped P.
-TEST(HopperDropoutLanes, ForwardApplyZeroesDroppedElements) {
+TEST(DropoutLanes, ForwardApplyZeroesDroppedElements) {
   constexpr int kNTiles = 16;
   const Rng rng = kRngs[0];
   const ScoreRules R = rules(0.3f, rng);
@@ -157,7 +167,7 @@ TEST(HopperDropoutLanes, ForwardApplyZeroesDroppedElements) {
     const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
     float v[4 * kNTiles];
     for (int e = 0; e < 4 * kNTiles; ++e) v[e] = 1.0f + float(e);
-    flashport::gpu::sm90::fwd_apply_dropout<kNTiles>(v, R, kB, kHq, kH, row0 + 16 * warp + lane / 4, n0);
+    flashport::gpu::fwd_apply_dropout<kNTiles>(v, R, kB, kHq, kH, row0 + 16 * warp + lane / 4, n0);
     for (int e = 0; e < 4 * kNTiles; ++e) s[size_t(tid) * 4 * kNTiles + e] = v[e];
   });
   int64_t bad = 0, dropped = 0;

@@ -1,10 +1,12 @@
-// Dropout on the Hopper kernels: the keep bits of a thread's wgmma accumulator elements under the
-// rule of every backend (core/philox.hpp: one Philox4x32-10 call gives the keep bytes of keys
-// 16(j/16) .. 16(j/16) + 15 of row i). Each call is made by one lane only; its bits reach the
-// lanes holding the elements by shuffles.
+// Dropout keep bits of a thread's accumulator elements on NVIDIA GPUs, under the rule of every
+// backend (core/philox.hpp: one Philox4x32-10 call gives the keep bytes of keys 16(j/16) ..
+// 16(j/16) + 15 of row i). Each call is made by one lane only; its bits reach the lanes holding
+// the elements by shuffles.
 //
-// wgmma accumulator layout (m64nN): lane l of a warp holds accumulator rows l/4 and l/4 + 8 and
-// columns 8t + 2(l % 4) + {0, 1} of every 8-column tile t, element [4t + 2hf + e2].
+// Accumulator layout, the same per 8-column tile for wgmma (m64nN, the Hopper kernels) and
+// mma.sync m16n8 (the forward main loop, fwd_kernel.cuh): lane l of a warp holds rows l/4 and
+// l/4 + 8 and columns 8t + 2(l % 4) + {0, 1} of every 8-column tile t, element [4t + 2hf + e2]
+// (mma.sync: tile t's register 2hf + e2).
 //   Forward (rows = queries, columns = keys): a call's 16 keys are two tiles of one row, held by
 //     the 4 lanes of a quad (2 + 2 keys each). A quad holds 2 rows x kNTiles / 2 calls: lane q
 //     makes those of row q % 2 and every other call of that row, then hands each quad partner
@@ -14,14 +16,14 @@
 //     of every tile. Lane (r = l/4, c) makes the calls of its column pair whose index 2t + e2 is
 //     r mod 8, and an 8 x 8 bit transpose over those 8 lanes (3 shuffle stages, 4 matrices a
 //     word) hands every lane the bits of its own keys, in the bytes' top-bit order (bwd_keep_bit).
-// Included by the sm_90a kernels only.
+// CUDA only (32-lane warps; the AMD layouts of the shared forward keep their own code).
 #pragma once
 #include <cstdint>
 
 #include "core/philox.hpp"
 #include "core/score_rules.hpp"
 
-namespace flashport::gpu::sm90 {
+namespace flashport::gpu {
 
 // Per byte of x: bit 7 set iff the byte >= the threshold (t4: the threshold in every byte, t4_low:
 // t4 & 0x7F7F7F7F); the other bits are garbage. d = (x | 0x80..) - t4_low borrows across no byte
@@ -40,16 +42,17 @@ __host__ __device__ constexpr int fwd_keep_bit(int t, int e2) {
   return 16 * ((t >> 1) & 1) + 7 + 8 * e2 - (t & 1) - 2 * (t >> 2);
 }
 
-// Forward: the keep bits of this thread's two rows (query i_row0 and i_row0 + 8) for the
-// kNTiles 8-key tiles of keys [n0, n0 + 8 kNTiles), n0 a multiple of 16, in the layout of
-// fwd_keep_bit. A call's 16 keys are two tiles of one row, held by the 4 lanes of a quad (2 + 2
+// Forward: the keep bits of this thread's two rows for the kNTiles 8-key tiles of keys
+// [n0, n0 + 8 kNTiles), n0 a multiple of 16, in the layout of fwd_keep_bit. (h_mine, i_mine): head
+// and query of the row whose calls this lane makes, its row hf = lane % 2 (l/4 + 8 (l % 2)); rows
+// may differ in head as well as query (the mma.sync forward's packed GQA rows). A call's 16 keys are two tiles of one row, held by the 4 lanes of a quad (2 + 2
 // keys each): lane d holds keys 2d, 2d + 1 (bytes 2(d % 2) + {0, 1} of word d / 2) and 8 + 2d,
 // 9 + 2d (the same bytes of word 2 + d / 2). So the top bits of words j and 2 + j, the second
 // shifted down by one, hold what lanes 2j (low half) and 2j + 1 (high half) need at bits 7, 15,
 // 6, 14 of their half; a lane's calls m = 0, 1, .. go 2m further down, side by side.
 template <int kNTiles>
-__device__ __forceinline__ void fwd_keep_bits(uint32_t (&keep)[2], const ScoreRules& R, int b, int hq, int h,
-                                              int i_row0, int n0) {
+__device__ __forceinline__ void fwd_keep_bits(uint32_t (&keep)[2], const ScoreRules& R, int b, int hq, int h_mine,
+                                              int i_mine, int n0) {
   static_assert(kNTiles % 2 == 0 && kNTiles <= 16, "whole 16-key calls, one keep word per row");
   constexpr int kCalls = kNTiles / 2;  // per row
   const int q = threadIdx.x & 3;       // lane within the quad
@@ -63,7 +66,7 @@ __device__ __forceinline__ void fwd_keep_bits(uint32_t (&keep)[2], const ScoreRu
   for (int m = 0; m < (kCalls + 1) / 2; ++m) {
     const int u = 2 * m + my_half;
     if (kCalls % 2 == 0 || u < kCalls) {
-      const Philox4 w = dropout_words(seed, offset, b, hq, h, i_row0 + 8 * my_hf, n0 + 16 * u);
+      const Philox4 w = dropout_words(seed, offset, b, hq, h_mine, i_mine, n0 + 16 * u);
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const uint32_t lo = bytes_ge_top_bits(w.x[j], t4, t4_low) & 0x80808080u;
@@ -90,12 +93,13 @@ __device__ __forceinline__ void fwd_keep_bits(uint32_t (&keep)[2], const ScoreRu
 }
 
 // Forward: P elements of dropped positions to 0 (s: one tile of P; keep: fwd_keep_bits of its
-// keys; dropout's key tiles hold at most 128 keys: one keep word per row).
+// keys; dropout's key tiles hold at most 128 keys: one keep word per row). i_row0: the query of
+// row hf = 0; both rows are of head h (the Hopper forward).
 template <int kNTiles>
 __device__ __forceinline__ void fwd_apply_dropout(float (&s)[4 * kNTiles], const ScoreRules& R, int b, int hq,
                                                   int h, int i_row0, int n0) {
   uint32_t keep[2];
-  fwd_keep_bits<kNTiles>(keep, R, b, hq, h, i_row0, n0);
+  fwd_keep_bits<kNTiles>(keep, R, b, hq, h, i_row0 + 8 * int(threadIdx.x & 1), n0);
 #pragma unroll
   for (int t = 0; t < kNTiles; ++t)
 #pragma unroll
@@ -116,12 +120,15 @@ __host__ __device__ constexpr int bwd_keep_bit(int e) {
 
 // Backward: the keep bits of this thread's elements of P^T (keys key0 and key0 + 8, queries
 // q0 + 8t + 2(lane % 4) + {0, 1}, t < kQTiles), in the layout of bwd_keep_bit. key0: this lane's
-// hf = 0 key (row l/4 of its warp's 16-aligned slab of 16 keys).
+// hf = 0 key (row l/4 of its warp's 16-aligned slab of 16 keys). Every lane of the warp takes part
+// (shuffles): the Hopper backward and the mma.sync backward (mma/bwd_kernel.cuh) on NVIDIA.
 template <int kQTiles>
 __device__ __forceinline__ void bwd_keep_bits(uint32_t (&keep)[(4 * kQTiles + 31) / 32], const ScoreRules& R, int b,
                                               int hq, int h, int q0, int key0) {
-  static_assert(kQTiles % 4 == 0 && kQTiles <= 16, "whole calls per lane, 64 keep bits");
-  constexpr int kCalls = kQTiles / 4;  // per lane: 8 lanes share a column pair's 2 kQTiles calls
+  static_assert((kQTiles % 4 == 0 || kQTiles < 4) && kQTiles <= 16, "whole calls per lane, 64 keep bits");
+  // Per lane: 8 lanes share a column pair's 2 kQTiles calls (below 4 tiles, lanes r >= 2 kQTiles
+  // make none: the mma.sync backward's D256 tile, 2 query tiles a warp).
+  constexpr int kCalls = (kQTiles + 3) / 4;
   constexpr int kWords = (kCalls + 1) / 2;
   const int lane = threadIdx.x & 31;
   const int r = lane >> 2, c = lane & 3;
@@ -141,6 +148,7 @@ __device__ __forceinline__ void bwd_keep_bits(uint32_t (&keep)[(4 * kQTiles + 31
 #pragma unroll 1
     for (int m = 2 * w; m < 2 * w + 2 && m < kCalls; ++m) {
       const int k2 = 8 * m + r;
+      if (kQTiles % 4 != 0 && k2 >= 2 * kQTiles) break;
       const Philox4 wd = dropout_words(seed, offset, b, hq, h, q0 + 8 * (k2 >> 1) + 2 * c + (k2 & 1), key0 - r);
       uint32_t v = bytes_ge_top_bits(wd.x[0], t4, t4_low) & 0x80808080u;
       v |= (bytes_ge_top_bits(wd.x[1], t4, t4_low) >> 1) & 0x40404040u;
@@ -164,4 +172,4 @@ __device__ __forceinline__ void bwd_keep_bits(uint32_t (&keep)[(4 * kQTiles + 31
   for (int w = kWords; w < (4 * kQTiles + 31) / 32; ++w) keep[w] = 0u;
 }
 
-}  // namespace flashport::gpu::sm90
+}  // namespace flashport::gpu
