@@ -33,7 +33,8 @@ block tables), graph replay us per call, 5 rounds of [A, B]:
 
 Decode: B in {1, 8, 64} x Sk in {8k, 64k}; per point 5 rounds of [A, B, cuDNN], each a CUDA-graph replay of
 20 back-to-back calls (us per call, medians), then the kernel time per call from torch.profiler
-(every kernel and memset of the call: main kernel + combine, or decode kernel + counter memset).
+(every kernel and memset of the call: the decode kernel, which merges its own splits; main kernel +
+combine on the other tiles).
 """
 import ctypes
 import os
@@ -69,7 +70,7 @@ def main_decode(lib_a, lib_b):
     dt = torch.bfloat16
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}")
     print("Decode: Sq=1, Hq=32, Hkv=8, D=128, bf16. Graph replay us/call (medians of 5 rounds); "
-          "profiler: kernel+memset device us/call.")
+          "profiler: device us/call of every kernel and memset. err B: first two sequences.")
     print("| B | Sk | A us | B us | cuDNN us | A/B | cuDNN/B (>1: B faster) | A prof | B prof | cuDNN prof | "
           "cuDNN/B prof | splits A, B | kernel A | kernel B | err B |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -89,8 +90,10 @@ def main_decode(lib_a, lib_b):
             t = {n: statistics.median(x) for n, x in times.items()}
             prof = {n: profiled_us(fn) for n, fn in (("A", fa), ("B", fb), ("C", cudnn))}
             fa(), fb()
-            ref = bf.sdpa_fn(SDPBackend.MATH, q.float(), k.float(), v.float(), False, True)().transpose(1, 2)
-            err = bf.rel_err(out_b, ref)
+            # B's error on the first two sequences (an fp32 reference of B64 Sk64k would take 64 GiB).
+            n = min(B, 2)
+            ref = bf.sdpa_fn(SDPBackend.MATH, q[:n].float(), k[:n].float(), v[:n].float(), False, True)().transpose(1, 2)
+            err = bf.rel_err(out_b[:n], ref)
             print(f"| {B} | {Sk} | {t['A']:.1f} | {t['B']:.1f} | {t['C']:.1f} | {t['A'] / t['B']:.3f} | "
                   f"{t['C'] / t['B']:.2f} | {prof['A']:.1f} | {prof['B']:.1f} | {prof['C']:.1f} | "
                   f"{prof['C'] / prof['B']:.2f} | {fa.used_splits}, {fb.used_splits} | {fa.kernel} | {fb.kernel} | "

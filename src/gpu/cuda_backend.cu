@@ -270,7 +270,8 @@ class CudaBackend final : public Backend {
       if (gpuError_t e = f32 ? launch_append_f32(ap, stream) : launch_append(ap, bf16, stream); e != gpuSuccess)
         return {FP_ERR_RUNTIME, std::string("cuda backend: append/rotary launch: ") + gpuGetErrorString(e)};
     }
-    const FwdArgs a = fwd_args_in(p, w, pack, splits, workspace);
+    FwdArgs a = fwd_args_in(p, w, pack, splits, workspace);
+    if (decode && w.split_flags > 0) a.split_nonce = next_split_nonce();  // fixed in a captured graph
     if (f32) {
       const dim3 grid = f32_fwd_grid(p, tile, splits);
       if (grid.x > 0 && p.seq.batch > 0) {
@@ -289,13 +290,6 @@ class CudaBackend final : public Backend {
       return {FP_ERR_RUNTIME, "cuda backend: plan names the Hopper kernel, which is not built"};
 #endif
     } else if (decode) {
-      if (w.split_counters > 0) {
-        // The split arrival counters start at 0 on every call (a memset node under capture).
-        void* counters = static_cast<char*>(workspace) + w.split_counter_offset;
-        if (gpuError_t e = cudaMemsetAsync(counters, 0, size_t(w.split_counters) * sizeof(uint32_t), stream);
-            e != gpuSuccess)
-          return {FP_ERR_RUNTIME, std::string("cuda backend: decode split counters: ") + gpuGetErrorString(e)};
-      }
       const dim3 grid(unsigned(splits), unsigned(decode_kernel_shape(p).heads), unsigned(p.seq.batch));
       if (p.seq.batch > 0 && grid.y > 0) {
         if (gpuError_t e = bf16 ? launch_decode<true>(a, grid, stream) : launch_decode<false>(a, grid, stream);

@@ -3,6 +3,7 @@
 // H100-sized machine. The tensors are shapes only (a fake CUDA address, never read).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -123,10 +124,10 @@ TEST(DecodeKernelPlan, SplitsAndWorkspace) {
     EXPECT_EQ(splits, w.splits);
     const FwdWorkspace ws = decode_kernel_workspace(p, splits);
     if (splits > 1) {
-      EXPECT_EQ(ws.split_counters, w.b * 8) << "one counter per (sequence, kv head)";
-      EXPECT_GE(ws.split_counter_offset, ws.lse_offset + size_t(splits) * size_t(ws.rows) * 4);
-      EXPECT_EQ(ws.split_counter_offset % 256, 0u);
-      EXPECT_GE(ws.total, ws.split_counter_offset + size_t(ws.split_counters) * 4);
+      EXPECT_EQ(ws.split_flags, w.b * 8 * splits) << "one flag per (sequence, kv head, split)";
+      EXPECT_GE(ws.split_flag_offset, ws.lse_offset + size_t(splits) * size_t(ws.rows) * 4);
+      EXPECT_EQ(ws.split_flag_offset % 256, 0u);
+      EXPECT_GE(ws.total, ws.split_flag_offset + size_t(ws.split_flags) * 8);
       EXPECT_EQ(decode_kernel_workspace_bytes(ws), ws.total + 15) << "room to start at a 16-byte boundary";
     } else {
       EXPECT_EQ(ws.total, 0u) << "no split, no rotary: no workspace";
@@ -146,6 +147,17 @@ TEST(DecodeKernelPlan, SplitsAndWorkspace) {
 }
 
 // The layout starts at the caller's first 16-byte boundary, inside the 15 extra bytes.
+// The split nonces (next_split_nonce): never 0 (a merger's reset value), distinct, and not small
+// integers (a workspace that held indices or positions must not match them).
+TEST(DecodeKernelPlan, SplitNoncesAreDistinctAndWide) {
+  std::vector<uint64_t> n(10000);
+  for (uint64_t& x : n) x = next_split_nonce();
+  EXPECT_EQ(std::count(n.begin(), n.end(), 0ull), 0);
+  EXPECT_EQ(std::count_if(n.begin(), n.end(), [](uint64_t x) { return x < (1ull << 32); }), 0);
+  std::sort(n.begin(), n.end());
+  EXPECT_EQ(std::adjacent_find(n.begin(), n.end()), n.end()) << "a nonce repeated";
+}
+
 TEST(DecodeKernelPlan, WorkspaceBaseIsAligned) {
   alignas(16) static char buf[64];
   for (size_t off = 0; off < 32; ++off) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "gpu/common/tile_config.hpp"
 #include "gpu_harness.hpp"
@@ -200,6 +201,51 @@ TEST(CudaDecodeKernel, GraphReplayWithGarbageWorkspace) {
     EXPECT_TRUE(again.out.bitwise_equal(want.out)) << "second call differs";
     EXPECT_TRUE(again.lse.bitwise_equal(want.lse)) << "second call's lse differs";
     expect_graph_replay_equals(call, want, /*garbage_workspace=*/true);
+  }
+}
+
+// The split flags (mma/decode_kernel.cuh) are 0 again after a split call: a CUDA-graph replay
+// repeats the call's nonce, so a flag left set would let a replay's first finished split merge
+// other splits' stale partials (outputs alone rarely show it: the last merger rewrites them).
+// The flags are the last region of the decode layout (gpu/common/fwd_plan.hpp): B x Hkv x splits
+// 64-bit words, 256-byte aligned, from the first 16-byte boundary of the caller's workspace. The
+// workspace holds a set bit pattern in every word before the call.
+TEST(CudaDecodeKernel, SplitFlagsAreResetAfterTheMerge) {
+  SKIP_WITHOUT_GPU();
+  for (int32_t splits : {0, 5, 64}) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.cache = true, c.batch = 3, c.hq = 32, c.hkv = 8, c.d = 128, c.dv = 128, c.sq = 1, c.sk = 9000;
+    c.seqused = {9000, 4100, 77};
+    c.splits = splits;
+    SCOPED_TRACE(c.describe());
+    Call call(c);
+    DeviceCall dev(call);
+    fp_attn_params p = call.params(dev.views, FP_BACKEND_CUDA);
+    fp_selection sel{};
+    ASSERT_EQ(fp_attn_fwd_select(&p, &sel), FP_OK) << fp_last_error();
+    HostTensor sized(FP_F32, {static_cast<int64_t>((sel.workspace_bytes + 3) / 4)});
+    dev.workspace.upload(sized);
+    CUDA_OK(cudaMemset(dev.workspace.ptr, 0xA5, dev.workspace.bytes));
+    const Outputs got = run_cuda(call, dev);
+    ASSERT_TRUE(got.ok) << got.error;
+    ASSERT_NE(std::string(got.sel.kernel).find(kDecodeTile.name), std::string::npos) << got.sel.kernel;
+    ASSERT_GT(got.sel.num_splits, 1);
+    const size_t words = size_t(c.batch * c.hkv * got.sel.num_splits);
+    const size_t region = (words * 8 + 255) / 256 * 256;
+    const uintptr_t base = (reinterpret_cast<uintptr_t>(dev.workspace.ptr) + 15) / 16 * 16;
+    const size_t layout_bytes = got.sel.workspace_bytes - 15;  // decode_kernel_workspace_bytes
+    ASSERT_GE(layout_bytes, region);
+    std::vector<uint64_t> flags(words, ~0ull);
+    CUDA_OK(cudaMemcpy(flags.data(), reinterpret_cast<const void*>(base + layout_bytes - region), words * 8,
+                       cudaMemcpyDeviceToHost));
+    EXPECT_EQ(std::count(flags.begin(), flags.end(), 0ull), int64_t(words)) << "a flag left set after the merge";
+    const Outputs ref = run_reference(call);
+    ASSERT_TRUE(ref.ok) << ref.error;
+    const double tol = flashport::test::tolerance(c.dtype);
+    EXPECT_TRUE(flashport::test::close(gather_rows(call, got.out, false), gather_rows(call, ref.out, false), tol, "out"));
+    EXPECT_TRUE(flashport::test::close(gather_rows(call, got.lse, true), gather_rows(call, ref.lse, true), 1e-4, "lse"));
+    EXPECT_TRUE(got.out.all_written() && got.lse.all_written());
   }
 }
 

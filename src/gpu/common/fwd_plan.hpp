@@ -59,23 +59,23 @@ inline int64_t max_kv_rows(const Problem& p) {
 // The forward workspace (256-byte aligned parts): rotated q [rows, Hq, round8(D)] in q's dtype
 // (16-bit or fp32) when rotary is on; split partials o [splits][B*Hq*Sq][dv] fp32 and lse [splits][B*Hq*Sq] fp32 when
 // splits > 1; a work-tile counter (int32) when the plan's grid walks tiles dynamically (the Hopper
-// forward: PlanArgs::tile_counter); `split_counters` uint32 split arrival counters when the
-// decode kernel merges its own splits (kKernelDecodeFwd with splits > 1). Every forward kernel
-// (mma.sync, decode, Hopper, AMD) reads this layout.
+// forward: PlanArgs::tile_counter); `split_flags` 64-bit split flags when the decode kernel
+// merges its own splits (kKernelDecodeFwd with splits > 1: splits per (sequence, block head)).
+// Every forward kernel (mma.sync, decode, Hopper, AMD) reads this layout.
 struct FwdWorkspace {
   int64_t q_rot_row_stride = 0;  // 0: q is not rotated
   int64_t rows = 0;              // partial rows: B * Hq * Sq (0 without splits)
   size_t o_offset = 0, lse_offset = 0, total = 0;
   bool has_tile_counter = false;
   size_t tile_counter_offset = 0;
-  int64_t split_counters = 0;    // counters (zeroed before each launch); 0: none
-  size_t split_counter_offset = 0;
+  int64_t split_flags = 0;       // flag words (any initial contents); 0: none
+  size_t split_flag_offset = 0;
 };
 
 inline size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
 inline FwdWorkspace fwd_workspace(const Problem& p, int splits, bool tile_counter = false,
-                                  int64_t split_counters = 0) {
+                                  int64_t split_flags = 0) {
   FwdWorkspace w;
   size_t off = 0;
   if (p.rotary_dim > 0) {
@@ -94,10 +94,10 @@ inline FwdWorkspace fwd_workspace(const Problem& p, int splits, bool tile_counte
     w.tile_counter_offset = off;
     off += align256(sizeof(int32_t));
   }
-  if (split_counters > 0 && splits > 1) {
-    w.split_counters = split_counters;
-    w.split_counter_offset = off;
-    off += align256(size_t(split_counters) * sizeof(uint32_t));
+  if (split_flags > 0 && splits > 1) {
+    w.split_flags = split_flags;
+    w.split_flag_offset = off;
+    off += align256(size_t(split_flags) * sizeof(uint64_t));
   }
   w.total = off;
   return w;
@@ -115,7 +115,7 @@ inline FwdArgs fwd_args_in(const Problem& p, const FwdWorkspace& w, int pack, in
     a.ws_lse = reinterpret_cast<float*>(ws + w.lse_offset);
     a.ws_rows = w.rows;
   }
-  if (w.split_counters > 0) a.split_counters = reinterpret_cast<uint32_t*>(ws + w.split_counter_offset);
+  if (w.split_flags > 0) a.split_flags = reinterpret_cast<uint64_t*>(ws + w.split_flag_offset);
   return a;
 }
 

@@ -35,9 +35,11 @@ struct FwdArgs {
   float* ws_o = nullptr;
   float* ws_lse = nullptr;
   int64_t ws_rows = 0;
-  // The decode kernel's split arrival counters (one per (sequence, block head), zeroed on the
-  // stream before its launch): the last split block of a pair merges the partials. Null otherwise.
-  uint32_t* split_counters = nullptr;
+  // The decode kernel's split flags ([sequence][block head][split], 64-bit words, any initial
+  // contents) and this call's nonce (never 0): a split block that sees every flag of its pair
+  // equal to the nonce merges the partials (mma/decode_kernel.cuh). Null / 0 otherwise.
+  uint64_t* split_flags = nullptr;
+  uint64_t split_nonce = 0;
 };
 
 // The lengths of sequence b in a forward call (every forward kernel: mma.sync, fp32, Hopper):

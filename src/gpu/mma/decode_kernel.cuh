@@ -11,9 +11,9 @@
 //     of a tile is spread over the SM's four schedulers, two warps each, instead of one warp's
 //     16 rows;
 //   - the warps' states merge in shared memory at the end; with splits the block writes an fp32
-//     partial, and the last split block of the (sequence, head) to arrive -- a counter in the
-//     workspace, zeroed on the stream before the launch -- merges them into out / lse: no
-//     second kernel.
+//     partial and sets its split's flag in the workspace to the call's nonce; a block that then
+//     sees every split's flag set merges the partials into out / lse: no second kernel, and no
+//     memset node before the launch (the caller's workspace needs no zeroing; below).
 // Score features are the forward main loop's hooks (KernelScoreRules): causal/window masks only
 // on tiles that cut a row's range, softcap, ALiBi, sinks (folded into split 0). Dropout is
 // declined by the planner (decode_plan.hpp).
@@ -50,7 +50,6 @@ __global__ void __launch_bounds__(kDecodeTile.threads(), kDecodeTile.min_blocks)
   uint16_t* ring = sQ + kRows * Tile::kRowElems;
   auto slot_k = [&](int slot) { return ring + slot * 2 * BN * Tile::kRowElems; };
   __shared__ float s_max[kWarps][kRows], s_sum[kWarps][kRows];
-  __shared__ bool s_last;
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int split = blockIdx.x;
@@ -261,22 +260,32 @@ __global__ void __launch_bounds__(kDecodeTile.threads(), kDecodeTile.min_blocks)
   }
   if (a.splits <= 1) return;
 
-  // ---- the last split block of (sequence, head) merges the partials ------------------------
-  // Release: the barrier orders every thread's partial stores before thread 0's fence (fences
-  // are cumulative), the fence before the arrival. Acquire: the thread that sees the last
-  // arrival fences before the barrier that lets the block read the partials, through L2
-  // (__ldcg: never a stale L1 line).
+  // ---- a split block that sees every split's flag merges the partials ----------------------
+  // Once its partial is stored, a block sets its split's flag word of the (sequence, head) to
+  // a.split_nonce (64 hashed bits from the host, never 0) and reads every flag of the pair.
+  // Release: the barrier orders every thread's partial stores before thread 0's fence, the fence
+  // before the flag. The fence after the flag store is sequentially consistent, so of any two
+  // blocks one reads the other's flag: the block whose fence comes last sees every flag and
+  // merges. Another block that sees them all merges too, from the same partials in the same
+  // order: the same bits. A merger then resets the pair's flags to 0, so a CUDA-graph replay,
+  // which repeats the nonce, starts from none set; a flag still set when a block reads it means a
+  // merger has not yet reset it, i.e. every partial of this call is stored. Acquire: each thread
+  // fences after its flag loads, before the barrier that lets the block read the partials
+  // through L2 (__ldcg: never a stale L1 line). The workspace needs no zeroing: a word not
+  // written by this call equals the nonce with probability 2^-64.
   __syncthreads();
+  uint64_t* flags = a.split_flags + (int64_t(b) * gridDim.y + head_idx) * a.splits;
   if (tid == 0) {
     __threadfence();
-    const unsigned arrived = atomicAdd(a.split_counters + (int64_t(b) * gridDim.y + head_idx), 1u);
-    const bool last = arrived == unsigned(a.splits - 1);
-    if (last) __threadfence();
-    s_last = last;
+    __stcg(reinterpret_cast<unsigned long long*>(flags + split), static_cast<unsigned long long>(a.split_nonce));
+    __threadfence();
   }
   __syncthreads();
-  if (!s_last) return;
-
+  bool seen = true;
+  for (int s = tid; s < a.splits; s += NT)
+    seen &= __ldcg(reinterpret_cast<const unsigned long long*>(flags + s)) == a.split_nonce;
+  __threadfence();
+  if (!__syncthreads_and(seen)) return;
   // Thread -> (row, 4 columns). One pass over the splits, kMergeUnroll at a time (their loads in
   // flight together: at B=1, 32 splits are two L2 round trips), with a running max:
   //   lse = log sum_s exp(lse_s); out = sum_s exp(lse_s - lse) out_s; all empty: out 0, lse -inf.
@@ -326,6 +335,7 @@ __global__ void __launch_bounds__(kDecodeTile.threads(), kDecodeTile.min_blocks)
     }
     if (a.lse != nullptr && c == 0) a.lse[a.lse_addr.at(b, q_start, h, i)] = sum > 0.0f ? mx + __logf(sum) : -INFINITY;
   }
+  for (int s = tid; s < a.splits; s += NT) __stcg(reinterpret_cast<unsigned long long*>(flags + s), 0ull);
 #endif
 }
 

@@ -1,9 +1,11 @@
 // The decode kernel's planning rules (mma/decode_kernel.cuh), host-only and device-free so the
 // CPU tests check them (tests/gpu/decode_plan_test.cpp): which calls it takes (or why not), its
-// launch grid, work tiles and key tiles, the split count and the split counters it needs.
+// launch grid, work tiles and key tiles, the split count, the split flags it needs and their nonce.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <random>
 #include <string>
 
 #include "core/heuristics.hpp"
@@ -58,10 +60,21 @@ inline int decode_kernel_splits(const Problem& p, int64_t slots) {
                   kMaxSplits);
 }
 
-// The workspace of a decode-kernel plan: rotated q, partials and one split counter per
-// (sequence, head) when split.
+// The workspace of a decode-kernel plan: rotated q, partials and one split flag per (sequence,
+// head, split) when split.
 inline FwdWorkspace decode_kernel_workspace(const Problem& p, int splits) {
-  return fwd_workspace(p, splits, false, splits > 1 ? decode_kernel_shape(p).work_tiles : 0);
+  return fwd_workspace(p, splits, false, splits > 1 ? decode_kernel_shape(p).work_tiles * splits : 0);
+}
+// A call's split nonce: a per-process counter through the splitmix64 finalizer, seeded once from
+// std::random_device, so nonces look random (a workspace holding small integers or another
+// process's flags does not match them) and are never 0 (the value a merger leaves).
+inline uint64_t next_split_nonce() {
+  static std::atomic<uint64_t> counter{(uint64_t(std::random_device{}()) << 32) ^ std::random_device{}()};
+  uint64_t z = counter.fetch_add(0x9E3779B97F4A7C15ull, std::memory_order_relaxed) + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return z != 0 ? z : 1;
 }
 
 // The kernel stores and loads its partials 16 bytes at a time, and a caller's workspace has no
