@@ -167,6 +167,7 @@ int main(int argc, char** argv) {
   std::string op = "fwd", dts = "f32";
   int64_t B = 1, H = 8, S = 1024, D = 64, Sq = -1, Hkv = -1;
   int causal = 0, threads = 0, reps = 3;
+  float dropout = 0.0f;
   bool mem = false;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
@@ -180,6 +181,7 @@ int main(int argc, char** argv) {
     else if (a == "--sq") Sq = std::atoll(next().c_str());    // queries (default S)
     else if (a == "--hkv") Hkv = std::atoll(next().c_str());  // kv heads (default H)
     else if (a == "--causal") causal = 1;
+    else if (a == "--dropout") dropout = float(std::atof(next().c_str()));  // dropout_p, seed 1
     else if (a == "--threads") threads = std::atoi(next().c_str());
     else if (a == "--reps") reps = std::atoi(next().c_str());
     else if (a == "--mem") mem = true;
@@ -205,6 +207,8 @@ int main(int argc, char** argv) {
   p.out = out.t;
   p.lse = lse.t;
   p.causal = causal;
+  p.dropout_p = dropout;
+  p.dropout_seed = 1;
   p.causal_align = FP_CAUSAL_TOP_LEFT;  // torch's is_causal (the same for Sq == Sk)
   p.backend = FP_BACKEND_CPU;
   p.num_threads = threads;

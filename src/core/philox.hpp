@@ -24,16 +24,21 @@ FP_HD void philox_mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
 #endif
 }
 
+// The round multipliers and the key's Weyl increments (also read by the CPU backend's SIMD form,
+// cpu_kernels.inc dropout_mask_rows).
+inline constexpr uint32_t kPhiloxM0 = 0xD2511F53u, kPhiloxM1 = 0xCD9E8D57u;
+inline constexpr uint32_t kPhiloxW0 = 0x9E3779B9u, kPhiloxW1 = 0xBB67AE85u;
+
 // Ten rounds; the key is bumped by the Weyl constants before every round but the first.
 FP_HD Philox4 philox4x32_10(Philox4 c, uint32_t k0, uint32_t k1) {
   for (int r = 0; r < 10; ++r) {
     if (r > 0) {
-      k0 += 0x9E3779B9u;
-      k1 += 0xBB67AE85u;
+      k0 += kPhiloxW0;
+      k1 += kPhiloxW1;
     }
     uint32_t hi0, lo0, hi1, lo1;
-    philox_mulhilo(0xD2511F53u, c.x[0], hi0, lo0);
-    philox_mulhilo(0xCD9E8D57u, c.x[2], hi1, lo1);
+    philox_mulhilo(kPhiloxM0, c.x[0], hi0, lo0);
+    philox_mulhilo(kPhiloxM1, c.x[2], hi1, lo1);
     c = Philox4{{hi1 ^ c.x[1] ^ k0, lo1, hi0 ^ c.x[3] ^ k1, lo0}};
   }
   return c;

@@ -91,10 +91,6 @@ void load_q_row(const Problem& p, const SeqGeom& g, int64_t b, int64_t i, int64_
 void load_row(fp_dtype t, const void* base, int64_t off, int64_t n, float* dst);
 // dst[off + c] = src[c] * mul, rounded to t.
 void store_row(fp_dtype t, void* base, int64_t off, int64_t n, const float* src, float mul);
-// mask[(j - j0) * ldm + r] = kept(b, h_row[r], i_row[r], j) ? 1/(keep rate) : 0 for r < nr, and 0 for
-// nr <= r < ldm_cols.
-void dropout_mask(const Problem& p, int64_t b, const int32_t* i_row, const int32_t* h_row, int nr,
-                  int ncols, int64_t j0, int nk, float* mask, int64_t ldm);
 // Thread-local, 64-byte aligned scratch; slot buffers are independent and grow as needed.
 float* scratch(int slot, size_t nfloats);
 

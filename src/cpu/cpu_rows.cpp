@@ -1,4 +1,4 @@
-// Addressing, conversion, rotary and dropout helpers the CPU kernels call (baseline ISA).
+// Addressing, conversion and rotary helpers the CPU kernels call (baseline ISA).
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -6,7 +6,6 @@
 #include <new>
 
 #include "core/dtype.hpp"
-#include "core/philox.hpp"
 #include "core/rotary.hpp"
 #include "cpu_kernels.hpp"
 
@@ -111,26 +110,6 @@ void load_q_row(const Problem& p, const SeqGeom& g, int64_t b, int64_t i, int64_
   // The rotated q is a tensor of q's dtype in flash_attn, so round like it.
   rotate_row(p, q_rotary_pos(p, b, i), dst);
   for (int64_t t = 0; t < p.rotary_dim; ++t) dst[t] = round_to(p.dtype, dst[t]);
-}
-
-void dropout_mask(const Problem& p, int64_t b, const int32_t* i_row, const int32_t* h_row, int nr,
-                  int ncols, int64_t j0, int nk, float* mask, int64_t ldm) {
-  const ScoreRules& sr = p.rules;
-  const float keep_scale = sr.dropout_scale;
-  for (int r = 0; r < nr; ++r) {
-    int64_t last_group = -1;
-    Philox4 words{};
-    for (int jj = 0; jj < nk; ++jj) {
-      const int64_t j = j0 + jj;
-      if ((j >> 4) != last_group) {
-        words = dropout_words(sr.dropout_seed, sr.dropout_offset, b, p.hq, h_row[r], i_row[r], j);
-        last_group = j >> 4;
-      }
-      mask[jj * ldm + r] = dropout_byte(words, j) >= sr.dropout_threshold ? keep_scale : 0.0f;
-    }
-  }
-  for (int jj = 0; jj < nk; ++jj)
-    for (int r = nr; r < ncols; ++r) mask[jj * ldm + r] = 0.0f;
 }
 
 namespace {
