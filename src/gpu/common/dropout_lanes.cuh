@@ -92,6 +92,19 @@ __device__ __forceinline__ void fwd_keep_bits(uint32_t (&keep)[2], const ScoreRu
   keep[1] = my_hf ? same : other;
 }
 
+// Forward: the dropped elements of a thread's kNTiles tiles to 0, given fwd_keep_bits of their
+// keys. elem(t, e) is element e = 2hf + e2 of tile t (each kernel's own accumulator storage).
+template <int kNTiles, typename ElemRef>
+__device__ __forceinline__ void fwd_zero_dropped(const uint32_t (&keep)[2], ElemRef&& elem) {
+#pragma unroll
+  for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+      for (int e2 = 0; e2 < 2; ++e2)
+        if (!((keep[hf] >> fwd_keep_bit(t, e2)) & 1u)) elem(t, 2 * hf + e2) = 0.0f;
+}
+
 // Forward: P elements of dropped positions to 0 (s: one tile of P; keep: fwd_keep_bits of its
 // keys; dropout's key tiles hold at most 128 keys: one keep word per row). i_row0: the query of
 // row hf = 0; both rows are of head h (the Hopper forward).
@@ -100,13 +113,7 @@ __device__ __forceinline__ void fwd_apply_dropout(float (&s)[4 * kNTiles], const
                                                   int h, int i_row0, int n0) {
   uint32_t keep[2];
   fwd_keep_bits<kNTiles>(keep, R, b, hq, h, i_row0 + 8 * int(threadIdx.x & 1), n0);
-#pragma unroll
-  for (int t = 0; t < kNTiles; ++t)
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-      for (int e2 = 0; e2 < 2; ++e2)
-        if (!((keep[hf] >> fwd_keep_bit(t, e2)) & 1u)) s[4 * t + 2 * hf + e2] = 0.0f;
+  fwd_zero_dropped<kNTiles>(keep, [&](int t, int e) -> float& { return s[4 * t + e]; });
 }
 
 // Backward keep-bit layout: element [e] = [4t + 2hf + e2] of a thread (query q0 + 8t + 2(lane % 4)
@@ -116,6 +123,12 @@ __device__ __forceinline__ void fwd_apply_dropout(float (&s)[4 * kNTiles], const
 __host__ __device__ constexpr int bwd_keep_bit(int e) {
   const int t = e >> 2, hf = (e >> 1) & 1, e2 = e & 1, m = t >> 2;
   return 32 * (m >> 1) + 8 * e2 + 16 * (t & 1) + (1 - ((t >> 1) & 1)) + 2 * (1 - hf) + 4 * (1 - (m & 1));
+}
+// Whether element e is kept, from the bwd_keep_bits words.
+template <int kWords>
+__device__ __forceinline__ bool bwd_kept(const uint32_t (&keep)[kWords], int e) {
+  const int at = bwd_keep_bit(e);
+  return (keep[at / 32] >> (at % 32)) & 1u;
 }
 
 // Backward: the keep bits of this thread's elements of P^T (keys key0 and key0 + 8, queries

@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(256, kTile == kF32D64 ? 2 : 1) bwd_f32_kernel(
         // c_col(lane, e)); both stored per query row ----
         const bool need_mask = seq_rules.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1);
         const float slope = R.alibi ? -R.alibi_slope(b, h) * kLog2e : 0.0f;
-        // Dropout keep bits (bwd_keep_bit(4n + e): element e of tile n kept): the layout of the
+        // Dropout keep bits (bwd_kept(keep_bits, 4n + e): element e of tile n kept): the layout of the
         // Hopper backward's P^T (common/dropout_lanes.cuh: one lane makes each call of a query's
         // 16 keys, the warp's slab; an 8 x 8 bit transpose hands out the bits).
         static_assert(NQ1 <= 8, "one keep word");
@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(256, kTile == kF32D64 ? 2 : 1) bwd_f32_kernel(
             if (seq_rules.alibi()) x += seq_rules.alibi_bias(slope, i, j);
             float p = fast_exp2(x - sL[il]);
             if (need_mask && (j < seq_rules.vis_lo(i) || j >= seq_rules.vis_hi(i))) p = 0.0f;
-            const float keep = ((keep_bits[0] >> bwd_keep_bit(4 * n + e)) & 1u) ? keep_scale : 0.0f;
+            const float keep = bwd_kept(keep_bits, 4 * n + e) ? keep_scale : 0.0f;
             sdS[il * DS + jl] = p * (dp[n][e] * keep - sDs[il]) * sg.dtanh;
             sP[il * DS + jl] = p * keep;
           }

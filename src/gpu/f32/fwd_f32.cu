@@ -178,11 +178,7 @@ __global__ void __launch_bounds__(128, 2) fwd_f32_kernel(const __grid_constant__
       if (R.dropout_p > 0.0f) {
         uint32_t keep[2];
         fwd_keep_bits<SN>(keep, R, b, a.hq, h, m0 + row0 + 8 * (lane & 1), n0);
-#pragma unroll
-        for (int n = 0; n < SN; ++n)
-#pragma unroll
-          for (int r = 0; r < 4; ++r)
-            if (!((keep[r / 2] >> fwd_keep_bit(n, r % 2)) & 1u)) s[n][r] = 0.0f;
+        fwd_zero_dropped<SN>(keep, [&](int n, int e) -> float& { return s[n][e]; });
       }
       __syncthreads();  // every thread is done reading sK
       if (nb > n_lo) {

@@ -223,10 +223,7 @@ __device__ __forceinline__ void p_and_ds(float (&s_acc)[4 * kQTiles], float (&dp
   };
   // Element e's factor: 1 / (keep rate) where kept, else 0.
   const float keep_scale = kDropout ? S.rules->dropout_scale : 1.0f;
-  auto kept = [&](int e) -> float {
-    const int at = bwd_keep_bit(e);
-    return (keep[at / 32] >> (at % 32)) & 1u ? keep_scale : 0.0f;
-  };
+  auto kept = [&](int e) -> float { return bwd_kept(keep, e) ? keep_scale : 0.0f; };
   wg_wait<1>();
   fence_regs(s_acc);
   auto plain_p = [&](auto masked) {

@@ -427,10 +427,7 @@ __global__ void FP_LAUNCH_BOUNDS(kBwdTiles[kTile].threads(kWarpSize), kBwdTiles[
             if (need_mask && (j < S.vis_lo(i) || j >= S.vis_hi(i))) p = 0.0f;
             float keep = 1.0f;
 #if defined(FP_TARGET_NVIDIA)
-            if (R.dropout_p > 0.0f) {
-              const int kBit = bwd_keep_bit(4 * t + e);  // e = 2hf + e2, as the Hopper layout
-              keep = (keep_bits[kr][kBit / 32] >> (kBit % 32)) & 1u ? keep_scale : 0.0f;
-            }
+            if (R.dropout_p > 0.0f) keep = bwd_kept(keep_bits[kr], 4 * t + e) ? keep_scale : 0.0f;  // e = 2hf + e2
 #else
             if (R.dropout_p > 0.0f)
               keep = dropout_keep(R.rng_seed(), R.rng_offset(), R.dropout_threshold, b, a.hq, h, i, j)

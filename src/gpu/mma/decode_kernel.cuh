@@ -274,16 +274,17 @@ __global__ void __launch_bounds__(kDecodeTile.threads(), kDecodeTile.min_blocks)
   // through L2 (__ldcg: never a stale L1 line). The workspace needs no zeroing: a word not
   // written by this call equals the nonce with probability 2^-64.
   __syncthreads();
-  uint64_t* flags = a.split_flags + (int64_t(b) * gridDim.y + head_idx) * a.splits;
+  // (__stcg / __ldcg take unsigned long long; uint64_t is unsigned long here.)
+  unsigned long long* flags =
+      reinterpret_cast<unsigned long long*>(a.split_flags + (int64_t(b) * gridDim.y + head_idx) * a.splits);
   if (tid == 0) {
     __threadfence();
-    __stcg(reinterpret_cast<unsigned long long*>(flags + split), static_cast<unsigned long long>(a.split_nonce));
+    __stcg(flags + split, static_cast<unsigned long long>(a.split_nonce));
     __threadfence();
   }
   __syncthreads();
   bool seen = true;
-  for (int s = tid; s < a.splits; s += NT)
-    seen &= __ldcg(reinterpret_cast<const unsigned long long*>(flags + s)) == a.split_nonce;
+  for (int s = tid; s < a.splits; s += NT) seen &= __ldcg(flags + s) == a.split_nonce;
   __threadfence();
   if (!__syncthreads_and(seen)) return;
   // Thread -> (row, 4 columns). One pass over the splits, kMergeUnroll at a time (their loads in
@@ -335,7 +336,7 @@ __global__ void __launch_bounds__(kDecodeTile.threads(), kDecodeTile.min_blocks)
     }
     if (a.lse != nullptr && c == 0) a.lse[a.lse_addr.at(b, q_start, h, i)] = sum > 0.0f ? mx + __logf(sum) : -INFINITY;
   }
-  for (int s = tid; s < a.splits; s += NT) __stcg(reinterpret_cast<unsigned long long*>(flags + s), 0ull);
+  for (int s = tid; s < a.splits; s += NT) __stcg(flags + s, 0ull);
 #endif
 }
 

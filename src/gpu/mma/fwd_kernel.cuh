@@ -391,13 +391,7 @@ __global__ void FP_LAUNCH_BOUNDS(kTileConfigs[kTile].threads(kWarpSize), kTileCo
             const int m = lane_row(mt, lane & 1);
             uint32_t keep[kSlots];
             fwd_keep_bits<kNTiles>(keep, R, b, a.hq, row_h(m < m_rows ? m : m0), row_i(m), n0);
-#pragma unroll
-            for (int t = 0; t < kNTiles; ++t)
-#pragma unroll
-              for (int hf = 0; hf < kSlots; ++hf)
-#pragma unroll
-                for (int e2 = 0; e2 < kSlotElems; ++e2)
-                  if (!((keep[hf] >> fwd_keep_bit(t, e2)) & 1u)) acc_s[mt][t].r[hf * kSlotElems + e2] = 0.0f;
+            fwd_zero_dropped<kNTiles>(keep, [&](int t, int e) -> float& { return acc_s[mt][t].r[e]; });
           }
 #else
           // AMD layouts: the Philox words are made in a rolled loop into one keep-bit word per row
