@@ -8,7 +8,9 @@ reports the medians. bf16, B*S = 16k, H*D = 2048, S in {1k, 4k, 16k}, causal and
 
     python3 bench/gpu/bench_ab_fwd.py BUILD_A/bench/gpu/libfpbench.so BUILD_B/bench/gpu/libfpbench.so [64,128,256]
 
-Prints a markdown table (TFLOPS; A/B, A/cuDNN, B/cuDNN ratios). Timing helpers: bench_fwd.py.
+Prints a markdown table (TFLOPS; B/A, A/cuDNN, B/cuDNN ratios). Every table's A-B ratio is B's
+speed-up (> 1: B faster): B/A of TFLOPS, A/B of microseconds (session 18 misread an A/B of TFLOPS
+as B's speed-up). Timing helpers: bench_fwd.py.
 
 Decode (flash_attn_with_kvcache shape: Sq = 1, Hq/Hkv = 32/8, D = 128, bf16, K/V [B, Sk, Hkv, D]):
 
@@ -27,7 +29,7 @@ SDPA flash with dropout as the peer), and the same with deterministic dQ (A and 
 
 KV-cache prefill chunk (B2, Sq 1024 after 3072 cached keys: 4096 keys, Hq/Hkv 32/8, D128, bf16,
 bottom-right causal): the contiguous cache and paged caches of 256/128/64/32/16/8-row pages (random
-block tables), graph replay us per call, 5 rounds of [A, B]:
+block tables; 16-row pages also with consecutive ids), graph replay us per call, 5 rounds of [A, B]:
 
     python3 bench/gpu/bench_ab_fwd.py A.so B.so cache
 
@@ -71,7 +73,7 @@ def main_decode(lib_a, lib_b):
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}")
     print("Decode: Sq=1, Hq=32, Hkv=8, D=128, bf16. Graph replay us/call (medians of 5 rounds); "
           "profiler: device us/call of every kernel and memset. err B: first two sequences.")
-    print("| B | Sk | A us | B us | cuDNN us | A/B | cuDNN/B (>1: B faster) | A prof | B prof | cuDNN prof | "
+    print("| B | Sk | A us | B us | cuDNN us | A/B (>1: B faster) | cuDNN/B (>1: B faster) | A prof | B prof | cuDNN prof | "
           "cuDNN/B prof | splits A, B | kernel A | kernel B | err B |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for B in (1, 8, 64):
@@ -140,20 +142,23 @@ def main_cache(lib_a, lib_b):
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}")
     print(f"KV-cache prefill chunk: B{B} Sq{Sq} keys {Sk} Hq/Hkv {Hq}/{Hkv} D{D} bf16 causal, caches of {cap} rows; "
           "graph replay us per call (medians of 5 rounds); vs contiguous = B's contiguous time / B's time.")
-    print("| cache | A us | B us | A/B | vs contiguous (B) | max rel diff A-B | kernel A | kernel B |")
+    print("| cache | A us | B us | A/B (>1: B faster) | vs contiguous (B) | max rel diff A-B | kernel A | kernel B |")
     print("|---|---|---|---|---|---|---|---|")
     q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=dt)
     kc, vc = (torch.randn(B, cap, Hkv, D, device="cuda", dtype=dt) for _ in range(2))
     seqlens = torch.full((B,), Sk, dtype=torch.int32, device="cuda")
     calls = [("contiguous", kc, vc, None)]
-    for page in (256, 128, 64, 32, 16, 8):
+    # Random block tables; 16-row pages also with consecutive ids (a fresh allocator's tables: the
+    # same speed as random ones in session 18, so page order is not what limits small pages).
+    for page, consecutive in ((256, False), (128, False), (64, False), (32, False), (16, False), (16, True),
+                              (8, False)):
         blocks = cap // page
-        perm = torch.randperm(B * blocks, device="cuda")
+        perm = torch.arange(B * blocks, device="cuda") if consecutive else torch.randperm(B * blocks, device="cuda")
         table = perm.to(torch.int32).view(B, blocks)
         kp, vp = (torch.empty(B * blocks, page, Hkv, D, device="cuda", dtype=dt) for _ in range(2))
         kp[perm] = kc.reshape(B * blocks, page, Hkv, D)  # the same keys as the contiguous cache
         vp[perm] = vc.reshape(B * blocks, page, Hkv, D)
-        calls.append((f"paged {page}", kp, vp, table))
+        calls.append((f"paged {page}" + (", consecutive ids" if consecutive else ""), kp, vp, table))
     base = None
     for name, k, v, table in calls:
         fa = FlashportCache(lib_a, q, k, v, seqlens, table)
@@ -216,7 +221,7 @@ def main_bwd(lib_a, lib_b, dims, dropout_p):
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; dropout p = {dropout_p}")
     print("Backward (preprocess + main loop + dQ conversion), bf16, B*S = 16k, H*D = 2048; TFLOPS = "
           "2.5 x forward FLOPs / median time; det = deterministic dQ.")
-    print(f"| D | S | causal | A TF | B TF | {peer} TF | A/B | A/peer | B/peer | A det/B det | A det/A | "
+    print(f"| D | S | causal | A TF | B TF | {peer} TF | B/A (>1: B faster) | A/peer | B/peer | B det/A det | A det/A | "
           "max rel diff A-B | kernel A |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for d, s, b, h, causal in grid_points(dims):
@@ -248,8 +253,8 @@ def main_bwd(lib_a, lib_b, dims, dropout_p):
         flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
         tf = {n: flops / (statistics.median(t) * 1e-3) / 1e12 for n, t in times.items()}
         print(f"| {d} | {s} | {'y' if causal else 'n'} | {tf['A']:.0f} | {tf['B']:.0f} | {tf['C']:.0f} | "
-              f"{tf['A'] / tf['B']:.3f} | {tf['A'] / tf['C']:.2f} | {tf['B'] / tf['C']:.2f} | "
-              f"{tf['Ad'] / tf['Bd']:.3f} | {tf['Ad'] / tf['A']:.2f} | {diff:.1e} | {fa.kernel} |", flush=True)
+              f"{tf['B'] / tf['A']:.3f} | {tf['A'] / tf['C']:.2f} | {tf['B'] / tf['C']:.2f} | "
+              f"{tf['Bd'] / tf['Ad']:.3f} | {tf['Ad'] / tf['A']:.2f} | {diff:.1e} | {fa.kernel} |", flush=True)
         del q, k, v, dout, out, lse, fa, fb, fad, fbd, qt, kt, vt, ref_out
         torch.cuda.empty_cache()
 
@@ -275,7 +280,7 @@ def main():
     peer = "SDPA flash (dropout)" if dropout_p else "cuDNN"
     dims = [int(x) for x in points.split(",")]
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; dropout p = {dropout_p}")
-    print(f"| D | S | causal | A TF | B TF | {peer} TF | A/B | A/peer | B/peer | kernel A |")
+    print(f"| D | S | causal | A TF | B TF | {peer} TF | B/A (>1: B faster) | A/peer | B/peer | kernel A |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for d, s, b, h, causal in grid_points(dims):
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -290,7 +295,7 @@ def main():
         flops = 4 * b * h * s * s * d / (2 if causal else 1)
         tf = {n: flops / (statistics.median(t) * 1e-3) / 1e12 for n, t in times.items()}
         print(f"| {d} | {s} | {'y' if causal else 'n'} | {tf['A']:.0f} | {tf['B']:.0f} | {tf['C']:.0f} | "
-              f"{tf['A'] / tf['B']:.3f} | {tf['A'] / tf['C']:.2f} | {tf['B'] / tf['C']:.2f} | {fa.kernel} |",
+              f"{tf['B'] / tf['A']:.3f} | {tf['A'] / tf['C']:.2f} | {tf['B'] / tf['C']:.2f} | {fa.kernel} |",
               flush=True)
 
 
