@@ -85,7 +85,17 @@ extern "C" {
 
 #define FP_MAX_DIMS 5
 
-typedef enum fp_status {
+/* The enums are int-sized. In C++ they get int as their fixed underlying type, so any int a
+ * caller (C, Python, an FFI) stores in an enum field is a value of the type, and the validation
+ * rejects a bad one by name; without it such a value is undefined behaviour in C++ before any
+ * check can run (UBSan's "not a valid value for type"). The layout is the C one (4 bytes). */
+#ifdef __cplusplus
+#define FP_ENUM(name) enum name : int
+#else
+#define FP_ENUM(name) enum name
+#endif
+
+typedef FP_ENUM(fp_status) {
   FP_OK = 0,
   FP_ERR_INVALID_ARGUMENT = 1, /* a tensor or scalar breaks a rule; the message names both */
   FP_ERR_UNSUPPORTED = 2,      /* valid call, but no (or not the forced) backend can run it */
@@ -94,15 +104,15 @@ typedef enum fp_status {
   FP_ERR_RUNTIME = 5           /* a device/runtime call failed */
 } fp_status;
 
-typedef enum fp_dtype { FP_F16 = 0, FP_BF16 = 1, FP_F32 = 2, FP_F64 = 3, FP_I32 = 4 } fp_dtype;
+typedef FP_ENUM(fp_dtype) { FP_F16 = 0, FP_BF16 = 1, FP_F32 = 2, FP_F64 = 3, FP_I32 = 4 } fp_dtype;
 
-typedef enum fp_device_type {
+typedef FP_ENUM(fp_device_type) {
   FP_DEVICE_CPU = 0,
   FP_DEVICE_CUDA = 1,
   FP_DEVICE_HIP = 2
 } fp_device_type;
 
-typedef enum fp_backend {
+typedef FP_ENUM(fp_backend) {
   FP_BACKEND_AUTO = 0,      /* best available for the tensors' device (FLASHPORT_BACKEND overrides) */
   FP_BACKEND_REFERENCE = 1, /* fp64 oracle, CPU memory */
   FP_BACKEND_CPU = 2,       /* fast CPU kernels */
@@ -110,10 +120,11 @@ typedef enum fp_backend {
   FP_BACKEND_HIP = 4
 } fp_backend;
 
-typedef enum fp_causal_align {
+typedef FP_ENUM(fp_causal_align) {
   FP_CAUSAL_BOTTOM_RIGHT = 0, /* flash_attn >= 2.1: last query row aligned with last key */
   FP_CAUSAL_TOP_LEFT = 1      /* first query row aligned with first key (torch SDPA's is_causal) */
 } fp_causal_align;
+#undef FP_ENUM
 
 /* A strided view of memory the caller owns. ndim == 0 (data == NULL) means "not given". */
 typedef struct fp_tensor {

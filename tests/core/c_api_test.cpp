@@ -1,5 +1,6 @@
 // The C API boundary: init values, last error, exceptions, names, version, C++ conveniences.
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <new>
 #include <stdexcept>
@@ -9,8 +10,53 @@
 #include "flashport/flashport.hpp"
 #include "validate_fixtures.hpp"
 
+// tests/core/c_header_check.c: the header compiled as C.
+extern "C" {
+size_t fp_c_sizeof_params(void);
+size_t fp_c_sizeof_bwd_params(void);
+size_t fp_c_sizeof_tensor(void);
+size_t fp_c_sizeof_enum(void);
+size_t fp_c_offsetof_backend(void);
+size_t fp_c_offsetof_causal_align(void);
+void fp_c_set_raw_enums(fp_attn_params* p, int dtype, int causal_align, int backend);
+}
+
 namespace flashport::test {
 namespace {
+
+// C and C++ callers share one layout (the enums are int-sized in both: FP_ENUM in flashport.h).
+TEST(CHeader, LayoutMatchesCpp) {
+  EXPECT_EQ(fp_c_sizeof_params(), sizeof(fp_attn_params));
+  EXPECT_EQ(fp_c_sizeof_bwd_params(), sizeof(fp_attn_bwd_params));
+  EXPECT_EQ(fp_c_sizeof_tensor(), sizeof(fp_tensor));
+  EXPECT_EQ(fp_c_sizeof_enum(), sizeof(fp_dtype));
+  EXPECT_EQ(fp_c_offsetof_backend(), offsetof(fp_attn_params, backend));
+  EXPECT_EQ(fp_c_offsetof_causal_align(), offsetof(fp_attn_params, causal_align));
+}
+
+// Any int a C caller stores in an enum field gets the named error, not undefined behaviour (the
+// C++ side reads it as a value of an int-based enum; core_tests runs clean under UBSan).
+TEST(CHeader, OutOfRangeEnumsFromCAreNamedErrors) {
+  {
+    FwdCall c;
+    fp_c_set_raw_enums(&c.p, 42, FP_CAUSAL_BOTTOM_RIGHT, FP_BACKEND_AUTO);
+    EXPECT_EQ(fp_attn_fwd(&c.p), FP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(fp_last_error()).find("q: dtype is not a valid fp_dtype"), std::string::npos)
+        << fp_last_error();
+  }
+  {
+    FwdCall c;
+    fp_c_set_raw_enums(&c.p, FP_F32, -7, FP_BACKEND_AUTO);
+    EXPECT_EQ(fp_attn_fwd(&c.p), FP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(fp_last_error()).find("causal_align"), std::string::npos) << fp_last_error();
+  }
+  {
+    FwdCall c;
+    fp_c_set_raw_enums(&c.p, FP_F32, FP_CAUSAL_BOTTOM_RIGHT, 1 << 20);
+    EXPECT_NE(fp_attn_fwd(&c.p), FP_OK);
+    EXPECT_NE(std::string(fp_last_error()).find("backend"), std::string::npos) << fp_last_error();
+  }
+}
 
 bool tensor_absent(const fp_tensor& t) { return t.ndim == 0 && t.data == nullptr; }
 
