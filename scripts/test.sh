@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds everything and runs every test: the C++ suites (CTest), the CUDA build for sm_80/sm_90
+# Builds everything and runs every test: the C++ suites (CTest; the host suites again under ASan +
+# UBSan), the CUDA build for sm_80/sm_90
 # (compiled here; its tests run only where a GPU is present), the AMD build and its ISA check
 # (compile only), and the Python suite (pytest).
 set -euo pipefail
@@ -12,6 +13,16 @@ echo "== C++ build (CPU backends) and CTest"
 cmake -S . -B build-test -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 ninja -C build-test -j"$jobs"
 ctest --test-dir build-test --output-on-failure -j"$jobs"
+
+echo "== Host suites under ASan + UBSan (CPU build; any report fails)"
+san="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer"
+cmake -S . -B build-sanitize -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLASHPORT_CUDA=OFF \
+  "-DCMAKE_C_FLAGS=$san" "-DCMAKE_CXX_FLAGS=$san" "-DCMAKE_EXE_LINKER_FLAGS=$san" >/dev/null
+ninja -C build-sanitize -j"$jobs" core_tests reference_tests cpu_tests dropout_lanes_emu
+for t in core/core_tests reference/reference_tests cpu/cpu_tests amd/dropout_lanes_emu; do
+  echo "-- $t"
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 "build-sanitize/tests/$t" 2>&1 | tail -n 25
+done
 
 if command -v nvcc >/dev/null; then
   echo "== CUDA build (sm_80, sm_90)"
