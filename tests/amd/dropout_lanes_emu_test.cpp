@@ -113,36 +113,38 @@ TEST(DropoutLanes, ByteCompareIsExact) {
 
 const Rng kRngs[] = {{0x1234567890abcdefull, 0}, {7, 0xFFFFFFF0ull}};
 
+// body(rules, rng, label) for each tested rate and (seed, offset).
+template <typename Body>
+void for_each_rule(Body&& body) {
+  for (float p : {0.1f, 0.5f, 0.93f})
+    for (const Rng& rng : kRngs)
+      body(rules(p, rng), rng, "p " + std::to_string(p) + " seed " + std::to_string(rng.seed));
+}
+
 // The kernels' dropout key tiles: 16 accumulator tiles (128 keys), 12 (96), 8 (64: the Hopper D256
 // tile and every mma.sync forward tile, which packs GQA rows).
 TEST(DropoutLanes, ForwardBitsAreTheRule) {
-  for (float p : {0.1f, 0.5f, 0.93f})
-    for (const Rng& rng : kRngs) {
-      const ScoreRules R = rules(p, rng);
-      const std::string what = "p " + std::to_string(p) + " seed " + std::to_string(rng.seed);
-      EXPECT_EQ(forward_mismatches<16>(R, rng, 0, 0), 0) << what;
-      EXPECT_EQ(forward_mismatches<16>(R, rng, 1000, 4096 + 128), 0) << what;
-      EXPECT_EQ(forward_mismatches<12>(R, rng, 64, 96 * 7), 0) << what;
-      EXPECT_EQ(forward_mismatches<8>(R, rng, 333, 64 * 5), 0) << what;
-      EXPECT_EQ(forward_mismatches<8>(R, rng, 77, 64 * 3, kH - 3), 0) << what;  // packed rows
-    }
+  for_each_rule([](const ScoreRules& R, const Rng& rng, const std::string& what) {
+    EXPECT_EQ(forward_mismatches<16>(R, rng, 0, 0), 0) << what;
+    EXPECT_EQ(forward_mismatches<16>(R, rng, 1000, 4096 + 128), 0) << what;
+    EXPECT_EQ(forward_mismatches<12>(R, rng, 64, 96 * 7), 0) << what;
+    EXPECT_EQ(forward_mismatches<8>(R, rng, 333, 64 * 5), 0) << what;
+    EXPECT_EQ(forward_mismatches<8>(R, rng, 77, 64 * 3, kH - 3), 0) << what;  // packed rows
+  });
 }
 
 // The query tiles of a warp's stage: 16 and 8 (the Hopper D64/D128 steps), 4 (the Hopper D256
 // kernel's halves, the mma.sync D128 backward), 8 (mma.sync D64), 2 and 1 (below).
 TEST(DropoutLanes, BackwardBitsAreTheRule) {
-  for (float p : {0.1f, 0.5f, 0.93f})
-    for (const Rng& rng : kRngs) {
-      const ScoreRules R = rules(p, rng);
-      const std::string what = "p " + std::to_string(p) + " seed " + std::to_string(rng.seed);
-      EXPECT_EQ(backward_mismatches<16>(R, rng, 0, 0), 0) << what;
-      EXPECT_EQ(backward_mismatches<16>(R, rng, 128 * 9, 64 * 3), 0) << what;
-      EXPECT_EQ(backward_mismatches<8>(R, rng, 64 * 5, 128 * 2), 0) << what;
-      EXPECT_EQ(backward_mismatches<4>(R, rng, 32 * 7, 64 * 11), 0) << what;
-      // Below 4 tiles some lanes make no call: the mma.sync D256 (2) and fp32 D256 (1) backward.
-      EXPECT_EQ(backward_mismatches<2>(R, rng, 64 * 3, 64 * 5), 0) << what;
-      EXPECT_EQ(backward_mismatches<1>(R, rng, 32 * 9 + 8, 32 * 3), 0) << what;
-    }
+  for_each_rule([](const ScoreRules& R, const Rng& rng, const std::string& what) {
+    EXPECT_EQ(backward_mismatches<16>(R, rng, 0, 0), 0) << what;
+    EXPECT_EQ(backward_mismatches<16>(R, rng, 128 * 9, 64 * 3), 0) << what;
+    EXPECT_EQ(backward_mismatches<8>(R, rng, 64 * 5, 128 * 2), 0) << what;
+    EXPECT_EQ(backward_mismatches<4>(R, rng, 32 * 7, 64 * 11), 0) << what;
+    // Below 4 tiles some lanes make no call: the mma.sync D256 (2) and fp32 D256 (1) backward.
+    EXPECT_EQ(backward_mismatches<2>(R, rng, 64 * 3, 64 * 5), 0) << what;
+    EXPECT_EQ(backward_mismatches<1>(R, rng, 32 * 9 + 8, 32 * 3), 0) << what;
+  });
 }
 
 // (seed, offset) read from the device-resident words (dropout_rng), as under CUDA graphs and JAX.
