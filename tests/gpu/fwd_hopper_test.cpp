@@ -585,8 +585,8 @@ TEST(CudaHopperFwd, KvCacheContiguous) {
 }
 
 // The producer a paged call runs (fwd_hopper.hpp kv_by_rows): TMA boxes for pages a multiple of the
-// key tile or of 16 rows and up, a multiple of 8, dividing it; row copies (":kv_rows") for the other
-// pages and for left pads.
+// key tile or of 16 rows and up (8 at D128 in pools of back-to-back pages), a multiple of 8,
+// dividing it; row copies (":kv_rows") for the other pages and for left pads.
 void check_hopper_paged(const Case& c) {
   fp_selection sel{};
   check_case(c, &sel);
@@ -596,8 +596,10 @@ void check_hopper_paged(const Case& c) {
   flashport::Problem dims;
   dims.d = c.d, dims.dv = c.dv;
   const int64_t bn = flashport::gpu::HopperTileV3::block_n(flashport::gpu::hopper_head_bucket(dims));
-  const bool rows = !c.leftpad.empty() ||
-                    !(c.page_size % bn == 0 || (bn % c.page_size == 0 && c.page_size % 8 == 0 && c.page_size >= 16));
+  const bool d128_groups = c.d == 128 && c.dv % 64 == 0 && c.page_gap_rows == 0;
+  const int64_t min_rows = d128_groups ? 8 : 16;
+  const bool rows = !c.leftpad.empty() || !(c.page_size % bn == 0 || (bn % c.page_size == 0 &&
+                                                                       c.page_size % 8 == 0 && c.page_size >= min_rows));
   EXPECT_EQ(ran.find(":kv_rows") != std::string::npos, rows) << c.describe() << " ran " << ran;
   expect_split_tag(sel, c.describe());
 }
@@ -619,6 +621,93 @@ TEST(CudaHopperFwd, KvCachePaged) {
       check_hopper_paged(c);
     }
   }
+}
+
+// How the pool lies (fwd_hopper.hpp kv_grouped_boxes): pages back to back, with or without padded
+// rows, read as 8-row groups with one box across every panel; a gap after each page (pages not back
+// to back) or head dims of part panels, one box per panel. Each head-dim instance at pages that
+// divide its key tile and at the tile itself, V narrower than K (its box's last panel zero-filled),
+// keys ending mid-page, NaN in unused rows.
+TEST(CudaHopperFwd, KvCachePagedPoolLayouts) {
+  SKIP_WITHOUT_GPU();
+  struct Dims {
+    int64_t d, dv, page;
+  };
+  const Dims dims[] = {{64, 64, 16},   {128, 128, 8},  {128, 128, 16}, {128, 128, 32}, {128, 64, 128},
+                       {96, 96, 16},   {192, 192, 8},  {192, 192, 16}, {192, 128, 48}, {256, 256, 8},
+                       {256, 256, 16}, {256, 256, 64}, {128, 128, 256}};
+  int n = 0;
+  for (const Dims& w : dims) {
+    for (int layout = 0; layout < 3; ++layout) {
+      Case c;
+      c.dtype = rand_dtype();
+      c.cache = true, c.paged = true, c.page_size = w.page, c.nan_unused_cache = true;
+      c.batch = 2, c.hq = 4, c.hkv = 2, c.d = w.d, c.dv = w.dv, c.sq = 150, c.sk = 700;
+      c.seqused = {699, 5 + 8 * int64_t(rand_int(0, 80))};
+      c.causal = n % 2 == 0;
+      c.strided = layout == 1;
+      c.page_gap_rows = layout == 2 ? 1 : 0;
+      ++n;
+      check_hopper_paged(c);
+    }
+  }
+}
+
+// The grouped-box rule (no device needed): paged TMA-box calls whose k and v pages lie back to back
+// and whose head dims fill whole 64-column panels, more than one; from pages of 8 rows at D128
+// (16 elsewhere, and for boxes per panel); not row copies, contiguous caches, pages with a gap,
+// head dims of part panels or of one.
+TEST(HopperFwdPlan, GroupedPagedBoxes) {
+  flashport::Problem p;
+  p.dtype = FP_BF16;
+  p.d = p.dv = 128;
+  p.hkv = 8;
+  p.seq.kv_layout = flashport::KvLayout::Paged;
+  p.seq.page_size = 16;
+  p.k = p.v = flashport::KvAddr{16 * 8 * 128, 8 * 128, 128, flashport::KvLayout::Paged};
+  EXPECT_TRUE(flashport::gpu::kv_grouped_boxes(p));
+  flashport::Problem q = p;
+  q.k.s1 = q.v.s1 = 8 * 136;  // padded rows, pages still back to back
+  q.k.s0 = q.v.s0 = 16 * 8 * 136;
+  EXPECT_TRUE(flashport::gpu::kv_grouped_boxes(q));
+  q = p;
+  q.v.s0 = 2 * 16 * 8 * 128;  // V pages interleaved with K's
+  EXPECT_FALSE(flashport::gpu::kv_grouped_boxes(q));
+  q = p;
+  q.d = q.dv = 96;
+  EXPECT_FALSE(flashport::gpu::kv_grouped_boxes(q));
+  q = p;
+  q.dv = 64;
+  EXPECT_TRUE(flashport::gpu::kv_grouped_boxes(q));
+  q = p;
+  q.d = q.dv = 64;  // one panel: a box per page either way
+  EXPECT_FALSE(flashport::gpu::kv_grouped_boxes(q));
+  q = p;
+  q.k.s0 = q.k.s1 = q.v.s0 = q.v.s1 = 0;  // broadcast pools are not groups of rows
+  EXPECT_FALSE(flashport::gpu::kv_grouped_boxes(q));
+  q = p;
+  q.seq.page_size = 8;  // boxes across panels from 8-row pages, boxes per panel from 16
+  q.k.s0 = q.v.s0 = 8 * 8 * 128;
+  EXPECT_TRUE(flashport::gpu::kv_grouped_boxes(q));
+  EXPECT_FALSE(flashport::gpu::kv_by_rows(q));
+  q.v.s0 = 2 * 8 * 8 * 128;
+  EXPECT_FALSE(flashport::gpu::kv_grouped_boxes(q));
+  EXPECT_TRUE(flashport::gpu::kv_by_rows(q));
+  q = p;
+  q.d = q.dv = 256;  // D256: 8-row pages by row copies (boxes across panels measured slower there)
+  q.k = q.v = flashport::KvAddr{8 * 8 * 256, 8 * 256, 256, flashport::KvLayout::Paged};
+  q.seq.page_size = 8;
+  EXPECT_TRUE(flashport::gpu::kv_by_rows(q));
+  q.seq.page_size = 16;
+  q.k.s0 = q.v.s0 = 16 * 8 * 256;
+  EXPECT_TRUE(flashport::gpu::kv_grouped_boxes(q));
+  q = p;
+  q.seq.page_size = 48;  // row copies
+  q.k.s0 = q.v.s0 = 48 * 8 * 128;
+  EXPECT_FALSE(flashport::gpu::kv_grouped_boxes(q));
+  q = p;
+  q.seq.kv_layout = flashport::KvLayout::Batched;
+  EXPECT_FALSE(flashport::gpu::kv_grouped_boxes(q));
 }
 
 // Pages below the key tile or not a multiple of it (1, 3, 12, 16, 48, 64, 100, 129, 200) and paged

@@ -122,6 +122,9 @@ struct Case {
   // KV cache: contiguous (optionally cache_batch_idx) or paged; seqused_k per sequence; append.
   bool cache = false, paged = false, batch_idx = false;
   int64_t page_size = 16, snew = 0;
+  // Paged pools: unused rows after each page (pages not back to back in the pool); with `strided`,
+  // also 8 unused elements after each row of k and v.
+  int64_t page_gap_rows = 0;
   std::vector<int64_t> seqused;
   std::vector<int64_t> leftpad;  // cache_leftpad per sequence (empty: none)
   int64_t rot_dim = 0;
@@ -147,6 +150,7 @@ struct Case {
     if (strided) s += " strided";
     if (splits != 1) s += " splits=" + std::to_string(splits);
     if (cache) s += paged ? " paged(ps=" + std::to_string(page_size) + ")" : " cache";
+    if (page_gap_rows > 0) s += " page_gap=" + std::to_string(page_gap_rows);
     if (batch_idx) s += " batch_idx";
     if (snew) s += " snew=" + std::to_string(snew);
     if (!leftpad.empty()) s += " leftpad";
@@ -196,8 +200,9 @@ struct Call {
         std::shuffle(ids.begin(), ids.end(), test_rng());
         ids.resize(c.batch * max_blocks);
         block_table = HostTensor::i32({c.batch, max_blocks}, ids);
-        k = HostTensor(t, {pool, c.page_size, c.hkv, c.d});
-        v = HostTensor(t, {pool, c.page_size, c.hkv, c.dv});
+        const std::vector<int64_t> pool_pad{0, c.page_gap_rows, 0, c.strided ? 8 : 0};
+        k = HostTensor::padded(t, {pool, c.page_size, c.hkv, c.d}, pool_pad);
+        v = HostTensor::padded(t, {pool, c.page_size, c.hkv, c.dv}, pool_pad);
       } else {
         const int64_t rows = c.batch_idx ? c.batch + 2 : c.batch;
         if (c.batch_idx) {

@@ -70,6 +70,28 @@ std::string encode_rows_map(CUtensorMap* map, const void* base, int64_t cols, in
   return std::string();
 }
 
+// A paged pool of `pages` pages of `page_rows` rows, pages back to back (kv_grouped_boxes), as a
+// (col, row in group, panel, head, group) view: 8-row groups of the whole pool, each row split into
+// its 64-column panels (`cols` / 64 of them; a box's panels past them are zero-filled). One box of
+// `box_rows` rows lands as [group][panel][8 rows][128 bytes], the grouped KvTileLayout.
+std::string encode_grouped_map(CUtensorMap* map, const void* base, int64_t cols, int64_t pages, int64_t page_rows,
+                               int64_t heads, int64_t row_stride, int64_t head_stride, int kernel_panels,
+                               int box_rows) {
+  const TensorMapEncoder enc = tensor_map_encoder();
+  if (enc == nullptr) return "hopper path v3: the driver has no cuTensorMapEncodeTiled";
+  const cuuint64_t dims[5] = {64, 8, cuuint64_t(cols / 64), cuuint64_t(heads), cuuint64_t(pages * (page_rows / 8))};
+  const cuuint64_t strides[4] = {cuuint64_t(row_stride * 2), 128,
+                                 cuuint64_t((heads <= 1 ? row_stride : head_stride) * 2),
+                                 cuuint64_t(row_stride * 16)};
+  const cuuint32_t box[5] = {64, 8, cuuint32_t(kernel_panels), 1, cuuint32_t(box_rows / 8)};
+  const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+  const CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 5, const_cast<void*>(base), dims, strides, box,
+                         elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return "hopper path v3: tensor map rejected the grouped layout (error " + std::to_string(int(r)) + ")";
+  return std::string();
+}
+
 // Rows of one K/V box: the key tile, or one page when pages are smaller (the candidate allows
 // pages that are a multiple of the key tile, or a multiple of 8 rows dividing it).
 int kv_box_rows(const Problem& p) {
@@ -104,6 +126,14 @@ std::string make_v3_maps(const Problem& p, const FwdArgs& a, HopperV3Params* prm
   std::string why = encode_rows_map(&prm->tq, a.q, p.d, q.rows, q.heads, q.batch, q.row_stride, q.head_stride,
                                     q.batch_stride, hopper_block_m(p));
   if (!why.empty() || kv_by_rows(p)) return why;  // rows by threads: no K/V maps
+  if (kv_grouped_boxes(p)) {
+    const int panels = hopper_head_bucket(p) / 64;
+    why = encode_grouped_map(&prm->tk, p.k_ptr, p.d, p.raw->k.shape[0], p.seq.page_size, p.hkv, p.k.s1, p.k.s2,
+                             panels, box);
+    if (!why.empty()) return why;
+    return encode_grouped_map(&prm->tv, p.v_ptr, p.dv, p.raw->v.shape[0], p.seq.page_size, p.hkv, p.v.s1, p.v.s2,
+                              panels, box);
+  }
   why = encode_rows_map(&prm->tk, p.k_ptr, p.d, k.rows, k.heads, k.batch, k.row_stride, k.head_stride,
                         k.batch_stride, box);
   if (!why.empty()) return why;
@@ -132,6 +162,9 @@ std::string hopper_tma_reason(const Problem& p, int splits) {
   auto stride_ok = [&](int64_t stride, int64_t extent) {
     return extent <= 1 || (stride > 0 && (stride * 2) % 16 == 0 && stride * 2 < kMaxStrideBytes);
   };
+  // The grouped maps' group coordinate is a signed 32-bit TMA coordinate.
+  if (kv_grouped_boxes(p) && p.raw->k.shape[0] * (p.seq.page_size / 8) > int64_t(INT32_MAX))
+    return "hopper path: a paged pool of 2^31 or more 8-row groups (the grouped tensor map's coordinate range)";
   for (const V3View& w : views) {
     if (&w != &views[0] && kv_by_rows(p)) break;  // K/V copied row by row: no maps
     if (!dims_ok(w)) return "hopper path: a q/k/v dimension is outside the tensor map range [1, 2^32]";
@@ -177,6 +210,7 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, int32
   prm.a = a;
   if (!make_v3_maps(p, a, &prm).empty()) return cudaErrorInvalidValue;  // the candidate checked the same rules
   prm.kv_box_rows = kv_box_rows(p);
+  prm.kv_grouped = kv_grouped_boxes(p);
   const bool rows = kv_by_rows(p);
   prm.zero_v_tail = is_kv_cache_call(p) && !rows;  // the row copies zero-fill
   prm.m_blocks = int32_t(m_blocks);

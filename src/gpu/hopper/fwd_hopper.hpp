@@ -177,17 +177,31 @@ inline int hopper_block_n(const Problem& p) {
   return hopper_wide_tile(p) ? HopperTileV3::kWideBlockN : HopperTileV3::block_n(hopper_head_bucket(p));
 }
 
+// A paged pool the K/V maps can read as one run of 8-row groups: its pages lie back to back (a
+// [pages, page_size, heads, D] tensor: page stride = page_size x row stride, for k and v) and the
+// head dims fill whole 64-column panels, more than one (fwd_hopper.cu make_v3_maps). Then one box
+// brings a page's (or a tile's) rows with every panel, landing as the grouped KvTileLayout,
+// instead of one box per panel.
+inline bool kv_pool_in_groups(const Problem& p) {
+  const int64_t page = p.seq.page_size;
+  return p.seq.kv_layout == KvLayout::Paged && hopper_head_bucket(p) > 64 && p.d % 64 == 0 && p.dv % 64 == 0 &&
+         p.k.s1 > 0 && p.v.s1 > 0 && p.k.s0 == page * p.k.s1 && p.v.s0 == page * p.v.s1;
+}
+
 // How the producer reads a paged cache: TMA boxes where they tile it, pages a multiple of the key
 // tile (one box per tile) or a multiple of 8 rows dividing it (one box per page, each lane of the
 // issuing warp issuing its page's box), without a left pad; row copies by the producer's threads
 // (the kKvRows instances, coalesced cp.async) for the rest -- pages that do not divide into key
-// tiles, left pads -- and for pages below kMinBoxPageRows, where a box's fixed cost passes the row
-// copies'. On the H200 (D128 prefill chunk, bench_ab_fwd.py cache, session 15; gpu_coverage.md),
-// against the contiguous cache: boxes 0.93-0.96 at pages of 128/256 rows, 0.97 at 64, 0.91 at 32,
-// 0.79 at 16, 0.60 at 8; row copies 0.71-0.73 at every size. Dropout has no row-copy instance: its
-// calls keep the boxes wherever they tile the cache, and the candidate declines the rest
-// (hopper_fwd_candidate).
-inline constexpr int64_t kMinBoxPageRows = 16;
+// tiles, left pads -- and for pages below the box minimum, where a box's fixed cost passes the
+// row copies': 16 rows, or 8 at D128 with boxes across panels (kv_pool_in_groups). A box's cost is
+// mostly fixed, not its bytes: on the H200 (prefill chunk, bench_ab_fwd.py cache, session 19;
+// gpu_coverage.md), against the contiguous cache, D128: boxes per panel 0.93-0.97 at pages of
+// 64-256 rows, 0.91 at 32, 0.78 at 16, 0.60 at 8 (session 15); boxes across panels 0.89-0.91 at 16,
+// 0.79-0.80 at 8; row copies 0.71-0.73 at every size. D256: 16-row pages 0.75 -> 0.97-0.99 with
+// boxes across panels, but 8-row pages 0.965x of the row copies (8 boxes of 4 KB for a 64-key tile).
+// Dropout has no row-copy instance: its calls keep the boxes wherever they tile the cache, and the
+// candidate declines the rest (hopper_fwd_candidate).
+inline constexpr int64_t kMinBoxPageRows = 16, kMinGroupedBoxPageRowsD128 = 8;
 inline bool kv_tma_boxes_fit(const Problem& p) {
   const int64_t page = p.seq.page_size, bn = hopper_block_n(p);
   return p.seq.cache_leftpad == nullptr && (page % bn == 0 || (bn % page == 0 && page % 8 == 0));
@@ -195,8 +209,12 @@ inline bool kv_tma_boxes_fit(const Problem& p) {
 inline bool kv_by_rows(const Problem& p) {
   if (p.seq.kv_layout != KvLayout::Paged) return false;
   if (p.rules.has_dropout()) return !kv_tma_boxes_fit(p);
-  return !kv_tma_boxes_fit(p) || p.seq.page_size < kMinBoxPageRows;
+  const int64_t min_rows =
+      kv_pool_in_groups(p) && hopper_head_bucket(p) == 128 ? kMinGroupedBoxPageRowsD128 : kMinBoxPageRows;
+  return !kv_tma_boxes_fit(p) || p.seq.page_size < min_rows;
 }
+// The call's K/V maps are the grouped 5-d views (boxes across panels).
+inline bool kv_grouped_boxes(const Problem& p) { return kv_pool_in_groups(p) && !kv_by_rows(p); }
 
 // Work tiles of a call: query blocks of block_m rows x splits x heads x sequences (the kernel's
 // grid unit; a persistent block walks several).

@@ -7,7 +7,8 @@
 //   warpgroup 0, the producer: drops to 40 registers (setmaxnreg; 24 with three consumers or
 //     160-key tiles, HopperTileV3::producer_regs; in the paged row-copy instances, kKvRows, its
 //     128 threads copy K/V rows with cp.async instead); one thread issues every copy (paged
-//     caches with pages below the key tile: lane q the boxes of the tile's page q)
+//     caches with pages below the key tile: lane q the boxes of the tile's page q; pools of
+//     back-to-back pages: one box per page across every panel, KvTileLayout's grouped layout)
 //     as TMA (cp.async.bulk.tensor, 64-column boxes, 128B swizzle: the panel layout wgmma reads):
 //     Q once, then K(t), V(t) for the tiles in consumer order, each into its ring slot once the
 //     slot's `empty` mbarrier says both consumers are done with it; the copy engine signals the
@@ -56,6 +57,10 @@ struct HopperV3Params {
   int32_t m_blocks = 0;    // query blocks per (head, sequence): ceil(Sq / BM)
   int32_t work_tiles = 0;  // m_blocks x splits x Hq x B; block i takes tile i first, then walks (tile_counter)
   int32_t kv_box_rows = 0; // rows of one K/V box: the key tile, or a page when pages are smaller
+  // Paged K/V read as 8-row groups of the whole pool (fwd_hopper.hpp kv_grouped_boxes): tk, tv are
+  // 5-d (col, row in group, panel, head, group) and one box spans every panel of its rows; the ring
+  // slots then hold the grouped layout (KvTileLayout).
+  bool kv_grouped = false;
   // Dynamic persistent grid (hopper_grid in fwd_hopper.hpp): the call's tile counter in the
   // workspace, zeroed before the launch; a block's next work tile is gridDim.x + atomicAdd(counter, 1).
   // Null: the static walk w = blockIdx.x, + gridDim.x, ...
@@ -94,6 +99,11 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
                 "key tile: the head dim's, or D128's wide tile (no row copies, no dropout)");
   using Rows = HopperRows<BN, D == 64 || D == 256>;  // lazy rescale at D64, D256 (fwd_hopper_rows.cuh)
   const FwdArgs& a = P.a;
+  // Paged boxes across panels (5-d maps): the K/V slots hold the grouped layout, which is the
+  // panel-major one at one panel.
+  const bool grouped = !kKvRows && BN == T::block_n(D) && P.kv_grouped;
+  const KvTileLayout kv_layout =
+      kPanels > 1 && grouped ? KvTileLayout{1024u, uint32_t(kPanels) * 1024u} : panel_major_layout<BN>();
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_u32 = smem_u32(smem_raw);
@@ -347,9 +357,14 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
               if (lane == 0) mbar_arrive_expect_tx(bar, uint32_t(boxes * box) * 128u * kPanels);
               if (lane < boxes) {
                 const int in_page = (key0 + lane * box) % int(a.seq.page_size);
+                if (grouped) {  // one box: the box's 8-row groups, each with every panel
+                  const int group = my_page * int(a.seq.page_size >> 3) + (in_page >> 3);
+                  tma_load_5d(dst + uint32_t(lane * box) * 128u * kPanels, map, bar, 0, 0, 0, kvh, group);
+                } else {
 #pragma unroll
-                for (int p = 0; p < kPanels; ++p)
-                  tma_load_4d(dst + p * (BN * 128) + lane * box * 128, map, bar, p * 64, in_page, kvh, my_page);
+                  for (int p = 0; p < kPanels; ++p)
+                    tma_load_4d(dst + p * (BN * 128) + lane * box * 128, map, bar, p * 64, in_page, kvh, my_page);
+                }
               }
             }
           };
@@ -390,12 +405,13 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
         if (first_tail_row < BN) {
           const int s = int(it & (S - 1));
           mbar_wait(full_v(s), (it / S) & 1);
-          const uint32_t bytes = uint32_t(BN - first_tail_row) * 128u;
+          const int chunks = (BN - first_tail_row) * 8;  // 16-byte chunks of a panel's tail rows
 #pragma unroll
-          for (int p = 0; p < kPanels; ++p) {
-            const uint32_t base = sV + s * kTileBytes + p * (BN * 128) + uint32_t(first_tail_row) * 128u;
-            for (uint32_t off = uint32_t(lane) * 16u; off < bytes; off += 32u * 16u) st_shared_zero16(base + off);
-          }
+          for (int p = 0; p < kPanels; ++p)
+            for (int c = lane; c < chunks; c += 32) {
+              const int row = first_tail_row + (c >> 3);
+              st_shared_zero16(sV + s * kTileBytes + kv_layout.offset(row, p) + uint32_t(c & 7) * 16u);
+            }
           fence_proxy_async();  // generic-proxy stores -> the consumers' wgmma reads (async proxy)
           __syncwarp();
           if (lane == 0) mbar_arrive(v_tail_zeroed);
@@ -447,10 +463,10 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
         if (kPingPong && cwg == 1) named_arrive<256>(1);
 
         auto issue_s = [&](float (&s)[BN / 2], int slot) {
-          issue_qk<D, BM, BN, kBf16>(s, sQ + cwg * (64 * 128), sK + slot * kTileBytes);
+          issue_qk<D, BM, BN, kBf16>(s, sQ + cwg * (64 * 128), sK + slot * kTileBytes, kv_layout);
         };
         auto issue_pv = [&](const uint32_t (&pa)[BN / 16][4], int slot) {
-          sm90::issue_pv<BN, kPanels, kBf16>(o_acc, pa, sV + slot * kTileBytes);
+          sm90::issue_pv<BN, kPanels, kBf16>(o_acc, pa, sV + slot * kTileBytes, kv_layout);
         };
 
         float s[BN / 2];

@@ -106,20 +106,36 @@ __device__ __forceinline__ void wgmma_rs_m64n64k16_tb(float (&d)[32], const uint
 // offset (16-byte units), and the opaque copy of each base keeps the compiler from hoisting D/16
 // loop-invariant 64-bit descriptors into registers.
 
+// Where a K or V ring slot keeps row r of 64-column panel p: (r / 8) * group_bytes + p * panel_bytes
+// + (r % 8) * 128, in 1024-byte swizzle atoms of 8 rows. Panel-major (whole tiles, contiguous
+// caches): a panel's rows back to back, {BN * 128, 1024}. Grouped (paged caches read one box per
+// page across every panel, fwd_hopper.cu kv_grouped_boxes): a group's panels back to back, {1024,
+// kPanels * 1024}. The products read either through the descriptors' group stride (SBO).
+struct KvTileLayout {
+  uint32_t panel_bytes, group_bytes;
+  __device__ __forceinline__ uint32_t offset(int row, int panel) const {
+    return uint32_t(row >> 3) * group_bytes + uint32_t(panel) * panel_bytes + uint32_t(row & 7) * 128u;
+  }
+};
+template <int BN>
+__device__ __forceinline__ constexpr KvTileLayout panel_major_layout() {
+  return KvTileLayout{uint32_t(BN) * 128u, 1024u};
+}
+
 // S = Q K^T over head dim D: q_smem = this warpgroup's 64 rows of a BM-row Q block, k_smem = a
-// BN-row K tile (K-major both).
+// BN-row K tile in layout `kl` (K-major both).
 template <int D, int BM, int BN, bool kBf16>
-__device__ __forceinline__ void issue_qk(float (&s)[BN / 2], uint32_t q_smem, uint32_t k_smem) {
+__device__ __forceinline__ void issue_qk(float (&s)[BN / 2], uint32_t q_smem, uint32_t k_smem, KvTileLayout kl) {
   static_assert(BN == 160 || BN == 128 || BN == 96 || BN == 64, "S tiles of 64, 96, 128 or 160 keys");
   uint64_t q_desc = make_desc(q_smem, 16, 1024);
   asm volatile("" : "+l"(q_desc));
-  uint64_t k_desc = make_desc(k_smem, 16, 1024);
+  uint64_t k_desc = make_desc(k_smem, 16, kl.group_bytes);
   asm volatile("" : "+l"(k_desc));
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
     const uint32_t koff = uint32_t((ks & 3) * 32);  // 16 columns = 32 bytes inside the 128-byte row
     const uint64_t da = q_desc + (((ks >> 2) * (BM * 128) + koff) >> 4);
-    const uint64_t db = k_desc + (((ks >> 2) * (BN * 128) + koff) >> 4);
+    const uint64_t db = k_desc + ((uint32_t(ks >> 2) * kl.panel_bytes + koff) >> 4);
     if constexpr (BN == 160) wgmma_ss_m64n160k16<kBf16>(s, da, db, ks > 0 ? 1 : 0);
     else if constexpr (BN == 128) wgmma_ss_m64n128k16<kBf16>(s, da, db, ks > 0 ? 1 : 0);
     else if constexpr (BN == 96) wgmma_ss_m64n96k16<kBf16>(s, da, db, ks > 0 ? 1 : 0);
@@ -129,16 +145,18 @@ __device__ __forceinline__ void issue_qk(float (&s)[BN / 2], uint32_t q_smem, ui
 }
 
 // O += P V: P in registers (this thread's wgmma A fragments of the tile's BN keys), V [BN][D] at
-// v_smem, MN-major for B (16 keys = 2048 bytes per k-step); O as kPanels 64-column accumulators.
+// v_smem in layout `vl`, MN-major for B (a k-step's 16 keys = two 8-row groups); O as kPanels
+// 64-column accumulators.
 template <int BN, int kPanels, bool kBf16>
-__device__ __forceinline__ void issue_pv(float (&o)[kPanels][32], const uint32_t (&pa)[BN / 16][4], uint32_t v_smem) {
-  uint64_t v_desc = make_desc(v_smem, BN * 128, 1024);
+__device__ __forceinline__ void issue_pv(float (&o)[kPanels][32], const uint32_t (&pa)[BN / 16][4], uint32_t v_smem,
+                                         KvTileLayout vl) {
+  uint64_t v_desc = make_desc(v_smem, BN * 128, vl.group_bytes);
   asm volatile("" : "+l"(v_desc));
 #pragma unroll
   for (int ks = 0; ks < BN / 16; ++ks)
 #pragma unroll
     for (int p = 0; p < kPanels; ++p) {
-      const uint64_t db = v_desc + ((p * (BN * 128) + ks * 2048) >> 4);
+      const uint64_t db = v_desc + ((uint32_t(p) * vl.panel_bytes + uint32_t(ks) * 2u * vl.group_bytes) >> 4);
       wgmma_rs_m64n64k16_tb<kBf16>(o[p], pa[ks], db, 1);
     }
   wg_commit();
