@@ -27,11 +27,13 @@ SDPA flash with dropout as the peer), and the same with deterministic dQ (A and 
 
     python3 bench/gpu/bench_ab_fwd.py A.so B.so bwd:64,128,256
 
-KV-cache prefill chunk (B2, Sq 1024 after 3072 cached keys: 4096 keys, Hq/Hkv 32/8, D128, bf16,
-bottom-right causal): the contiguous cache and paged caches of 256/128/64/32/16/8-row pages (random
-block tables; 16-row pages also with consecutive ids), graph replay us per call, 5 rounds of [A, B]:
+KV-cache prefill chunk (B2, Sq 1024 after 3072 cached keys: 4096 keys, Hq/Hkv 32/8 at D128 (Hq x D
+= 4096, Hq/Hkv = 4 at other head dims), bf16, bottom-right causal): the contiguous cache and paged
+caches of 256/128/64/32/16/8-row pages (random block tables; 16-row pages also with consecutive ids,
+and in a pool whose K and V pages are interleaved, [pages, 2, page, Hkv, D]: pages not back to
+back), graph replay us per call, 5 rounds of [A, B]:
 
-    python3 bench/gpu/bench_ab_fwd.py A.so B.so cache
+    python3 bench/gpu/bench_ab_fwd.py A.so B.so cache[:64,128,256]
 
 Decode: B in {1, 8, 64} x Sk in {8k, 64k}; per point 5 rounds of [A, B, cuDNN], each a CUDA-graph replay of
 20 back-to-back calls (us per call, medians), then the kernel time per call from torch.profiler
@@ -136,8 +138,10 @@ class FlashportCache:
             raise RuntimeError(self.lib.fpb_last_error().decode())
 
 
-def main_cache(lib_a, lib_b):
-    B, Sq, Sk, Hq, Hkv, D, dt = 2, 1024, 4096, 32, 8, 128, torch.bfloat16
+def main_cache(lib_a, lib_b, D=128):
+    B, Sq, Sk, dt = 2, 1024, 4096, torch.bfloat16
+    Hq = 4096 // D
+    Hkv = Hq // 4
     cap = Sk + 512
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}")
     print(f"KV-cache prefill chunk: B{B} Sq{Sq} keys {Sk} Hq/Hkv {Hq}/{Hkv} D{D} bf16 causal, caches of {cap} rows; "
@@ -159,6 +163,10 @@ def main_cache(lib_a, lib_b):
         kp[perm] = kc.reshape(B * blocks, page, Hkv, D)  # the same keys as the contiguous cache
         vp[perm] = vc.reshape(B * blocks, page, Hkv, D)
         calls.append((f"paged {page}" + (", consecutive ids" if consecutive else ""), kp, vp, table))
+        if page == 16 and not consecutive:  # the same pages in a pool of K and V pages interleaved
+            kv = torch.empty(B * blocks, 2, page, Hkv, D, device="cuda", dtype=dt)
+            kv[:, 0], kv[:, 1] = kp, vp
+            calls.append((f"paged {page}, K/V pages interleaved", kv[:, 0], kv[:, 1], table))
     base = None
     for name, k, v, table in calls:
         fa = FlashportCache(lib_a, q, k, v, seqlens, table)
@@ -263,8 +271,11 @@ def main():
     lib_a, lib_b = bf.load_lib(sys.argv[1]), bf.load_lib(sys.argv[2])
     if len(sys.argv) > 3 and sys.argv[3] == "decode":
         return main_decode(lib_a, lib_b)
-    if len(sys.argv) > 3 and sys.argv[3] == "cache":
-        return main_cache(lib_a, lib_b)
+    if len(sys.argv) > 3 and sys.argv[3].split(":")[0] == "cache":
+        dims = sys.argv[3].split(":")[1] if ":" in sys.argv[3] else "128"
+        for d in dims.split(","):
+            main_cache(lib_a, lib_b, int(d))
+        return
     if len(sys.argv) > 3 and sys.argv[3].split(":")[0] in ("bwd", "bwd-dropout"):
         mode, dims = sys.argv[3].split(":")
         dropout_p = 0.1 if mode == "bwd-dropout" else 0.0
