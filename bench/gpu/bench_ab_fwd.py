@@ -29,7 +29,7 @@ SDPA flash with dropout as the peer), and the same with deterministic dQ (A and 
 
 KV-cache prefill chunk (B2, Sq 1024 after 3072 cached keys: 4096 keys, Hq/Hkv 32/8 at D128 (Hq x D
 = 4096, Hq/Hkv = 4 at other head dims), bf16, bottom-right causal): the contiguous cache and paged
-caches of 256/128/64/32/16/8-row pages (random block tables; 16-row pages also with consecutive ids,
+caches of 256/128/64/48/32/16/8/200-row pages (random block tables; 16-row pages also with consecutive ids,
 and in a pool whose K and V pages are interleaved, [pages, 2, page, Hkv, D]: pages not back to
 back), graph replay us per call, 5 rounds of [A, B]:
 
@@ -154,14 +154,16 @@ def main_cache(lib_a, lib_b, D=128):
     calls = [("contiguous", kc, vc, None)]
     # Random block tables; 16-row pages also with consecutive ids (a fresh allocator's tables: the
     # same speed as random ones in session 18, so page order is not what limits small pages).
-    for page, consecutive in ((256, False), (128, False), (64, False), (32, False), (16, False), (16, True),
-                              (8, False)):
+    # 48- and 200-row pages share only 16 and 8 rows with a 128-key tile (boxes of that run).
+    for page, consecutive in ((256, False), (128, False), (64, False), (48, False), (32, False), (16, False),
+                              (16, True), (8, False), (200, False)):
         blocks = cap // page
         perm = torch.arange(B * blocks, device="cuda") if consecutive else torch.randperm(B * blocks, device="cuda")
         table = perm.to(torch.int32).view(B, blocks)
         kp, vp = (torch.empty(B * blocks, page, Hkv, D, device="cuda", dtype=dt) for _ in range(2))
-        kp[perm] = kc.reshape(B * blocks, page, Hkv, D)  # the same keys as the contiguous cache
-        vp[perm] = vc.reshape(B * blocks, page, Hkv, D)
+        # the same keys as the contiguous cache (its first blocks x page rows)
+        kp[perm] = kc[:, :blocks * page].reshape(B * blocks, page, Hkv, D)
+        vp[perm] = vc[:, :blocks * page].reshape(B * blocks, page, Hkv, D)
         calls.append((f"paged {page}" + (", consecutive ids" if consecutive else ""), kp, vp, table))
         if page == 16 and not consecutive:  # the same pages in a pool of K and V pages interleaved
             kv = torch.empty(B * blocks, 2, page, Hkv, D, device="cuda", dtype=dt)

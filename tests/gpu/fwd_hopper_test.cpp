@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <numeric>
 #include <string>
 
 #include "core/config.hpp"
@@ -584,9 +585,12 @@ TEST(CudaHopperFwd, KvCacheContiguous) {
   }
 }
 
-// The producer a paged call runs (fwd_hopper.hpp kv_by_rows): TMA boxes for pages a multiple of the
-// key tile or of 16 rows and up (8 at D128 in pools of back-to-back pages), a multiple of 8,
-// dividing it; row copies (":kv_rows") for the other pages and for left pads.
+// The largest run of rows dividing both the page and the key tile (fwd_hopper.hpp kv_page_box_rows).
+int64_t box_run(int64_t page, int64_t bn) { return std::gcd(page, bn); }
+
+// The producer a paged call runs (fwd_hopper.hpp kv_by_rows): TMA boxes where the box run is a
+// multiple of 8 rows and at least 16 (8 at D128 in pools of back-to-back pages); row copies
+// (":kv_rows") for the other pages and for left pads.
 void check_hopper_paged(const Case& c) {
   fp_selection sel{};
   check_case(c, &sel);
@@ -598,8 +602,8 @@ void check_hopper_paged(const Case& c) {
   const int64_t bn = flashport::gpu::HopperTileV3::block_n(flashport::gpu::hopper_head_bucket(dims));
   const bool d128_groups = c.d == 128 && c.dv % 64 == 0 && c.page_gap_rows == 0;
   const int64_t min_rows = d128_groups ? 8 : 16;
-  const bool rows = !c.leftpad.empty() || !(c.page_size % bn == 0 || (bn % c.page_size == 0 &&
-                                                                       c.page_size % 8 == 0 && c.page_size >= min_rows));
+  const int64_t run = box_run(c.page_size, bn);
+  const bool rows = !c.leftpad.empty() || run % 8 != 0 || run < min_rows;
   EXPECT_EQ(ran.find(":kv_rows") != std::string::npos, rows) << c.describe() << " ran " << ran;
   expect_split_tag(sel, c.describe());
 }
@@ -626,16 +630,18 @@ TEST(CudaHopperFwd, KvCachePaged) {
 // How the pool lies (fwd_hopper.hpp kv_grouped_boxes): pages back to back, with or without padded
 // rows, read as 8-row groups with one box across every panel; a gap after each page (pages not back
 // to back) or head dims of part panels, one box per panel. Each head-dim instance at pages that
-// divide its key tile and at the tile itself, V narrower than K (its box's last panel zero-filled),
-// keys ending mid-page, NaN in unused rows.
+// divide its key tile, at the tile and beyond, and at pages sharing only a shorter run with it (48
+// and 200 rows with a 128-key tile: boxes of 16 and 8 rows; 64 with D192's 96: 32), V narrower
+// than K (its box's last panel zero-filled), keys ending mid-page, NaN in unused rows.
 TEST(CudaHopperFwd, KvCachePagedPoolLayouts) {
   SKIP_WITHOUT_GPU();
   struct Dims {
     int64_t d, dv, page;
   };
-  const Dims dims[] = {{64, 64, 16},   {128, 128, 8},  {128, 128, 16}, {128, 128, 32}, {128, 64, 128},
-                       {96, 96, 16},   {192, 192, 8},  {192, 192, 16}, {192, 128, 48}, {256, 256, 8},
-                       {256, 256, 16}, {256, 256, 64}, {128, 128, 256}};
+  const Dims dims[] = {{64, 64, 16},   {128, 128, 8},   {128, 128, 16}, {128, 128, 32}, {128, 64, 128},
+                       {96, 96, 16},   {192, 192, 8},   {192, 192, 16}, {192, 128, 48}, {256, 256, 8},
+                       {256, 256, 16}, {256, 256, 64},  {128, 128, 256}, {128, 128, 48}, {128, 128, 200},
+                       {192, 192, 64}, {256, 256, 48}, {64, 64, 48}};
   int n = 0;
   for (const Dims& w : dims) {
     for (int layout = 0; layout < 3; ++layout) {
@@ -702,15 +708,25 @@ TEST(HopperFwdPlan, GroupedPagedBoxes) {
   q.k.s0 = q.v.s0 = 16 * 8 * 256;
   EXPECT_TRUE(flashport::gpu::kv_grouped_boxes(q));
   q = p;
-  q.seq.page_size = 48;  // row copies
+  q.seq.page_size = 200;  // boxes of one 8-row group: 200 and 128 share no longer run
+  q.k.s0 = q.v.s0 = 200 * 8 * 128;
+  EXPECT_EQ(flashport::gpu::kv_page_box_rows(q), 8);
+  EXPECT_TRUE(flashport::gpu::kv_grouped_boxes(q));
+  q.seq.page_size = 48;  // 16-row boxes
   q.k.s0 = q.v.s0 = 48 * 8 * 128;
+  EXPECT_EQ(flashport::gpu::kv_page_box_rows(q), 16);
+  EXPECT_TRUE(flashport::gpu::kv_grouped_boxes(q));
+  q.seq.page_size = 12;  // row copies
+  q.k.s0 = q.v.s0 = 12 * 8 * 128;
+  EXPECT_TRUE(flashport::gpu::kv_by_rows(q));
   EXPECT_FALSE(flashport::gpu::kv_grouped_boxes(q));
   q = p;
   q.seq.kv_layout = flashport::KvLayout::Batched;
   EXPECT_FALSE(flashport::gpu::kv_grouped_boxes(q));
 }
 
-// Pages below the key tile or not a multiple of it (1, 3, 12, 16, 48, 64, 100, 129, 200) and paged
+// Pages sharing no 8-row run with the key tile (1, 3, 12, 100, 129; and 16, 48, 64, 200, which take
+// boxes where their run with the instance's tile allows: check_hopper_paged says which) and paged
 // caches with a left pad: the producer warpgroup copies rows with cp.async. Every head-dim
 // instance, padded head dims (96; 160 and 192/128 in the D192 instance, whose rows of 24 chunks
 // leave 8 lanes of a copy idle), causal and windows, NaN in unused rows.
@@ -750,16 +766,18 @@ TEST(HopperFwdPlan, PagedProducerChoice) {
   };
   const Want wants[] = {
       {128, 16, false, false, false}, {128, 64, false, false, false}, {128, 1, false, false, true},
-      {128, 48, false, false, true},  {128, 3, false, false, true},   {128, 200, false, false, true},
+      {128, 48, false, false, false},  {128, 3, false, false, true},   {128, 200, false, false, true},
       {128, 128, false, false, false}, {128, 256, false, false, false}, {128, 256, true, false, true},
       {96, 16, false, false, false},  {64, 16, false, false, false},  {64, 512, false, false, false},
       {256, 16, false, false, false}, {256, 64, false, false, false}, {256, 128, false, false, false},
       {192, 32, false, false, false}, {128, 16, false, true, false},  {128, 64, false, true, false},
+      {128, 96, false, false, false}, {128, 24, false, false, true},  {256, 48, false, false, false},
+      {128, 200, false, true, false}, {128, 12, false, true, true},
       {128, 8, false, false, true},   {128, 4, false, false, true},   {128, 12, false, false, true},
       {128, 8, false, true, false},   {256, 8, false, false, true},   {256, 32, false, false, false},
-      {128, 256, false, true, false}, {128, 48, false, true, true},    {128, 16, true, true, true},
-      {192, 64, false, false, true},  {192, 256, false, false, true},  {160, 16, false, false, false},
-      {192, 64, false, true, true},   {176, 32, false, true, false},   {192, 64, true, false, true},
+      {128, 256, false, true, false}, {128, 48, false, true, false},    {128, 16, true, true, true},
+      {192, 64, false, false, false}, {192, 256, false, false, false},  {160, 16, false, false, false},
+      {192, 64, false, true, false},   {176, 32, false, true, false},   {192, 64, true, false, true},
       {160, 16, false, true, false},
       {192, 96, false, false, false}, {192, 192, false, false, false}, {192, 48, false, true, false},
   };
@@ -816,7 +834,7 @@ TEST(CudaHopperFwd, KvCachePagedServing) {
     fp_selection sel{};
     check_case(dr, &sel);
     const std::string ran(sel.kernel);
-    const bool boxes = page % 128 == 0 || (128 % page == 0 && page % 8 == 0);
+    const bool boxes = box_run(page, 128) % 8 == 0;
     EXPECT_EQ(ran.find(kHopperName) != std::string::npos, boxes && hopper_here()) << dr.describe() << " ran " << ran;
     EXPECT_EQ(ran.find(":kv_rows"), std::string::npos) << dr.describe() << " ran " << ran;
   }

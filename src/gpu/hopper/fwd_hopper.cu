@@ -92,11 +92,10 @@ std::string encode_grouped_map(CUtensorMap* map, const void* base, int64_t cols,
   return std::string();
 }
 
-// Rows of one K/V box: the key tile, or one page when pages are smaller (the candidate allows
-// pages that are a multiple of the key tile, or a multiple of 8 rows dividing it).
+// Rows of one K/V box: the key tile, or (paged caches) the largest run dividing the page and the
+// tile (kv_page_box_rows).
 int kv_box_rows(const Problem& p) {
-  const int bn = hopper_block_n(p);
-  return p.seq.kv_layout == KvLayout::Paged ? int(std::min<int64_t>(bn, p.seq.page_size)) : bn;
+  return p.seq.kv_layout == KvLayout::Paged ? int(kv_page_box_rows(p)) : hopper_block_n(p);
 }
 
 // The (rows, heads, batch) extents and (row, head, batch) element strides of the q, k and v views

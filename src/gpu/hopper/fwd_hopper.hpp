@@ -188,30 +188,38 @@ inline bool kv_pool_in_groups(const Problem& p) {
          p.k.s1 > 0 && p.v.s1 > 0 && p.k.s0 == page * p.k.s1 && p.v.s0 == page * p.v.s1;
 }
 
-// How the producer reads a paged cache: TMA boxes where they tile it, pages a multiple of the key
-// tile (one box per tile) or a multiple of 8 rows dividing it (one box per page, each lane of the
-// issuing warp issuing its page's box), without a left pad; row copies by the producer's threads
-// (the kKvRows instances, coalesced cp.async) for the rest -- pages that do not divide into key
-// tiles, left pads -- and for pages below the box minimum, where a box's fixed cost passes the
-// row copies': 16 rows, or 8 at D128 with boxes across panels (kv_pool_in_groups). A box's cost is
-// mostly fixed, not its bytes: on the H200 (prefill chunk, bench_ab_fwd.py cache, session 19;
-// gpu_coverage.md), against the contiguous cache, D128: boxes per panel 0.93-0.97 at pages of
-// 64-256 rows, 0.91 at 32, 0.78 at 16, 0.60 at 8 (session 15); boxes across panels 0.89-0.91 at 16,
-// 0.79-0.80 at 8; row copies 0.71-0.73 at every size. D256: 16-row pages 0.75 -> 0.97-0.99 with
-// boxes across panels, but 8-row pages 0.965x of the row copies (8 boxes of 4 KB for a 64-key tile).
-// Dropout has no row-copy instance: its calls keep the boxes wherever they tile the cache, and the
-// candidate declines the rest (hopper_fwd_candidate).
+// How the producer reads a paged cache: TMA boxes of kv_page_box_rows rows -- the largest run
+// that divides both the page and the key tile (one box per tile for pages of whole tiles, one per
+// page for pages dividing the tile, one per 8k rows for the rest, e.g. 16 at 48-row pages), each
+// issued by its own lane of the producer warp -- where that run is a multiple of 8 rows, without
+// a left pad; row copies by the producer's threads (the kKvRows instances, coalesced cp.async)
+// for the rest (pages of no 8-row run, left pads) and where boxes would be smaller than the row
+// copies are slow: 16 rows, or 8 at D128 with boxes across panels (kv_pool_in_groups). A box's
+// cost is mostly fixed, not its bytes: on the H200 (prefill chunk, bench_ab_fwd.py cache,
+// session 19; gpu_coverage.md), against the contiguous cache, D128: boxes per panel 0.93-0.97 at
+// pages of 64-256 rows, 0.91 at 32, 0.78 at 16, 0.60 at 8 (session 15); boxes across panels
+// 0.89-0.91 at 16, 0.79-0.80 at 8; row copies 0.67-0.73 at every size. D256: 16-row pages 0.75 ->
+// 0.97-0.99 with boxes across panels, but 8-row pages 0.965x of the row copies (8 boxes of 4 KB
+// for a 64-key tile). Dropout has no row-copy instance: its calls keep the boxes wherever they
+// tile the cache, and the candidate declines the rest (hopper_fwd_candidate).
 inline constexpr int64_t kMinBoxPageRows = 16, kMinGroupedBoxPageRowsD128 = 8;
+inline int64_t kv_page_box_rows(const Problem& p) {
+  int64_t a = p.seq.page_size, b = hopper_block_n(p);  // gcd(page, key tile)
+  while (b != 0) {
+    const int64_t r = a % b;
+    a = b, b = r;
+  }
+  return a;
+}
 inline bool kv_tma_boxes_fit(const Problem& p) {
-  const int64_t page = p.seq.page_size, bn = hopper_block_n(p);
-  return p.seq.cache_leftpad == nullptr && (page % bn == 0 || (bn % page == 0 && page % 8 == 0));
+  return p.seq.cache_leftpad == nullptr && kv_page_box_rows(p) % 8 == 0;
 }
 inline bool kv_by_rows(const Problem& p) {
   if (p.seq.kv_layout != KvLayout::Paged) return false;
   if (p.rules.has_dropout()) return !kv_tma_boxes_fit(p);
   const int64_t min_rows =
       kv_pool_in_groups(p) && hopper_head_bucket(p) == 128 ? kMinGroupedBoxPageRowsD128 : kMinBoxPageRows;
-  return !kv_tma_boxes_fit(p) || p.seq.page_size < min_rows;
+  return !kv_tma_boxes_fit(p) || kv_page_box_rows(p) < min_rows;
 }
 // The call's K/V maps are the grouped 5-d views (boxes across panels).
 inline bool kv_grouped_boxes(const Problem& p) { return kv_pool_in_groups(p) && !kv_by_rows(p); }
@@ -298,8 +306,8 @@ inline std::string hopper_fwd_candidate(const Problem& p, int arch, int sm_count
                        hopper_mult8(p.v.s2);
   if (!aligned) return "hopper path: q/k/v rows or strides not 16-byte aligned";
   if (kv_by_rows(p) && p.rules.has_dropout())
-    return "hopper path: dropout with a paged cache TMA boxes cannot tile (left pad, or pages not a multiple of 8 "
-           "dividing the key tile): no row-copy dropout instance";
+    return "hopper path: dropout with a paged cache TMA boxes cannot tile (a left pad, or pages sharing no run of "
+           "8k rows with the key tile): no row-copy dropout instance";
   if (kv_by_rows(p) && (p.d % 8 != 0 || p.dv % 8 != 0))
     return "hopper path: a paged cache copied by rows needs head dims D, Dv of whole 16-byte chunks (multiples of 8)";
   if (HopperTileV3::smem_bytes(d, hopper_block_n(p), p.rules.has_dropout()) > smem_optin)

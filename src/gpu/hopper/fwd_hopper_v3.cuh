@@ -7,8 +7,9 @@
 //   warpgroup 0, the producer: drops to 40 registers (setmaxnreg; 24 with three consumers or
 //     160-key tiles, HopperTileV3::producer_regs; in the paged row-copy instances, kKvRows, its
 //     128 threads copy K/V rows with cp.async instead); one thread issues every copy (paged
-//     caches with pages below the key tile: lane q the boxes of the tile's page q; pools of
-//     back-to-back pages: one box per page across every panel, KvTileLayout's grouped layout)
+//     caches with boxes below the key tile: lane q the boxes of the tile's rows [q box, (q + 1)
+//     box), inside one page; pools of back-to-back pages: one box across every panel,
+//     KvTileLayout's grouped layout)
 //     as TMA (cp.async.bulk.tensor, 64-column boxes, 128B swizzle: the panel layout wgmma reads):
 //     Q once, then K(t), V(t) for the tiles in consumer order, each into its ring slot once the
 //     slot's `empty` mbarrier says both consumers are done with it; the copy engine signals the
@@ -56,7 +57,7 @@ struct HopperV3Params {
   CUtensorMap tq, tk, tv;  // 4-d (col, row, head, batch) views of q, k, v; paged k/v: (col, row in page, head, page)
   int32_t m_blocks = 0;    // query blocks per (head, sequence): ceil(Sq / BM)
   int32_t work_tiles = 0;  // m_blocks x splits x Hq x B; block i takes tile i first, then walks (tile_counter)
-  int32_t kv_box_rows = 0; // rows of one K/V box: the key tile, or a page when pages are smaller
+  int32_t kv_box_rows = 0; // rows of one K/V box: the key tile, or the largest run dividing page and tile
   // Paged K/V read as 8-row groups of the whole pool (fwd_hopper.hpp kv_grouped_boxes): tk, tv are
   // 5-d (col, row in group, panel, head, group) and one box spans every panel of its rows; the ring
   // slots then hold the grouped layout (KvTileLayout).
