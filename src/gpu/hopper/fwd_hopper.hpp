@@ -8,11 +8,12 @@
 // batched or varlen (packed) q/k/v with 16-byte aligned rows and strides, causal (both
 // alignments), sliding windows, GQA/MQA, LSE, softcap, ALiBi, sinks; split-KV (partials in the
 // workspace, then the combine kernel; hopper_fwd_candidate picks the count); KV caches:
-// contiguous (seqused_k, cache_batch_idx, cache_leftpad) and paged with any page size (pages a
-// multiple of the key tile: one TMA box per tile; pages of 16 rows and up, a multiple of 8, dividing
-// the tile: one box per page, issued by one lane each; other pages and left pads: coalesced
+// contiguous (seqused_k, cache_batch_idx, cache_leftpad) and paged with any page size (TMA boxes
+// of the largest run of rows dividing both the page and the key tile, kv_page_box_rows, where it
+// is 16 rows or more, 8 at D128 in pools of back-to-back pages, each box issued by one lane, one
+// box across every panel in such pools (kv_grouped_boxes); other pages and left pads: coalesced
 // cp.async row copies by the producer warpgroup, kv_by_rows, head dims of multiples of 8; with
-// dropout, 8-row pages keep their boxes too, and the rest is declined), append and rotary (the
+// dropout, 8-row runs keep their boxes too, and the rest is declined), append and rotary (the
 // pre-pass writes the cache rows and the rotated q, which the kernel reads from the workspace),
 // varlen queries over a cache (chunked prefill), dropout (core/philox.hpp's keep mask, the
 // words shared between lanes: common/dropout_lanes.cuh; split-KV too). Key tiles: HopperTileV3::block_n,
