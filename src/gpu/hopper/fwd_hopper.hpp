@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <numeric>
 #include <string>
 
 #include "core/config.hpp"
@@ -204,14 +205,7 @@ inline bool kv_pool_in_groups(const Problem& p) {
 // for a 64-key tile). Dropout has no row-copy instance: its calls keep the boxes wherever they
 // tile the cache, and the candidate declines the rest (hopper_fwd_candidate).
 inline constexpr int64_t kMinBoxPageRows = 16, kMinGroupedBoxPageRowsD128 = 8;
-inline int64_t kv_page_box_rows(const Problem& p) {
-  int64_t a = p.seq.page_size, b = hopper_block_n(p);  // gcd(page, key tile)
-  while (b != 0) {
-    const int64_t r = a % b;
-    a = b, b = r;
-  }
-  return a;
-}
+inline int64_t kv_page_box_rows(const Problem& p) { return std::gcd(p.seq.page_size, int64_t(hopper_block_n(p))); }
 inline bool kv_tma_boxes_fit(const Problem& p) {
   return p.seq.cache_leftpad == nullptr && kv_page_box_rows(p) % 8 == 0;
 }
