@@ -46,14 +46,27 @@ TensorMapEncoder tensor_map_encoder() {
   return fn;
 }
 
+// A tensor map of 16-bit elements, 128B-swizzled boxes (the panel layout wgmma reads), rank 4 or 5:
+// dims innermost first, byte strides of dims 1.., box extents. `what` names the view in the error.
+std::string encode_swizzled_map(CUtensorMap* map, const void* base, cuuint32_t rank, const cuuint64_t* dims,
+                                const cuuint64_t* strides, const cuuint32_t* box, const char* what) {
+  const TensorMapEncoder enc = tensor_map_encoder();
+  if (enc == nullptr) return "hopper path v3: the driver has no cuTensorMapEncodeTiled";
+  const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+  const CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, rank, const_cast<void*>(base), dims, strides, box,
+                         elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return std::string("hopper path v3: tensor map rejected the ") + what + " (error " + std::to_string(int(r)) + ")";
+  return std::string();
+}
+
 // A (col, row, head, batch) view of 16-bit elements with the given element strides, read in
 // boxes of 64 columns x box_rows rows, 128B-swizzled. Strides of extent-1 dimensions are never
 // used; they get a harmless value (the encoder wants multiples of 16 bytes).
 std::string encode_rows_map(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t heads,
                             int64_t batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride,
                             int box_rows) {
-  const TensorMapEncoder enc = tensor_map_encoder();
-  if (enc == nullptr) return "hopper path v3: the driver has no cuTensorMapEncodeTiled";
   const int64_t span = std::max({row_stride * rows, head_stride * heads, int64_t(8)});
   auto stride_bytes = [&](int64_t stride, int64_t extent) {
     return cuuint64_t((extent <= 1 || stride <= 0 ? span : stride) * 2);
@@ -62,12 +75,7 @@ std::string encode_rows_map(CUtensorMap* map, const void* base, int64_t cols, in
   const cuuint64_t strides[3] = {stride_bytes(row_stride, rows), stride_bytes(head_stride, heads),
                                  stride_bytes(batch_stride, batch)};
   const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
-  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  const CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void*>(base), dims, strides, box,
-                         elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) return "hopper path v3: tensor map rejected the layout (error " + std::to_string(int(r)) + ")";
-  return std::string();
+  return encode_swizzled_map(map, base, 4, dims, strides, box, "layout");
 }
 
 // A paged pool of `pages` pages of `page_rows` rows, pages back to back (kv_grouped_boxes), as a
@@ -77,19 +85,12 @@ std::string encode_rows_map(CUtensorMap* map, const void* base, int64_t cols, in
 std::string encode_grouped_map(CUtensorMap* map, const void* base, int64_t cols, int64_t pages, int64_t page_rows,
                                int64_t heads, int64_t row_stride, int64_t head_stride, int kernel_panels,
                                int box_rows) {
-  const TensorMapEncoder enc = tensor_map_encoder();
-  if (enc == nullptr) return "hopper path v3: the driver has no cuTensorMapEncodeTiled";
   const cuuint64_t dims[5] = {64, 8, cuuint64_t(cols / 64), cuuint64_t(heads), cuuint64_t(pages * (page_rows / 8))};
   const cuuint64_t strides[4] = {cuuint64_t(row_stride * 2), 128,
                                  cuuint64_t((heads <= 1 ? row_stride : head_stride) * 2),
                                  cuuint64_t(row_stride * 16)};
   const cuuint32_t box[5] = {64, 8, cuuint32_t(kernel_panels), 1, cuuint32_t(box_rows / 8)};
-  const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
-  const CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 5, const_cast<void*>(base), dims, strides, box,
-                         elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) return "hopper path v3: tensor map rejected the grouped layout (error " + std::to_string(int(r)) + ")";
-  return std::string();
+  return encode_swizzled_map(map, base, 5, dims, strides, box, "grouped layout");
 }
 
 // Rows of one K/V box: the key tile, or (paged caches) the largest run dividing the page and the
