@@ -87,8 +87,9 @@ _MODELS = {}
 
 
 def _models(arch):
-    """{impl: model} with identical weights: flashport and the baseline (sdpa, or eager where the
-    model declines sdpa) in the test dtype, and the fp64 eager judge (on the CPU)."""
+    """{impl: model} with identical weights: flashport, the baseline (sdpa, or eager where the
+    model declines sdpa) and transformers' eager attention (which decides where ours and the
+    baseline disagree) in the test dtype, and the fp64 eager judge (on the CPU)."""
     if arch in _MODELS:
         return _MODELS[arch]
     config = _config(arch)
@@ -104,7 +105,7 @@ def _models(arch):
     state = judge.state_dict()
     models = {"judge": judge}
     baseline = "sdpa" if type(judge)._supports_sdpa else "eager"
-    for impl in (NAME, baseline):
+    for impl in dict.fromkeys((NAME, baseline, "eager")):
         m = transformers.AutoModelForCausalLM.from_config(
             copy.deepcopy(config), attn_implementation=impl, dtype=_dtype())
         m.load_state_dict(state)
@@ -439,15 +440,8 @@ def test_generate_greedy_with_cache(arch, cache):
                                     max_new_tokens=2 * WINDOW)
 
     def judge():  # transformers' eager attention, when ours and the baseline disagree
-        if models["baseline"].config._attn_implementation == "eager":
-            return base, base_logits
-        extra_eager = {"experts_implementation": "eager"} if arch == "gpt_oss" else {}
-        eager = transformers.AutoModelForCausalLM.from_config(
-            copy.deepcopy(_config(arch)), attn_implementation="eager", dtype=_dtype(), **extra_eager)
-        eager.load_state_dict(models["judge"].state_dict())
         with torch.no_grad():
-            return _greedy(eager.to(_device()).eval(), ids, attention_mask=mask, max_new_tokens=2 * WINDOW,
-                           **extra)
+            return _greedy(models["eager"], ids, attention_mask=mask, max_new_tokens=2 * WINDOW, **extra)
     _assert_same_tokens(ours, base, base_logits, ours_logits, judge)
 
 
