@@ -35,6 +35,13 @@ back), graph replay us per call, 5 rounds of [A, B]:
 
     python3 bench/gpu/bench_ab_fwd.py A.so B.so cache[:64,128,256]
 
+KV-cache append + rotary (flash_attn_with_kvcache with k_new, v_new, rotary_cos/sin: the same
+prefill chunk, its 1024 rows appended after 3072 cached ones, contiguous cache and 64-row pages; the
+rotated q's cost against the plain cache call and the append without rotary; both builds take this
+fpbench.cpp's fpb_set_append):
+
+    python3 bench/gpu/bench_ab_fwd.py A.so B.so append[:64,128,256]
+
 Decode: B in {1, 8, 64} x Sk in {8k, 64k}; per point 5 rounds of [A, B, cuDNN], each a CUDA-graph replay of
 20 back-to-back calls (us per call, medians), then the kernel time per call from torch.profiler
 (every kernel and memset of the call: the decode kernel, which merges its own splits; main kernel +
@@ -186,6 +193,68 @@ def main_cache(lib_a, lib_b, D=128):
               f"{fa.kernel} | {fb.kernel} |", flush=True)
 
 
+def main_append(lib_a, lib_b, D=128):
+    B, Sq, cached, dt = 2, 1024, 3072, torch.bfloat16
+    Hq = 4096 // D
+    Hkv = Hq // 4
+    cap, Sk = cached + Sq + 512, cached + Sq
+    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}")
+    print(f"KV-cache append prefill chunk: B{B}, {Sq} new rows after {cached} cached (keys {Sk}), Hq/Hkv {Hq}/{Hkv} "
+          f"D{D} bf16 causal, caches of {cap} rows; graph replay us per call (medians of 5 rounds); "
+          "vs plain = B's time of the call without append / B's time.")
+    print("| cache | call | A us | B us | A/B (>1: B faster) | vs plain (B) | max rel diff A-B | kernel A | kernel B |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=dt)
+    k_new, v_new = (torch.randn(B, Sq, Hkv, D, device="cuda", dtype=dt) for _ in range(2))
+    kc, vc = (torch.randn(B, cap, Hkv, D, device="cuda", dtype=dt) for _ in range(2))
+    full = torch.full((B,), Sk, dtype=torch.int32, device="cuda")
+    before = torch.full((B,), cached, dtype=torch.int32, device="cuda")
+    rows = cap
+
+    def tables(rot, dtype):
+        pos = torch.arange(rows, device="cuda", dtype=torch.float64)[:, None]
+        ang = pos * torch.pow(10000.0, -2.0 * torch.arange(rot // 2, device="cuda", dtype=torch.float64) / rot)
+        return torch.cos(ang).to(dtype).contiguous(), torch.sin(ang).to(dtype).contiguous()
+
+    page = 64
+    blocks = cap // page
+    perm = torch.randperm(B * blocks, device="cuda")
+    table = perm.to(torch.int32).view(B, blocks)
+    kp, vp = (torch.empty(B * blocks, page, Hkv, D, device="cuda", dtype=dt) for _ in range(2))
+    kp[perm] = kc[:, :blocks * page].reshape(B * blocks, page, Hkv, D)
+    vp[perm] = vc[:, :blocks * page].reshape(B * blocks, page, Hkv, D)
+    # (call, rotary dim, interleaved, fp32 tables)
+    variants = [("plain (no append)", None, False, True), ("append", 0, False, True),
+                ("append + rotary 64 (fp32 tables)", 64, False, True),
+                (f"append + rotary {D} interleaved (bf16 tables)", D, True, False)]
+    for cache, k, v, tab in (("contiguous", kc, vc, None), (f"paged {page}", kp, vp, table)):
+        base = None
+        for name, rot, interleaved, f32 in variants:
+            cs = tables(rot, torch.float32 if f32 else dt) if rot else (None, None)
+            for lib in (lib_a, lib_b):
+                if rot is None:
+                    lib.fpb_set_append(None, None, 0, None, None, 0, 0, 0, 1)
+                else:
+                    lib.fpb_set_append(k_new.data_ptr(), v_new.data_ptr(), Sq, cs[0].data_ptr() if rot else None,
+                                       cs[1].data_ptr() if rot else None, rows, rot, int(interleaved), int(f32))
+            lens = full if rot is None else before
+            fa = FlashportCache(lib_a, q, k, v, lens, tab)
+            fb = FlashportCache(lib_b, q, k, v, lens, tab)
+            times = {"A": [], "B": []}
+            for _ in range(5):
+                for n, fn in (("A", fa), ("B", fb)):
+                    times[n].append(bf.time_graph_ms(fn) * 1e3)
+            t = {n: statistics.median(x) for n, x in times.items()}
+            base = base or t["B"]
+            fa(), fb()
+            torch.cuda.synchronize()
+            diff = ((fa.out - fb.out).float().norm() / fb.out.float().norm()).item()
+            print(f"| {cache} | {name} | {t['A']:.1f} | {t['B']:.1f} | {t['A'] / t['B']:.3f} | {base / t['B']:.3f} | "
+                  f"{diff:.1e} | {fa.kernel} | {fb.kernel} |", flush=True)
+    for lib in (lib_a, lib_b):
+        lib.fpb_set_append(None, None, 0, None, None, 0, 0, 0, 1)
+
+
 def grid_points(dims):
     """The grid's (D, S, B, H, causal): B*S = 16k, H*D = 2048, S in {1k, 4k, 16k}."""
     for d in dims:
@@ -277,6 +346,11 @@ def main():
         dims = sys.argv[3].split(":")[1] if ":" in sys.argv[3] else "128"
         for d in dims.split(","):
             main_cache(lib_a, lib_b, int(d))
+        return
+    if len(sys.argv) > 3 and sys.argv[3].split(":")[0] == "append":
+        dims = sys.argv[3].split(":")[1] if ":" in sys.argv[3] else "128"
+        for d in dims.split(","):
+            main_append(lib_a, lib_b, int(d))
         return
     if len(sys.argv) > 3 and sys.argv[3].split(":")[0] in ("bwd", "bwd-dropout"):
         mode, dims = sys.argv[3].split(":")

@@ -37,6 +37,10 @@ def load_lib(path):
         lib.fpb_fwd_cache.argtypes = [ctypes.POINTER(ctypes.c_int64)] * 3 + [ctypes.c_void_p] * 6 + \
             [ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
              ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p]
+    if hasattr(lib, "fpb_set_append"):
+        lib.fpb_set_append.restype = None
+        lib.fpb_set_append.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] + [ctypes.c_void_p] * 2 + \
+            [ctypes.c_int64] * 2 + [ctypes.c_int] * 2
     lib.fpb_last_error.restype = ctypes.c_char_p
     return lib
 

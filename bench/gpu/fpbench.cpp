@@ -22,6 +22,14 @@ fp_tensor make(void* data, fp_dtype t, int nd, const int64_t* shape, const int64
 // Dropout probability of every fpb_fwd / fpb_bwd call (fpb_set_dropout; 0: none), fixed seed and offset.
 float g_dropout_p = 0.0f;
 
+// Append (+ rotary) of every fpb_fwd_cache call (fpb_set_append; k_new null: none): k_new, v_new
+// dense [B, snew, Hkv, D], cos/sin dense [rows, rot_dim / 2] (fp32, or q's dtype with tables_f32 0).
+struct AppendSetting {
+  void *k_new = nullptr, *v_new = nullptr, *cos = nullptr, *sin = nullptr;
+  int64_t snew = 0, rows = 0, rot_dim = 0;
+  int interleaved = 0, tables_f32 = 1;
+} g_append;
+
 // The forward call of dims (B, Sq, Sk, Hq, Hkv, D, Dv) over BSHD q, k, v, out (strides: 4 each,
 // elements; lse [B, Hq, Sq] fp32 or null), dtype 0 fp16 / 1 bf16, torch's top-left causal.
 void forward_params(fp_attn_params* p, const int64_t* dims, const int64_t* strides, void* q, void* k, void* v,
@@ -69,6 +77,10 @@ int select_and_run_fwd(fp_attn_params* p, void* ws, size_t ws_bytes, size_t* ws_
 extern "C" {
 
 void fpb_set_dropout(float p) { g_dropout_p = p; }
+void fpb_set_append(void* k_new, void* v_new, int64_t snew, void* cos, void* sin, int64_t rows, int64_t rot_dim,
+                    int interleaved, int tables_f32) {
+  g_append = AppendSetting{k_new, v_new, cos, sin, snew, rows, rot_dim, interleaved, tables_f32};
+}
 
 // dims: B, Sq, Sk, Hq, Hkv, D, Dv. strides: q, k, v, out (4 each, elements). dtype: 0 fp16, 1 bf16.
 // Returns fp_status; on FP_ERR_WORKSPACE (or ws == null) *ws_needed says how much to pass.
@@ -124,6 +136,20 @@ int fpb_fwd_cache(const int64_t* qshape, const int64_t* kshape, const int64_t* s
   if (bt_cols > 0) {
     const int64_t ts[2] = {B, bt_cols}, tst[2] = {bt_cols, 1};
     p.block_table = make(block_table, FP_I32, 2, ts, tst);
+  }
+  if (g_append.k_new != nullptr) {  // appended rows (rotated) land at cache rows seqused_k[b] + j
+    const int64_t Hkv = kshape[2], D = kshape[3], snew = g_append.snew;
+    const int64_t ns[4] = {B, snew, Hkv, D}, nst[4] = {snew * Hkv * D, Hkv * D, D, 1};
+    p.k_new = make(g_append.k_new, p.q.dtype, 4, ns, nst);
+    p.v_new = make(g_append.v_new, p.q.dtype, 4, ns, nst);
+    if (g_append.rot_dim > 0) {
+      const int64_t half = g_append.rot_dim / 2;
+      const int64_t ts[2] = {g_append.rows, half}, tst[2] = {half, 1};
+      const fp_dtype tab = g_append.tables_f32 ? FP_F32 : p.q.dtype;
+      p.rotary_cos = make(g_append.cos, tab, 2, ts, tst);
+      p.rotary_sin = make(g_append.sin, tab, 2, ts, tst);
+      p.rotary_interleaved = g_append.interleaved;
+    }
   }
   return select_and_run_fwd(&p, ws, ws_bytes, ws_needed, nullptr, kernel);
 }

@@ -863,6 +863,46 @@ TEST(CudaHopperFwd, KvCacheAppendRotaryAndSplits) {
   }
 }
 
+// Append + rotary then attend on the Hopper kernel (the pre-pass writes the rotated q into the
+// workspace, which starts as NaN bytes here): every head-dim instance, rotary dims 8 .. D, both
+// pair layouts, fp32 and 16-bit tables (16-bit rows of 12 pairs: the pre-pass's element path),
+// causal (a position per query row) and not (one position for every row), a window, dropout,
+// query rows ending mid-block, split-KV, a paged cache with boxes, and more work tiles than SMs.
+TEST(CudaHopperFwd, AppendRotaryShapes) {
+  SKIP_WITHOUT_GPU();
+  struct R { int64_t d, rot; bool interleaved, tables16, causal; float dropout; int32_t window; };
+  for (R r : {R{128, 64, false, false, true, 0, -1}, R{128, 128, true, true, true, 0, -1},
+              R{128, 24, false, true, true, 0, -1}, R{128, 24, false, false, false, 0, -1},
+              R{96, 8, true, false, true, 0, -1}, R{64, 64, false, false, true, 0, -1},
+              R{64, 32, true, true, true, 0.15f, -1}, R{192, 64, false, true, true, 0, 300},
+              R{256, 256, false, false, true, 0, -1}, R{256, 64, true, false, false, 0.1f, -1}}) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.cache = true, c.nan_unused_cache = true;
+    c.batch = 2, c.hq = 4, c.hkv = 2, c.d = r.d, c.dv = r.d, c.sq = 150, c.sk = 700, c.snew = 150;
+    c.seqused = {120, 400};
+    c.causal = r.causal, c.wl = r.window;
+    if (r.window >= 0) c.wr = 0;
+    c.dropout = r.dropout;
+    c.rot_dim = r.rot, c.rot_interleaved = r.interleaved, c.rot_tables_16bit = r.tables16;
+    for (int variant = 0; variant < 3; ++variant) {
+      Case v = c;
+      if (variant == 1) v.splits = 3;
+      if (variant == 2) v.paged = true, v.page_size = 64;
+      const fp_selection sel = check_case_garbage_ws(v);
+      if (hopper_here())
+        EXPECT_NE(std::string(sel.kernel).find(kHopperName), std::string::npos) << v.describe() << " ran " << sel.kernel;
+    }
+  }
+  Case m;  // 144 work tiles: blocks walk several
+  m.dtype = rand_dtype();
+  m.cache = true, m.batch = 3, m.hq = 16, m.hkv = 4, m.d = 128, m.dv = 128, m.sq = 384, m.snew = 384, m.sk = 1400;
+  m.seqused = {200, 900, 40};
+  m.causal = true, m.rot_dim = 128;
+  const fp_selection sel = check_case_garbage_ws(m);
+  if (hopper_here()) EXPECT_NE(std::string(sel.kernel).find(kHopperName), std::string::npos) << sel.kernel;
+}
+
 // ---- split-KV ----------------------------------------------------------------------------
 
 // Forced counts 2, 3, 7, 64: unequal ranges, query blocks x splits, and (64, and the short case)
