@@ -35,6 +35,11 @@ back), graph replay us per call, 5 rounds of [A, B]:
 
     python3 bench/gpu/bench_ab_fwd.py A.so B.so cache[:64,128,256]
 
+The same with short chunks (B16, 128 new rows each after 3968 cached keys: a call of ~60 us at
+D128, where per-call costs such as a memset node show; contiguous, 64- and 16-row pages):
+
+    python3 bench/gpu/bench_ab_fwd.py A.so B.so cache-chunk[:64,128,256]
+
 KV-cache append + rotary (flash_attn_with_kvcache with k_new, v_new, rotary_cos/sin: the same
 prefill chunk, its 1024 rows appended after 3072 cached ones, contiguous cache and 64-row pages; the
 rotated q's cost against the plain cache call and the append without rotary; both builds take this
@@ -145,8 +150,8 @@ class FlashportCache:
             raise RuntimeError(self.lib.fpb_last_error().decode())
 
 
-def main_cache(lib_a, lib_b, D=128):
-    B, Sq, Sk, dt = 2, 1024, 4096, torch.bfloat16
+def main_cache(lib_a, lib_b, D=128, B=2, Sq=1024):
+    Sk, dt = 4096, torch.bfloat16
     Hq = 4096 // D
     Hkv = Hq // 4
     cap = Sk + 512
@@ -162,8 +167,9 @@ def main_cache(lib_a, lib_b, D=128):
     # Random block tables; 16-row pages also with consecutive ids (a fresh allocator's tables: the
     # same speed as random ones in session 18, so page order is not what limits small pages).
     # 48- and 200-row pages share only 16 and 8 rows with a 128-key tile (boxes of that run).
-    for page, consecutive in ((256, False), (128, False), (64, False), (48, False), (32, False), (16, False),
-                              (16, True), (8, False), (200, False)):
+    pages = ((256, False), (128, False), (64, False), (48, False), (32, False), (16, False), (16, True), (8, False),
+             (200, False)) if Sq == 1024 else ((64, False), (16, False))
+    for page, consecutive in pages:
         blocks = cap // page
         perm = torch.arange(B * blocks, device="cuda") if consecutive else torch.randperm(B * blocks, device="cuda")
         table = perm.to(torch.int32).view(B, blocks)
@@ -342,10 +348,13 @@ def main():
     lib_a, lib_b = bf.load_lib(sys.argv[1]), bf.load_lib(sys.argv[2])
     if len(sys.argv) > 3 and sys.argv[3] == "decode":
         return main_decode(lib_a, lib_b)
-    if len(sys.argv) > 3 and sys.argv[3].split(":")[0] == "cache":
+    if len(sys.argv) > 3 and sys.argv[3].split(":")[0] in ("cache", "cache-chunk"):
         dims = sys.argv[3].split(":")[1] if ":" in sys.argv[3] else "128"
         for d in dims.split(","):
-            main_cache(lib_a, lib_b, int(d))
+            if sys.argv[3].startswith("cache-chunk"):  # short chunks: B16 x 128 rows, a short call
+                main_cache(lib_a, lib_b, int(d), B=16, Sq=128)
+            else:
+                main_cache(lib_a, lib_b, int(d))
         return
     if len(sys.argv) > 3 and sys.argv[3].split(":")[0] == "append":
         dims = sys.argv[3].split(":")[1] if ":" in sys.argv[3] else "128"

@@ -271,7 +271,8 @@ class CudaBackend final : public Backend {
         return {FP_ERR_RUNTIME, std::string("cuda backend: append/rotary launch: ") + gpuGetErrorString(e)};
     }
     FwdArgs a = fwd_args_in(p, w, pack, splits, workspace);
-    if (decode && w.split_flags > 0) a.split_nonce = next_split_nonce();  // fixed in a captured graph
+    // The split flags' and the tile walk's nonce (fixed in a captured graph).
+    if ((decode && w.split_flags > 0) || (hopper && w.has_tile_counter)) a.call_nonce = next_call_nonce();
     if (f32) {
       const dim3 grid = f32_fwd_grid(p, tile, splits);
       if (grid.x > 0 && p.seq.batch > 0) {
@@ -281,10 +282,10 @@ class CudaBackend final : public Backend {
       }
     } else if (hopper) {
 #if defined(FLASHPORT_WITH_HOPPER_FWD)
-      int32_t* tile_counter =
-          w.has_tile_counter ? reinterpret_cast<int32_t*>(static_cast<char*>(workspace) + w.tile_counter_offset)
-                             : nullptr;
-      if (const gpuError_t e = hopper_launch(p, a, PlanArgs::grid(plan), tile_counter, stream); e != gpuSuccess)
+      TileWalk* walk = w.has_tile_counter
+                           ? reinterpret_cast<TileWalk*>(static_cast<char*>(workspace) + w.tile_counter_offset)
+                           : nullptr;
+      if (const gpuError_t e = hopper_launch(p, a, PlanArgs::grid(plan), walk, stream); e != gpuSuccess)
         return {FP_ERR_RUNTIME, std::string("cuda backend: sm90 wgmma prefill launch: ") + gpuGetErrorString(e)};
 #else
       return {FP_ERR_RUNTIME, "cuda backend: plan names the Hopper kernel, which is not built"};

@@ -147,11 +147,12 @@ TEST(DecodeKernelPlan, SplitsAndWorkspace) {
 }
 
 // The layout starts at the caller's first 16-byte boundary, inside the 15 extra bytes.
-// The split nonces (next_split_nonce): never 0 (a merger's reset value), distinct, and not small
-// integers (a workspace that held indices or positions must not match them).
-TEST(DecodeKernelPlan, SplitNoncesAreDistinctAndWide) {
+// The call nonces (next_call_nonce: the decode kernel's split flags, the Hopper forward's tile
+// walk): never 0 (the kernels' reset value), distinct, and not small integers (a workspace that
+// held indices or positions must not match them).
+TEST(DecodeKernelPlan, CallNoncesAreDistinctAndWide) {
   std::vector<uint64_t> n(10000);
-  for (uint64_t& x : n) x = next_split_nonce();
+  for (uint64_t& x : n) x = next_call_nonce();
   EXPECT_EQ(std::count(n.begin(), n.end(), 0ull), 0);
   EXPECT_EQ(std::count_if(n.begin(), n.end(), [](uint64_t x) { return x < (1ull << 32); }), 0);
   std::sort(n.begin(), n.end());

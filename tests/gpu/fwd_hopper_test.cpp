@@ -320,7 +320,7 @@ TEST(CudaHopperFwd, RightEdgedCallsEndBlocksAtLastRow) {
 }
 
 // The persistent grids under CUDA-graph replay (every replay walks every tile again; the dynamic
-// walk's counter is zeroed by each replay's own memset node).
+// walk is restarted by each replay's block 0: TileWalk).
 TEST(CudaHopperFwd, PersistentGridGraphReplay) {
   SKIP_WITHOUT_GPU();
   for (bool causal : {false, true}) {
@@ -334,6 +334,66 @@ TEST(CudaHopperFwd, PersistentGridGraphReplay) {
     ASSERT_TRUE(want.ok) << want.error;
     expect_graph_replay_equals(call, want, /*garbage_workspace=*/true);
   }
+}
+
+// The dynamic walk's state (kernel_args.hpp TileWalk) lives in the caller's workspace with any
+// contents and no memset node before the kernel: after a call its `ready` word is 0 again (a graph
+// replay repeats the call's nonce: a word left at it would let the replay's blocks take tiles
+// before block 0 restarts the count) and `taken` holds one take per work tile. The workspace
+// starts as 0xA5 bytes; the captured call is one kernel node, and six replays back to back (no
+// sync between them) give the direct call's bits.
+TEST(CudaHopperFwd, TileWalkNeedsNoMemset) {
+  SKIP_WITHOUT_GPU();
+  if (!hopper_here()) GTEST_SKIP() << "the Hopper forward does not run here";
+  Case c;
+  c.dtype = FP_BF16;
+  c.batch = 2, c.hq = 40, c.hkv = 8, c.d = 128, c.dv = 128, c.sq = 600, c.sk = 600, c.causal = true;
+  Call call(c);
+  DeviceCall dev(call);
+  fp_attn_params p = call.params(dev.views, FP_BACKEND_CUDA);
+  fp_selection sel{};
+  ASSERT_EQ(fp_attn_fwd_select(&p, &sel), FP_OK) << fp_last_error();
+  ASSERT_NE(std::string(sel.kernel).find(kHopperName), std::string::npos) << sel.kernel;
+  ASSERT_GE(sel.workspace_bytes, sizeof(flashport::gpu::TileWalk)) << "a dynamic walk (causal, 200 work tiles)";
+  HostTensor sized(FP_F32, {static_cast<int64_t>((sel.workspace_bytes + 3) / 4)});
+  dev.workspace.upload(sized);
+  CUDA_OK(cudaMemset(dev.workspace.ptr, 0xA5, dev.workspace.bytes));
+  const Outputs want = run_cuda(call, dev);
+  ASSERT_TRUE(want.ok) << want.error;
+  const Outputs ref = run_reference(call);
+  ASSERT_TRUE(ref.ok) << ref.error;
+  EXPECT_TRUE(flashport::test::close(gather_rows(call, want.out, false), gather_rows(call, ref.out, false),
+                                     flashport::test::tolerance(c.dtype), "out"));
+  flashport::gpu::TileWalk walk{};
+  CUDA_OK(cudaMemcpy(&walk, dev.workspace.ptr, sizeof(walk), cudaMemcpyDeviceToHost));  // the only region
+  EXPECT_EQ(walk.ready, 0ull);
+  EXPECT_EQ(walk.taken, (600 + 127) / 128 * 40 * 2) << "one take per work tile";
+
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  dev.out.upload(call.out);  // poisoned again
+  fp_attn_params q = call.params(dev.views, FP_BACKEND_CUDA);
+  q.workspace = dev.workspace.ptr, q.workspace_bytes = dev.workspace.bytes, q.stream = stream;
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const fp_status st = fp_attn_fwd(&q);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  ASSERT_EQ(st, FP_OK) << fp_last_error();
+  size_t nodes = 0;
+  CUDA_OK(cudaGraphGetNodes(graph, nullptr, &nodes));
+  EXPECT_EQ(nodes, 1u) << "the kernel alone: no memset node";
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int r = 0; r < 6; ++r) CUDA_OK(cudaGraphLaunch(exec, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  HostTensor got = call.out;
+  dev.out.download(got);
+  EXPECT_TRUE(got.bitwise_equal(want.out)) << "six replays differ from the direct call";
+  CUDA_OK(cudaMemcpy(&walk, dev.workspace.ptr, sizeof(walk), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(walk.ready, 0ull);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
 }
 
 // Which walk a call gets (host side): none while the tiles fit the slots; static for equal, short
@@ -361,7 +421,7 @@ TEST(HopperFwdPlan, GridChoice) {
   EXPECT_TRUE(grid.dynamic);
   const g::FwdWorkspace ws = g::fwd_workspace(p, 1, grid.dynamic);
   EXPECT_TRUE(ws.has_tile_counter);
-  EXPECT_GE(ws.total, sizeof(int32_t));
+  EXPECT_GE(ws.total, sizeof(g::TileWalk));
   EXPECT_TRUE(g::hopper_grid(p, 4, slots).dynamic);  // splits
   p = problem(128, 1, 16, 16384);  // 2048 tiles of 128 key tiles each
   grid = g::hopper_grid(p, 1, slots);

@@ -3,8 +3,11 @@
 // arguments of the public merge op. One definition each, so the two backends cannot drift.
 #pragma once
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <random>
 
 #include "core/backend.hpp"
 #include "core/problem.hpp"
@@ -58,8 +61,8 @@ inline int64_t max_kv_rows(const Problem& p) {
 
 // The forward workspace (256-byte aligned parts): rotated q [rows, Hq, round8(D)] in q's dtype
 // (16-bit or fp32) when rotary is on; split partials o [splits][B*Hq*Sq][dv] fp32 and lse [splits][B*Hq*Sq] fp32 when
-// splits > 1; a work-tile counter (int32) when the plan's grid walks tiles dynamically (the Hopper
-// forward: PlanArgs::tile_counter); `split_flags` 64-bit split flags when the decode kernel
+// splits > 1; the tile walk (TileWalk, any initial contents) when the plan's grid walks tiles
+// dynamically (the Hopper forward: PlanArgs::tile_counter); `split_flags` 64-bit split flags when the decode kernel
 // merges its own splits (kKernelDecodeFwd with splits > 1: splits per (sequence, block head)).
 // Every forward kernel (mma.sync, decode, Hopper, AMD) reads this layout.
 struct FwdWorkspace {
@@ -71,6 +74,28 @@ struct FwdWorkspace {
   int64_t split_flags = 0;       // flag words (any initial contents); 0: none
   size_t split_flag_offset = 0;
 };
+
+// A call's nonce (FwdArgs::call_nonce: the decode kernel's split flags, the Hopper forward's tile
+// walk): a per-process counter through the splitmix64 finalizer, seeded once from
+// std::random_device and the clock, so nonces look random (a workspace holding small integers or
+// another process's flags does not match them) and are never 0 (the value the kernels reset to).
+inline uint64_t call_nonce_seed() {
+  uint64_t seed = uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
+  try {
+    std::random_device rd;
+    seed ^= (uint64_t(rd()) << 32) ^ rd();
+  } catch (...) {  // no entropy source: the clock alone
+  }
+  return seed;
+}
+inline uint64_t next_call_nonce() {
+  static std::atomic<uint64_t> counter{call_nonce_seed()};
+  uint64_t z = counter.fetch_add(0x9E3779B97F4A7C15ull, std::memory_order_relaxed) + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return z != 0 ? z : 1;
+}
 
 inline size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
@@ -92,7 +117,7 @@ inline FwdWorkspace fwd_workspace(const Problem& p, int splits, bool tile_counte
   if (tile_counter) {
     w.has_tile_counter = true;
     w.tile_counter_offset = off;
-    off += align256(sizeof(int32_t));
+    off += align256(sizeof(TileWalk));
   }
   if (split_flags > 0 && splits > 1) {
     w.split_flags = split_flags;

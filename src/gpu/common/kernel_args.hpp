@@ -36,10 +36,24 @@ struct FwdArgs {
   float* ws_lse = nullptr;
   int64_t ws_rows = 0;
   // The decode kernel's split flags ([sequence][block head][split], 64-bit words, any initial
-  // contents) and this call's nonce (never 0): a split block that sees every flag of its pair
-  // equal to the nonce merges the partials (mma/decode_kernel.cuh). Null / 0 otherwise.
+  // contents): a split block that sees every flag of its pair equal to call_nonce merges the
+  // partials (mma/decode_kernel.cuh). Null otherwise.
   uint64_t* split_flags = nullptr;
-  uint64_t split_nonce = 0;
+  // The call's nonce (fwd_plan.hpp next_call_nonce: never 0, fixed in a captured graph): the
+  // decode kernel's split flags and the Hopper forward's tile walk (TileWalk). 0: neither.
+  uint64_t call_nonce = 0;
+};
+
+// A persistent grid's dynamic walk over work tiles (the Hopper forward), in the caller's
+// workspace with any initial contents, so no memset precedes the kernel: block 0 zeroes `taken`
+// and then publishes the call's nonce in `ready`; a block waits for that before its first take
+// (an atomic add on `taken`), and the call's last take (the work_tiles-th) sets `ready` back to 0,
+// so a graph replaying the call with the same nonce waits for block 0's zeroing again. A 64-bit
+// nonce: workspace bytes that happen to equal it (a block then reading a stale count) are a 2^-64
+// chance, not 2^-32 (as the decode kernel's split flags).
+struct TileWalk {
+  unsigned long long ready;
+  int32_t taken;
 };
 
 // The lengths of sequence b in a forward call (every forward kernel: mma.sync, fp32, Hopper):

@@ -115,8 +115,8 @@ KernelInfo hopper_fwd_kernel_info(int device);
 // sequence); with a.splits > 1 the partials land in a.ws_o / a.ws_lse and the caller launches
 // the combine after it. Encodes the kernel's three TMA maps (q, k, v) from the call.
 template <int D, bool kBf16>
-// tile_counter: the dynamic walk's counter (4 bytes of workspace, zeroed here on `stream`), or null.
-gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, int32_t* tile_counter, gpuStream_t stream);
+// walk: the dynamic walk's state in the workspace (any contents; a.call_nonce tags it), or null.
+gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, TileWalk* walk, gpuStream_t stream);
 // Empty when cuTensorMapEncodeTiled accepts the q/k/v views of the call (the rules it documents,
 // checked without encoding); otherwise why not.
 std::string hopper_tma_reason(const Problem& p, int splits);
@@ -130,8 +130,8 @@ inline KernelInfo hopper_info_for(int d, bool bf16, int dev) {
   }
 }
 // grid: the plan's persistent block count (hopper_grid), 0 for one block per work tile; c: the
-// dynamic walk's counter or null.
-inline gpuError_t hopper_launch(const Problem& p, const FwdArgs& a, int grid, int32_t* c, gpuStream_t s) {
+// dynamic walk's state or null.
+inline gpuError_t hopper_launch(const Problem& p, const FwdArgs& a, int grid, TileWalk* c, gpuStream_t s) {
   const bool bf16 = p.dtype == FP_BF16;
   switch (hopper_head_bucket(p)) {
     case 64: return bf16 ? launch_hopper_fwd<64, true>(p, a, grid, c, s) : launch_hopper_fwd<64, false>(p, a, grid, c, s);

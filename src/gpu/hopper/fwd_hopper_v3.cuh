@@ -56,16 +56,17 @@ struct HopperV3Params {
   FwdArgs a;
   CUtensorMap tq, tk, tv;  // 4-d (col, row, head, batch) views of q, k, v; paged k/v: (col, row in page, head, page)
   int32_t m_blocks = 0;    // query blocks per (head, sequence): ceil(Sq / BM)
-  int32_t work_tiles = 0;  // m_blocks x splits x Hq x B; block i takes tile i first, then walks (tile_counter)
+  int32_t work_tiles = 0;  // m_blocks x splits x Hq x B; block i takes tile i first, then walks (tile_walk)
   int32_t kv_box_rows = 0; // rows of one K/V box: the key tile, or the largest run dividing page and tile
   // Paged K/V read as 8-row groups of the whole pool (fwd_hopper.hpp kv_grouped_boxes): tk, tv are
   // 5-d (col, row in group, panel, head, group) and one box spans every panel of its rows; the ring
   // slots then hold the grouped layout (KvTileLayout).
   bool kv_grouped = false;
-  // Dynamic persistent grid (hopper_grid in fwd_hopper.hpp): the call's tile counter in the
-  // workspace, zeroed before the launch; a block's next work tile is gridDim.x + atomicAdd(counter, 1).
-  // Null: the static walk w = blockIdx.x, + gridDim.x, ...
-  int32_t* tile_counter = nullptr;
+  // Dynamic persistent grid (hopper_grid in fwd_hopper.hpp): the call's tile walk in the workspace
+  // (kernel_args.hpp TileWalk, tagged with a.call_nonce; no memset before the launch); a block's
+  // next work tile is gridDim.x + atomicAdd(taken, 1). Null: the static walk w = blockIdx.x,
+  // + gridDim.x, ...
+  TileWalk* tile_walk = nullptr;
   // KV-cache calls: cache rows past a sequence's keys hold whatever the caller left there (NaN
   // too), and P V would turn 0 x NaN into NaN, so warp 1 zeroes the V rows past the keys of each
   // work tile's first (tail) tile before the consumers read it. Rows past the tensor are zero-filled
@@ -144,6 +145,10 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
   };
 
   if (tid == 0) {
+    if (P.tile_walk != nullptr && blockIdx.x == 0) {  // start the call's walk (TileWalk)
+      P.tile_walk->taken = 0;
+      st_release_u64(&P.tile_walk->ready, a.call_nonce);  // after the zeroing, for every block
+    }
     mbar_init(full_q, 1);
     mbar_init(empty_q, 4 * kConsumers);
     mbar_init(v_tail_zeroed, 1);
@@ -167,16 +172,23 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
   __syncthreads();
 
   // The block's walk over work tiles: blockIdx.x first; then, on a static grid, + gridDim.x each
-  // step; on a dynamic one (P.tile_counter), the tile producer warp 0 takes from the call's counter
-  // (lane 0) and hands to every other warp that walks through the two id slots in shared memory
+  // step; on a dynamic one (P.tile_walk), the tile producer warp 0 takes from the call's counter
+  // (lane 0; its first take waits for block 0 to start the walk, and the call's last take ends it:
+  // TileWalk) and hands to every other warp that walks through the two id slots in shared memory
   // (tile_full / tile_empty), so all of them visit the same tiles in the same order. Walk step k
   // (k = 0 for the tile after the first) uses slot k % 2 in round k / 2. The last id handed over
   // is past the tiles: every walker stops on it.
   auto take_next_tile = [&](int w, uint32_t k) -> int {  // warp 0, every lane
-    if (P.tile_counter == nullptr) return w + int(gridDim.x);
+    if (P.tile_walk == nullptr) return w + int(gridDim.x);
     int next = 0;
     if (lane == 0) {
-      next = int(gridDim.x) + atomicAdd(P.tile_counter, 1);
+      if (k == 0)
+        while (ld_acquire_u64(&P.tile_walk->ready) != a.call_nonce) {
+        }
+      const int taken = atomicAdd(&P.tile_walk->taken, 1);
+      // The call's last take: every block has made its first (the wait above) before it.
+      if (taken == P.work_tiles - 1) st_release_u64(&P.tile_walk->ready, 0ull);
+      next = int(gridDim.x) + taken;
       mbar_wait(tile_empty(int(k & 1)), ((k >> 1) & 1) ^ 1);
       st_shared_s32(tile_ids + 4u * (k & 1), next);
       mbar_arrive(tile_full(int(k & 1)));  // release: the id is visible to the waiters
@@ -184,7 +196,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
     return __shfl_sync(0xffffffffu, next, 0);
   };
   auto read_next_tile = [&](int w, uint32_t k) -> int {  // the other walkers, every lane of a warp
-    if (P.tile_counter == nullptr) return w + int(gridDim.x);
+    if (P.tile_walk == nullptr) return w + int(gridDim.x);
     mbar_wait(tile_full(int(k & 1)), (k >> 1) & 1);
     const int next = ld_shared_s32(tile_ids + 4u * (k & 1));
     __syncwarp();

@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(kDecodeTile.threads(), kDecodeTile.min_blocks)
 
   // ---- a split block that sees every split's flag merges the partials ----------------------
   // Once its partial is stored, a block sets its split's flag word of the (sequence, head) to
-  // a.split_nonce (64 hashed bits from the host, never 0) and reads every flag of the pair.
+  // a.call_nonce (64 hashed bits from the host, never 0) and reads every flag of the pair.
   // Release: the barrier orders every thread's partial stores before thread 0's fence, the fence
   // before the flag. The fence after the flag store is sequentially consistent, so of any two
   // blocks one reads the other's flag: the block whose fence comes last sees every flag and
@@ -279,12 +279,12 @@ __global__ void __launch_bounds__(kDecodeTile.threads(), kDecodeTile.min_blocks)
       reinterpret_cast<unsigned long long*>(a.split_flags + (int64_t(b) * gridDim.y + head_idx) * a.splits);
   if (tid == 0) {
     __threadfence();
-    __stcg(flags + split, static_cast<unsigned long long>(a.split_nonce));
+    __stcg(flags + split, static_cast<unsigned long long>(a.call_nonce));
     __threadfence();
   }
   __syncthreads();
   bool seen = true;
-  for (int s = tid; s < a.splits; s += NT) seen &= __ldcg(flags + s) == a.split_nonce;
+  for (int s = tid; s < a.splits; s += NT) seen &= __ldcg(flags + s) == a.call_nonce;
   __threadfence();
   if (!__syncthreads_and(seen)) return;
   // Thread -> (row, 4 columns). One pass over the splits, kMergeUnroll at a time (their loads in

@@ -3,10 +3,7 @@
 // launch grid, work tiles and key tiles, the split count, the split flags it needs and their nonce.
 #pragma once
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cstdint>
-#include <random>
 #include <string>
 
 #include "core/heuristics.hpp"
@@ -66,27 +63,6 @@ inline int decode_kernel_splits(const Problem& p, int64_t slots) {
 inline FwdWorkspace decode_kernel_workspace(const Problem& p, int splits) {
   return fwd_workspace(p, splits, false, splits > 1 ? decode_kernel_shape(p).work_tiles * splits : 0);
 }
-// A call's split nonce: a per-process counter through the splitmix64 finalizer, seeded once from
-// std::random_device and the clock, so nonces look random (a workspace holding small integers or
-// another process's flags does not match them) and are never 0 (the value a merger leaves).
-inline uint64_t split_nonce_seed() {
-  uint64_t seed = uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
-  try {
-    std::random_device rd;
-    seed ^= (uint64_t(rd()) << 32) ^ rd();
-  } catch (...) {  // no entropy source: the clock alone
-  }
-  return seed;
-}
-inline uint64_t next_split_nonce() {
-  static std::atomic<uint64_t> counter{split_nonce_seed()};
-  uint64_t z = counter.fetch_add(0x9E3779B97F4A7C15ull, std::memory_order_relaxed) + 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return z != 0 ? z : 1;
-}
-
 // The kernel stores and loads its partials 16 bytes at a time, and a caller's workspace has no
 // alignment rule: the plan asks for 15 bytes more and the layout starts at the first 16-byte
 // boundary of the caller's workspace.
