@@ -257,9 +257,9 @@ inline bool decode_shaped(const Problem& p) {
 //   -2.7% at 16k (hence the length limit; longer ones keep one block per tile). The limit counts
 //   the call's own tiles (160 keys: up to 10,240 keys), not yet measured at 8k-10k keys.
 //   Dynamic walk for calls whose tiles differ (causal, windows, varlen, caches, splits): each block
-//   takes its next tile from a counter in the workspace (zeroed by the launch), in the order of the
-//   tile index (heaviest query blocks of a head first), as the hardware hands blocks to free slots;
-//   a static walk of such tiles measured up to 46% slower (HISTORY.md).
+//   takes its next tile from a counter in the workspace (TileWalk: started by block 0, no memset),
+//   in the order of the tile index (heaviest query blocks of a head first), as the hardware hands
+//   blocks to free slots; a static walk of such tiles measured up to 46% slower (HISTORY.md).
 struct HopperGrid {
   int blocks = 0;        // 0: one block per work tile
   bool dynamic = false;  // the walk takes tiles from the workspace's counter

@@ -33,8 +33,8 @@
 // Grid: one block per work tile (query block x [split x] head x sequence), or one block per
 //   resident slot walking the tiles (hopper_grid in fwd_hopper.hpp): statically (w = blockIdx.x,
 //   + gridDim.x, ...) for calls of short, equal tiles, dynamically otherwise (the next tile from a
-//   counter in the workspace, taken by the producer and handed to every walking warp through
-//   shared memory). The ring and Q-round bookkeeping stays right for any walk, and the producer
+//   counter in the workspace that block 0 starts, TileWalk, taken by the producer and handed to
+//   every walking warp through shared memory). The ring and Q-round bookkeeping stays right for any walk, and the producer
 //   runs into the next tile while the consumers finish this one.
 #pragma once
 #include <cuda.h>
