@@ -271,8 +271,8 @@ class CudaBackend final : public Backend {
         return {FP_ERR_RUNTIME, std::string("cuda backend: append/rotary launch: ") + gpuGetErrorString(e)};
     }
     FwdArgs a = fwd_args_in(p, w, pack, splits, workspace);
-    // The split flags' and the tile walk's nonce (fixed in a captured graph).
-    if ((decode && w.split_flags > 0) || (hopper && w.has_tile_counter)) a.call_nonce = next_call_nonce();
+    // The split counters' and the tile walk's nonce (fixed in a captured graph).
+    if ((decode && w.split_counters > 0) || (hopper && w.has_tile_counter)) a.call_nonce = next_call_nonce();
     if (f32) {
       const dim3 grid = f32_fwd_grid(p, tile, splits);
       if (grid.x > 0 && p.seq.batch > 0) {
@@ -282,9 +282,9 @@ class CudaBackend final : public Backend {
       }
     } else if (hopper) {
 #if defined(FLASHPORT_WITH_HOPPER_FWD)
-      TileWalk* walk = w.has_tile_counter
-                           ? reinterpret_cast<TileWalk*>(static_cast<char*>(workspace) + w.tile_counter_offset)
-                           : nullptr;
+      NonceCounter* walk =
+          w.has_tile_counter ? reinterpret_cast<NonceCounter*>(static_cast<char*>(workspace) + w.tile_counter_offset)
+                             : nullptr;
       if (const gpuError_t e = hopper_launch(p, a, PlanArgs::grid(plan), walk, stream); e != gpuSuccess)
         return {FP_ERR_RUNTIME, std::string("cuda backend: sm90 wgmma prefill launch: ") + gpuGetErrorString(e)};
 #else

@@ -124,10 +124,10 @@ TEST(DecodeKernelPlan, SplitsAndWorkspace) {
     EXPECT_EQ(splits, w.splits);
     const FwdWorkspace ws = decode_kernel_workspace(p, splits);
     if (splits > 1) {
-      EXPECT_EQ(ws.split_flags, w.b * 8 * splits) << "one flag per (sequence, kv head, split)";
-      EXPECT_GE(ws.split_flag_offset, ws.lse_offset + size_t(splits) * size_t(ws.rows) * 4);
-      EXPECT_EQ(ws.split_flag_offset % 256, 0u);
-      EXPECT_GE(ws.total, ws.split_flag_offset + size_t(ws.split_flags) * 8);
+      EXPECT_EQ(ws.split_counters, w.b * 8) << "one counter per (sequence, kv head)";
+      EXPECT_GE(ws.split_counter_offset, ws.lse_offset + size_t(splits) * size_t(ws.rows) * 4);
+      EXPECT_EQ(ws.split_counter_offset % 256, 0u);
+      EXPECT_GE(ws.total, ws.split_counter_offset + size_t(ws.split_counters) * sizeof(NonceCounter));
       EXPECT_EQ(decode_kernel_workspace_bytes(ws), ws.total + 15) << "room to start at a 16-byte boundary";
     } else {
       EXPECT_EQ(ws.total, 0u) << "no split, no rotary: no workspace";
@@ -147,7 +147,7 @@ TEST(DecodeKernelPlan, SplitsAndWorkspace) {
 }
 
 // The layout starts at the caller's first 16-byte boundary, inside the 15 extra bytes.
-// The call nonces (next_call_nonce: the decode kernel's split flags, the Hopper forward's tile
+// The call nonces (next_call_nonce: the decode kernel's split counters, the Hopper forward's tile
 // walk): never 0 (the kernels' reset value), distinct, and not small integers (a workspace that
 // held indices or positions must not match them).
 TEST(DecodeKernelPlan, CallNoncesAreDistinctAndWide) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/common/kernel_args.hpp"
 #include "gpu/common/tile_config.hpp"
 #include "gpu_harness.hpp"
 
@@ -204,13 +205,14 @@ TEST(CudaDecodeKernel, GraphReplayWithGarbageWorkspace) {
   }
 }
 
-// The split flags (mma/decode_kernel.cuh) are 0 again after a split call: a CUDA-graph replay
-// repeats the call's nonce, so a flag left set would let a replay's first finished split merge
-// other splits' stale partials (outputs alone rarely show it: the last merger rewrites them).
-// The flags are the last region of the decode layout (gpu/common/fwd_plan.hpp): B x Hkv x splits
-// 64-bit words, 256-byte aligned, from the first 16-byte boundary of the caller's workspace. The
-// workspace holds a set bit pattern in every word before the call.
-TEST(CudaDecodeKernel, SplitFlagsAreResetAfterTheMerge) {
+// The split counters (mma/decode_kernel.cuh, NonceCounter) end a split call with `ready` 0 and
+// one count per split: a CUDA-graph replay repeats the call's nonce, so a `ready` left at it would
+// let a replay's splits count on before split 0 restarts the counter, and the wrong block merge
+// other splits' stale partials (outputs alone rarely show it). The counters are the last region of
+// the decode layout (gpu/common/fwd_plan.hpp): B x Hkv NonceCounters, 256-byte aligned, from the
+// first 16-byte boundary of the caller's workspace. The workspace holds a set bit pattern in every
+// word before the call.
+TEST(CudaDecodeKernel, SplitCountersEndClear) {
   SKIP_WITHOUT_GPU();
   for (int32_t splits : {0, 5, 64}) {
     Case c;
@@ -231,15 +233,18 @@ TEST(CudaDecodeKernel, SplitFlagsAreResetAfterTheMerge) {
     ASSERT_TRUE(got.ok) << got.error;
     ASSERT_NE(std::string(got.sel.kernel).find(kDecodeTile.name), std::string::npos) << got.sel.kernel;
     ASSERT_GT(got.sel.num_splits, 1);
-    const size_t words = size_t(c.batch * c.hkv * got.sel.num_splits);
-    const size_t region = (words * 8 + 255) / 256 * 256;
+    const size_t n = size_t(c.batch * c.hkv);
+    const size_t region = (n * sizeof(flashport::gpu::NonceCounter) + 255) / 256 * 256;
     const uintptr_t base = (reinterpret_cast<uintptr_t>(dev.workspace.ptr) + 15) / 16 * 16;
     const size_t layout_bytes = got.sel.workspace_bytes - 15;  // decode_kernel_workspace_bytes
     ASSERT_GE(layout_bytes, region);
-    std::vector<uint64_t> flags(words, ~0ull);
-    CUDA_OK(cudaMemcpy(flags.data(), reinterpret_cast<const void*>(base + layout_bytes - region), words * 8,
-                       cudaMemcpyDeviceToHost));
-    EXPECT_EQ(std::count(flags.begin(), flags.end(), 0ull), int64_t(words)) << "a flag left set after the merge";
+    std::vector<flashport::gpu::NonceCounter> counters(n);
+    CUDA_OK(cudaMemcpy(counters.data(), reinterpret_cast<const void*>(base + layout_bytes - region),
+                       n * sizeof(flashport::gpu::NonceCounter), cudaMemcpyDeviceToHost));
+    for (const flashport::gpu::NonceCounter& k : counters) {
+      EXPECT_EQ(k.ready, 0ull) << "a counter left started after the merge";
+      EXPECT_EQ(k.count, got.sel.num_splits) << "one count per split";
+    }
     const Outputs ref = run_reference(call);
     ASSERT_TRUE(ref.ok) << ref.error;
     const double tol = flashport::test::tolerance(c.dtype);

@@ -270,7 +270,7 @@ TEST(CudaHopperFwd, LongKeysManyTiles) {
 // per resident slot, each walking several tiles: hopper_grid): statically when all tiles cost the
 // same, dynamically (tiles taken from the workspace's counter) when causal, windowed or varlen,
 // the counter over garbage workspace too. Odd lengths (a partial last query block and key tile),
-// GQA, every head-dim bucket and its padded dims, LSE and sinks.
+// GQA, every head-dim bucket and its padded dims, LSE and sinks, and a paged cache copied by rows.
 TEST(CudaHopperFwd, PersistentGridWalksEveryTile) {
   SKIP_WITHOUT_GPU();
   for (int64_t d : {64, 128, 192, 256, 80}) {
@@ -289,6 +289,13 @@ TEST(CudaHopperFwd, PersistentGridWalksEveryTile) {
     c.lq = {401, 17, 260, 388}, c.lk = {333, 500, 1, 290};
     check_hopper(c, true);
   }
+  Case r;  // a paged cache of 3-row pages: the row-copy producer walks the tiles too
+  r.dtype = rand_dtype();
+  r.cache = true, r.paged = true, r.page_size = 3, r.nan_unused_cache = true;
+  r.batch = 3, r.hq = 24, r.hkv = 8, r.d = 128, r.dv = 128, r.sq = 401, r.sk = 700;
+  r.seqused = {700, 450, 401};
+  r.causal = true;
+  check_hopper(r, true);
 }
 
 // Calls with a right edge to their visible keys (causal, windows with one) place their query blocks
@@ -320,7 +327,7 @@ TEST(CudaHopperFwd, RightEdgedCallsEndBlocksAtLastRow) {
 }
 
 // The persistent grids under CUDA-graph replay (every replay walks every tile again; the dynamic
-// walk is restarted by each replay's block 0: TileWalk).
+// walk is restarted by each replay's block 0: NonceCounter).
 TEST(CudaHopperFwd, PersistentGridGraphReplay) {
   SKIP_WITHOUT_GPU();
   for (bool causal : {false, true}) {
@@ -336,10 +343,10 @@ TEST(CudaHopperFwd, PersistentGridGraphReplay) {
   }
 }
 
-// The dynamic walk's state (kernel_args.hpp TileWalk) lives in the caller's workspace with any
+// The dynamic walk's state (kernel_args.hpp NonceCounter) lives in the caller's workspace with any
 // contents and no memset node before the kernel: after a call its `ready` word is 0 again (a graph
 // replay repeats the call's nonce: a word left at it would let the replay's blocks take tiles
-// before block 0 restarts the count) and `taken` holds one take per work tile. The workspace
+// before block 0 restarts the count) and `count` holds one take per work tile. The workspace
 // starts as 0xA5 bytes; the captured call is one kernel node, and six replays back to back (no
 // sync between them) give the direct call's bits.
 TEST(CudaHopperFwd, TileWalkNeedsNoMemset) {
@@ -354,7 +361,7 @@ TEST(CudaHopperFwd, TileWalkNeedsNoMemset) {
   fp_selection sel{};
   ASSERT_EQ(fp_attn_fwd_select(&p, &sel), FP_OK) << fp_last_error();
   ASSERT_NE(std::string(sel.kernel).find(kHopperName), std::string::npos) << sel.kernel;
-  ASSERT_GE(sel.workspace_bytes, sizeof(flashport::gpu::TileWalk)) << "a dynamic walk (causal, 200 work tiles)";
+  ASSERT_GE(sel.workspace_bytes, sizeof(flashport::gpu::NonceCounter)) << "a dynamic walk (causal, 200 work tiles)";
   HostTensor sized(FP_F32, {static_cast<int64_t>((sel.workspace_bytes + 3) / 4)});
   dev.workspace.upload(sized);
   CUDA_OK(cudaMemset(dev.workspace.ptr, 0xA5, dev.workspace.bytes));
@@ -364,10 +371,10 @@ TEST(CudaHopperFwd, TileWalkNeedsNoMemset) {
   ASSERT_TRUE(ref.ok) << ref.error;
   EXPECT_TRUE(flashport::test::close(gather_rows(call, want.out, false), gather_rows(call, ref.out, false),
                                      flashport::test::tolerance(c.dtype), "out"));
-  flashport::gpu::TileWalk walk{};
+  flashport::gpu::NonceCounter walk{};
   CUDA_OK(cudaMemcpy(&walk, dev.workspace.ptr, sizeof(walk), cudaMemcpyDeviceToHost));  // the only region
   EXPECT_EQ(walk.ready, 0ull);
-  EXPECT_EQ(walk.taken, (600 + 127) / 128 * 40 * 2) << "one take per work tile";
+  EXPECT_EQ(walk.count, (600 + 127) / 128 * 40 * 2) << "one take per work tile";
 
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -421,7 +428,7 @@ TEST(HopperFwdPlan, GridChoice) {
   EXPECT_TRUE(grid.dynamic);
   const g::FwdWorkspace ws = g::fwd_workspace(p, 1, grid.dynamic);
   EXPECT_TRUE(ws.has_tile_counter);
-  EXPECT_GE(ws.total, sizeof(g::TileWalk));
+  EXPECT_GE(ws.total, sizeof(g::NonceCounter));
   EXPECT_TRUE(g::hopper_grid(p, 4, slots).dynamic);  // splits
   p = problem(128, 1, 16, 16384);  // 2048 tiles of 128 key tiles each
   grid = g::hopper_grid(p, 1, slots);

@@ -61,9 +61,10 @@ inline int64_t max_kv_rows(const Problem& p) {
 
 // The forward workspace (256-byte aligned parts): rotated q [rows, Hq, round8(D)] in q's dtype
 // (16-bit or fp32) when rotary is on; split partials o [splits][B*Hq*Sq][dv] fp32 and lse [splits][B*Hq*Sq] fp32 when
-// splits > 1; the tile walk (TileWalk, any initial contents) when the plan's grid walks tiles
-// dynamically (the Hopper forward: PlanArgs::tile_counter); `split_flags` 64-bit split flags when the decode kernel
-// merges its own splits (kKernelDecodeFwd with splits > 1: splits per (sequence, block head)).
+// splits > 1; the tile walk (a NonceCounter, any initial contents) when the plan's grid walks
+// tiles dynamically (the Hopper forward: PlanArgs::tile_counter); `split_counters` NonceCounters
+// when the decode kernel merges its own splits (kKernelDecodeFwd with splits > 1: one per
+// (sequence, block head)).
 // Every forward kernel (mma.sync, decode, Hopper, AMD) reads this layout.
 struct FwdWorkspace {
   int64_t q_rot_row_stride = 0;  // 0: q is not rotated
@@ -71,8 +72,8 @@ struct FwdWorkspace {
   size_t o_offset = 0, lse_offset = 0, total = 0;
   bool has_tile_counter = false;
   size_t tile_counter_offset = 0;
-  int64_t split_flags = 0;       // flag words (any initial contents); 0: none
-  size_t split_flag_offset = 0;
+  int64_t split_counters = 0;    // NonceCounters (any initial contents); 0: none
+  size_t split_counter_offset = 0;
 };
 
 // A call's nonce (FwdArgs::call_nonce: the decode kernel's split flags, the Hopper forward's tile
@@ -100,7 +101,7 @@ inline uint64_t next_call_nonce() {
 inline size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
 inline FwdWorkspace fwd_workspace(const Problem& p, int splits, bool tile_counter = false,
-                                  int64_t split_flags = 0) {
+                                  int64_t split_counters = 0) {
   FwdWorkspace w;
   size_t off = 0;
   if (p.rotary_dim > 0) {
@@ -117,12 +118,12 @@ inline FwdWorkspace fwd_workspace(const Problem& p, int splits, bool tile_counte
   if (tile_counter) {
     w.has_tile_counter = true;
     w.tile_counter_offset = off;
-    off += align256(sizeof(TileWalk));
+    off += align256(sizeof(NonceCounter));
   }
-  if (split_flags > 0 && splits > 1) {
-    w.split_flags = split_flags;
-    w.split_flag_offset = off;
-    off += align256(size_t(split_flags) * sizeof(uint64_t));
+  if (split_counters > 0 && splits > 1) {
+    w.split_counters = split_counters;
+    w.split_counter_offset = off;
+    off += align256(size_t(split_counters) * sizeof(NonceCounter));
   }
   w.total = off;
   return w;
@@ -140,7 +141,7 @@ inline FwdArgs fwd_args_in(const Problem& p, const FwdWorkspace& w, int pack, in
     a.ws_lse = reinterpret_cast<float*>(ws + w.lse_offset);
     a.ws_rows = w.rows;
   }
-  if (w.split_flags > 0) a.split_flags = reinterpret_cast<uint64_t*>(ws + w.split_flag_offset);
+  if (w.split_counters > 0) a.split_counters = reinterpret_cast<NonceCounter*>(ws + w.split_counter_offset);
   return a;
 }
 

@@ -200,7 +200,7 @@ KernelInfo hopper_fwd_kernel_info(int device) {
 }
 
 template <int D, bool kBf16>
-gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, TileWalk* walk, gpuStream_t stream) {
+gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, NonceCounter* walk, gpuStream_t stream) {
   using Elem = std::conditional_t<kBf16, BFloat16, Half>;
   const bool dropout = p.rules.has_dropout();  // the instance (hopper_block_m's rule)
   const int64_t block_m = hopper_block_m(p);
@@ -218,7 +218,7 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, TileW
   // each, or the plan's persistent grid walking them.
   prm.work_tiles = int32_t(m_blocks * p.hq * p.seq.batch * std::max(a.splits, 1));
   const unsigned blocks = grid > 0 && grid < prm.work_tiles ? unsigned(grid) : unsigned(prm.work_tiles);
-  prm.tile_walk = walk;  // no memset: block 0 starts the walk (TileWalk)
+  prm.tile_walk = walk;  // no memset: block 0 starts the walk (NonceCounter)
   constexpr int BN = HopperTileV3::block_n(D);
   const int threads = HopperTileV3::threads(D, dropout), smem = HopperTileV3::smem_bytes(D, BN, dropout);
   if constexpr (D == 128) {
@@ -240,7 +240,7 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, TileW
 
 #define FP_INSTANTIATE_HOPPER(D, bf16)                       \
   template KernelInfo hopper_fwd_kernel_info<D, bf16>(int); \
-  template gpuError_t launch_hopper_fwd<D, bf16>(const Problem&, const FwdArgs&, int, TileWalk*, gpuStream_t);
+  template gpuError_t launch_hopper_fwd<D, bf16>(const Problem&, const FwdArgs&, int, NonceCounter*, gpuStream_t);
 #define FP_INSTANTIATE_HOPPER_D(D) FP_INSTANTIATE_HOPPER(D, false) FP_INSTANTIATE_HOPPER(D, true)
 FP_INSTANTIATE_HOPPER_D(64)
 FP_INSTANTIATE_HOPPER_D(128)

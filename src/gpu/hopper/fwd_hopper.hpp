@@ -116,7 +116,7 @@ KernelInfo hopper_fwd_kernel_info(int device);
 // the combine after it. Encodes the kernel's three TMA maps (q, k, v) from the call.
 template <int D, bool kBf16>
 // walk: the dynamic walk's state in the workspace (any contents; a.call_nonce tags it), or null.
-gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, TileWalk* walk, gpuStream_t stream);
+gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, NonceCounter* walk, gpuStream_t stream);
 // Empty when cuTensorMapEncodeTiled accepts the q/k/v views of the call (the rules it documents,
 // checked without encoding); otherwise why not.
 std::string hopper_tma_reason(const Problem& p, int splits);
@@ -131,7 +131,7 @@ inline KernelInfo hopper_info_for(int d, bool bf16, int dev) {
 }
 // grid: the plan's persistent block count (hopper_grid), 0 for one block per work tile; c: the
 // dynamic walk's state or null.
-inline gpuError_t hopper_launch(const Problem& p, const FwdArgs& a, int grid, TileWalk* c, gpuStream_t s) {
+inline gpuError_t hopper_launch(const Problem& p, const FwdArgs& a, int grid, NonceCounter* c, gpuStream_t s) {
   const bool bf16 = p.dtype == FP_BF16;
   switch (hopper_head_bucket(p)) {
     case 64: return bf16 ? launch_hopper_fwd<64, true>(p, a, grid, c, s) : launch_hopper_fwd<64, false>(p, a, grid, c, s);
@@ -257,7 +257,7 @@ inline bool decode_shaped(const Problem& p) {
 //   -2.7% at 16k (hence the length limit; longer ones keep one block per tile). The limit counts
 //   the call's own tiles (160 keys: up to 10,240 keys), not yet measured at 8k-10k keys.
 //   Dynamic walk for calls whose tiles differ (causal, windows, varlen, caches, splits): each block
-//   takes its next tile from a counter in the workspace (TileWalk: started by block 0, no memset),
+//   takes its next tile from a counter in the workspace (a NonceCounter started by block 0: no memset),
 //   in the order of the tile index (heaviest query blocks of a head first), as the hardware hands
 //   blocks to free slots; a static walk of such tiles measured up to 46% slower (HISTORY.md).
 struct HopperGrid {

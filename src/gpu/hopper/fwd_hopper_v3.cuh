@@ -33,15 +33,17 @@
 // Grid: one block per work tile (query block x [split x] head x sequence), or one block per
 //   resident slot walking the tiles (hopper_grid in fwd_hopper.hpp): statically (w = blockIdx.x,
 //   + gridDim.x, ...) for calls of short, equal tiles, dynamically otherwise (the next tile from a
-//   counter in the workspace that block 0 starts, TileWalk, taken by the producer and handed to
-//   every walking warp through shared memory). The ring and Q-round bookkeeping stays right for any walk, and the producer
-//   runs into the next tile while the consumers finish this one.
+//   counter in the workspace that block 0 starts, a NonceCounter, taken by the producer and
+//   handed to every walking warp through shared memory). The ring and Q-round bookkeeping stays
+//   right for any walk, and the producer runs into the next tile while the consumers finish this
+//   one.
 #pragma once
 #include <cuda.h>
 
 #include <cstdint>
 #include <type_traits>
 
+#include "gpu/common/nonce_counter.cuh"
 #include "gpu/hopper/fwd_hopper.hpp"
 #include "gpu/hopper/fwd_hopper_rows.cuh"
 #include "gpu/hopper/fwd_hopper_tma.cuh"
@@ -63,10 +65,10 @@ struct HopperV3Params {
   // slots then hold the grouped layout (KvTileLayout).
   bool kv_grouped = false;
   // Dynamic persistent grid (hopper_grid in fwd_hopper.hpp): the call's tile walk in the workspace
-  // (kernel_args.hpp TileWalk, tagged with a.call_nonce; no memset before the launch); a block's
-  // next work tile is gridDim.x + atomicAdd(taken, 1). Null: the static walk w = blockIdx.x,
+  // (kernel_args.hpp NonceCounter, started by block 0 with a.call_nonce; no memset before the
+  // launch); a block's next work tile is gridDim.x + a take. Null: the static walk w = blockIdx.x,
   // + gridDim.x, ...
-  TileWalk* tile_walk = nullptr;
+  NonceCounter* tile_walk = nullptr;
   // KV-cache calls: cache rows past a sequence's keys hold whatever the caller left there (NaN
   // too), and P V would turn 0 x NaN into NaN, so warp 1 zeroes the V rows past the keys of each
   // work tile's first (tail) tile before the consumers read it. Rows past the tensor are zero-filled
@@ -145,10 +147,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
   };
 
   if (tid == 0) {
-    if (P.tile_walk != nullptr && blockIdx.x == 0) {  // start the call's walk (TileWalk)
-      P.tile_walk->taken = 0;
-      st_release_u64(&P.tile_walk->ready, a.call_nonce);  // after the zeroing, for every block
-    }
+    if (P.tile_walk != nullptr && blockIdx.x == 0) nonce_counter_start(P.tile_walk, a.call_nonce);
     mbar_init(full_q, 1);
     mbar_init(empty_q, 4 * kConsumers);
     mbar_init(v_tail_zeroed, 1);
@@ -174,7 +173,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
   // The block's walk over work tiles: blockIdx.x first; then, on a static grid, + gridDim.x each
   // step; on a dynamic one (P.tile_walk), the tile producer warp 0 takes from the call's counter
   // (lane 0; its first take waits for block 0 to start the walk, and the call's last take ends it:
-  // TileWalk) and hands to every other warp that walks through the two id slots in shared memory
+  // NonceCounter) and hands to every other warp that walks through the two id slots in shared memory
   // (tile_full / tile_empty), so all of them visit the same tiles in the same order. Walk step k
   // (k = 0 for the tile after the first) uses slot k % 2 in round k / 2. The last id handed over
   // is past the tiles: every walker stops on it.
@@ -182,13 +181,9 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
     if (P.tile_walk == nullptr) return w + int(gridDim.x);
     int next = 0;
     if (lane == 0) {
-      if (k == 0)
-        while (ld_acquire_u64(&P.tile_walk->ready) != a.call_nonce) {
-        }
-      const int taken = atomicAdd(&P.tile_walk->taken, 1);
-      // The call's last take: every block has made its first (the wait above) before it.
-      if (taken == P.work_tiles - 1) st_release_u64(&P.tile_walk->ready, 0ull);
-      next = int(gridDim.x) + taken;
+      // One take per work tile past the first ones: work_tiles takes in all (each block's last
+      // is its id past the tiles).
+      next = int(gridDim.x) + nonce_counter_take(P.tile_walk, a.call_nonce, k == 0, P.work_tiles);
       mbar_wait(tile_empty(int(k & 1)), ((k >> 1) & 1) ^ 1);
       st_shared_s32(tile_ids + 4u * (k & 1), next);
       mbar_arrive(tile_full(int(k & 1)));  // release: the id is visible to the waiters

@@ -11,9 +11,10 @@
 //     of a tile is spread over the SM's four schedulers, two warps each, instead of one warp's
 //     16 rows;
 //   - the warps' states merge in shared memory at the end; with splits the block writes an fp32
-//     partial and sets its split's flag in the workspace to the call's nonce; a block that then
-//     sees every split's flag set merges the partials into out / lse: no second kernel, and no
-//     memset node before the launch (the caller's workspace needs no zeroing; below).
+//     partial and takes a count of its (sequence, head)'s counter in the workspace (a
+//     NonceCounter, started by split 0 with the call's nonce); the block taking the last count
+//     merges the partials into out / lse: no second kernel, and no memset node before the launch
+//     (the caller's workspace needs no zeroing; below).
 // Score features are the forward main loop's hooks (KernelScoreRules): causal/window masks only
 // on tiles that cut a row's range, softcap, ALiBi, sinks (folded into split 0). Dropout is
 // declined by the planner (decode_plan.hpp).
@@ -22,6 +23,7 @@
 #include <type_traits>
 
 #include "gpu/common/kernel_info.cuh"
+#include "gpu/common/nonce_counter.cuh"
 #include "gpu/mma/fwd_kernel.cuh"
 
 namespace flashport::gpu {
@@ -56,6 +58,10 @@ __global__ void __launch_bounds__(kDecodeTile.threads(), kDecodeTile.min_blocks)
   const int head_idx = blockIdx.y;  // kv head (packed GQA) or query head
   const int b = blockIdx.z;
   const ScoreRules& R = a.rules;
+  // The (sequence, head)'s split counter: split 0 starts it for this call (its splits take their
+  // counts at their ends, long after).
+  NonceCounter* const counter = a.splits > 1 ? a.split_counters + (int64_t(b) * gridDim.y + head_idx) : nullptr;
+  if (counter != nullptr && split == 0 && tid == 0) nonce_counter_start(counter, a.call_nonce);
 
   const FwdSeqLengths lengths(a, b);
   const int lq = lengths.lq, lk = lengths.lk;
@@ -260,33 +266,22 @@ __global__ void __launch_bounds__(kDecodeTile.threads(), kDecodeTile.min_blocks)
   }
   if (a.splits <= 1) return;
 
-  // ---- a split block that sees every split's flag merges the partials ----------------------
-  // Once its partial is stored, a block sets its split's flag word of the (sequence, head) to
-  // a.call_nonce (64 hashed bits from the host, never 0) and reads every flag of the pair.
-  // Release: the barrier orders every thread's partial stores before thread 0's fence, the fence
-  // before the flag. The fence after the flag store is sequentially consistent, so of any two
-  // blocks one reads the other's flag: the block whose fence comes last sees every flag and
-  // merges. Another block that sees them all merges too, from the same partials in the same
-  // order: the same bits. A merger then resets the pair's flags to 0, so a CUDA-graph replay,
-  // which repeats the nonce, starts from none set; a flag still set when a block reads it means a
-  // merger has not yet reset it, i.e. every partial of this call is stored. Acquire: each thread
-  // fences after its flag loads, before the barrier that lets the block read the partials
-  // through L2 (__ldcg: never a stale L1 line). The workspace needs no zeroing: a word not
-  // written by this call equals the nonce with probability 2^-64.
+  // ---- the split block taking the last count merges the partials --------------------------
+  // Once its partial is stored, a block takes one count of its (sequence, head)'s counter
+  // (common/nonce_counter.cuh: it first waits for split 0's start, which came at that block's
+  // start; the take is an acquire-release atomic add). Release: the barrier orders every thread's
+  // partial stores before thread 0's take. The block whose take returns splits - 1 came last:
+  // every other partial is stored before it (acquire); it merges, reading the partials through
+  // L2 (__ldcg: never a stale L1 line), and its take set `ready` back to 0 so that a CUDA-graph
+  // replay, which repeats the nonce, waits for split 0 again. One take and one atomic round trip
+  // a block (the flags before session 20 took a fence, a store, a fence and a load of every
+  // flag). The workspace needs no zeroing: a word not written by this call equals the nonce with
+  // probability 2^-64.
+  __shared__ int s_last;
   __syncthreads();
-  // (__stcg / __ldcg take unsigned long long; uint64_t is unsigned long here.)
-  unsigned long long* flags =
-      reinterpret_cast<unsigned long long*>(a.split_flags + (int64_t(b) * gridDim.y + head_idx) * a.splits);
-  if (tid == 0) {
-    __threadfence();
-    __stcg(flags + split, static_cast<unsigned long long>(a.call_nonce));
-    __threadfence();
-  }
+  if (tid == 0) s_last = nonce_counter_take(counter, a.call_nonce, true, a.splits) == a.splits - 1;
   __syncthreads();
-  bool seen = true;
-  for (int s = tid; s < a.splits; s += NT) seen &= __ldcg(flags + s) == a.call_nonce;
-  __threadfence();
-  if (!__syncthreads_and(seen)) return;
+  if (!s_last) return;
   // Thread -> (row, 4 columns). One pass over the splits, kMergeUnroll at a time (their loads in
   // flight together: at B=1, 32 splits are two L2 round trips), with a running max:
   //   lse = log sum_s exp(lse_s); out = sum_s exp(lse_s - lse) out_s; all empty: out 0, lse -inf.
@@ -336,7 +331,6 @@ __global__ void __launch_bounds__(kDecodeTile.threads(), kDecodeTile.min_blocks)
     }
     if (a.lse != nullptr && c == 0) a.lse[a.lse_addr.at(b, q_start, h, i)] = sum > 0.0f ? mx + __logf(sum) : -INFINITY;
   }
-  for (int s = tid; s < a.splits; s += NT) __stcg(flags + s, 0ull);
 #endif
 }
 

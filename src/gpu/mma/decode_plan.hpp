@@ -1,6 +1,6 @@
 // The decode kernel's planning rules (mma/decode_kernel.cuh), host-only and device-free so the
 // CPU tests check them (tests/gpu/decode_plan_test.cpp): which calls it takes (or why not), its
-// launch grid, work tiles and key tiles, the split count, the split flags it needs and their nonce.
+// launch grid, work tiles and key tiles, the split count, the split counters it needs.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -58,10 +58,10 @@ inline int decode_kernel_splits(const Problem& p, int64_t slots) {
                   kMaxSplits);
 }
 
-// The workspace of a decode-kernel plan: rotated q, partials and one split flag per (sequence,
-// head, split) when split.
+// The workspace of a decode-kernel plan: rotated q, partials and one split counter per
+// (sequence, head) when split.
 inline FwdWorkspace decode_kernel_workspace(const Problem& p, int splits) {
-  return fwd_workspace(p, splits, false, splits > 1 ? decode_kernel_shape(p).work_tiles * splits : 0);
+  return fwd_workspace(p, splits, false, splits > 1 ? decode_kernel_shape(p).work_tiles : 0);
 }
 // The kernel stores and loads its partials 16 bytes at a time, and a caller's workspace has no
 // alignment rule: the plan asks for 15 bytes more and the layout starts at the first 16-byte
