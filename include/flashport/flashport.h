@@ -69,8 +69,9 @@
  *
  * Execution: every GPU call takes the caller's stream, allocates nothing (the caller passes a
  * workspace of at least the bytes fp_attn_fwd_workspace reports; it may hold anything on entry:
- * no call relies on it being zeroed), reads no device memory on the host and never synchronizes. Index tensors (cu_seqlens, seqused_k, block_table, ...) are
- * value-checked only where they live in host memory; GPU kernels clamp instead of faulting.
+ * no call relies on it being zeroed), reads no device memory on the host and never synchronizes.
+ * Index tensors (cu_seqlens, seqused_k, block_table, ...) are value-checked only where they live
+ * in host memory; GPU kernels clamp instead of faulting.
  * ---------------------------------------------------------------------------------------------
  */
 #ifndef FLASHPORT_H_

@@ -76,10 +76,11 @@ struct FwdWorkspace {
   size_t split_counter_offset = 0;
 };
 
-// A call's nonce (FwdArgs::call_nonce: the decode kernel's split flags, the Hopper forward's tile
-// walk): a per-process counter through the splitmix64 finalizer, seeded once from
-// std::random_device and the clock, so nonces look random (a workspace holding small integers or
-// another process's flags does not match them) and are never 0 (the value the kernels reset to).
+// A call's nonce (FwdArgs::call_nonce: the NonceCounters of the decode kernel's split merge and
+// the Hopper forward's tile walk): a per-process counter through the splitmix64 finalizer, seeded
+// once from std::random_device and the clock, so nonces look random (a workspace holding small
+// integers or another process's counters does not match them) and are never 0 (the value the
+// kernels reset to).
 inline uint64_t call_nonce_seed() {
   uint64_t seed = uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
   try {

@@ -8,6 +8,19 @@
 
 namespace flashport::gpu {
 
+// A counter in the caller's workspace with any initial contents, so no memset precedes the
+// kernel (common/nonce_counter.cuh): one block starts it (count 0, then the call's nonce in
+// `ready`); a block waits for that before its first take (an atomic add on `count`), and the
+// call's last take sets `ready` back to 0, so a graph replaying the call with the same nonce waits
+// for the start again. A 64-bit nonce: workspace bytes that happen to equal it (a block then
+// reading a stale count) are a 2^-64 chance. The Hopper forward's dynamic walk over work tiles
+// (block 0 starts it; a take is a tile) and the decode kernel's split merge (split 0 of each
+// (sequence, head) starts its counter; the split taking the last count merges).
+struct NonceCounter {
+  unsigned long long ready;
+  int32_t count;
+};
+
 struct FwdArgs {
   const uint16_t* q = nullptr;  // fp16/bf16 bits
   const uint16_t* k = nullptr;
@@ -37,23 +50,10 @@ struct FwdArgs {
   int64_t ws_rows = 0;
   // The decode kernel's split counters ([sequence][block head], NonceCounter): the split block
   // that takes its pair's last count merges the partials (mma/decode_kernel.cuh). Null otherwise.
-  struct NonceCounter* split_counters = nullptr;
+  NonceCounter* split_counters = nullptr;
   // The call's nonce (fwd_plan.hpp next_call_nonce: never 0, fixed in a captured graph): the
   // decode kernel's split counters and the Hopper forward's tile walk (NonceCounter). 0: neither.
   uint64_t call_nonce = 0;
-};
-
-// A counter in the caller's workspace with any initial contents, so no memset precedes the
-// kernel (common/nonce_counter.cuh): one block starts it (count 0, then the call's nonce in
-// `ready`); a block waits for that before its first take (an atomic add on `count`), and the
-// call's last take sets `ready` back to 0, so a graph replaying the call with the same nonce waits
-// for the start again. A 64-bit nonce: workspace bytes that happen to equal it (a block then
-// reading a stale count) are a 2^-64 chance. The Hopper forward's dynamic walk over work tiles
-// (block 0 starts it; a take is a tile) and the decode kernel's split merge (split 0 of each
-// (sequence, head) starts its counter; the split taking the last count merges).
-struct NonceCounter {
-  unsigned long long ready;
-  int32_t count;
 };
 
 // The lengths of sequence b in a forward call (every forward kernel: mma.sync, fp32, Hopper):
