@@ -33,10 +33,11 @@
 //   elementwise phase (P^T, dS^T) then runs under the other's products, and 1's dQ waits for 2's
 //   dS^T half, which 2 has made while 1's dV and dK ran (+3-6% over both computing in lockstep:
 //   bench/results/gpu_backward.md, session 14). No block-wide barrier inside the walk.
-// D256 (bwd_hopper_d256_kernel): the same three roles and ring (HopperBwdTileD256), 64-key blocks;
-// the MMA warpgroups split the head dim of dK/dV/dQ and the queries of S^T/dP^T, P^T and dS^T go
-// through shared memory (bwd_hopper.hpp); a step's dQ is staged in its own ring stage, which the
-// writer warp hands back to the loaders once the copy engine has read it.
+// D256 (bwd_hopper_d256_kernel): the same producer roles and ring (HopperBwdTileD256), 64-key
+// blocks; one MMA warpgroup computes S^T, P^T and dV, the other dP^T, dS^T and dK (P^T handed over
+// in fp32 through shared memory), both half of dQ's columns (bwd_hopper.hpp); a step's dQ is staged
+// in its own ring stage, which the writer warp hands back to the loaders once the copy engine has
+// read it.
 // The elementwise phases have straight-line loops for the common case (no softcap/ALiBi,
 // unswitched on the mask): per-element branches there cost v1 half its time (gpu_bwd_notes.md).
 #include <atomic>
@@ -151,48 +152,49 @@ __device__ __forceinline__ void load_kv_block(const BwdArgs& a, int b, int kvh, 
   }
 }
 
-// Epilogue: dK = scale * acc and dV of this thread's keys key0 and key0 + 8, 64-column panels
-// [panel0, panel0 + kPanels); rows past Lk of a batched tensor get 0. Only the call's D columns
-// of dK and Dv columns of dV are stored: a padded instance's others hold zeros (head dims are
-// multiples of 8, so an 8-column chunk is all in or all out).
-template <int kPanels, typename Elem>
-__device__ __forceinline__ void store_dk_dv(const BwdArgs& a, int b, int kvh, int lk, int key0, int panel0,
-                                            int col_base, const float (&dk_acc)[kPanels][32],
-                                            const float (&dv_acc)[kPanels][32]) {
+// Epilogue: dK = scale * acc (kIsDk) or dV = acc of this thread's keys key0 and key0 + 8, 64-column
+// panels [panel0, panel0 + kPanels); rows past Lk of a batched tensor get 0. Only the call's D
+// columns of dK and Dv columns of dV are stored: a padded instance's others hold zeros (head dims
+// are multiples of 8, so an 8-column chunk is all in or all out).
+template <bool kIsDk, int kPanels, typename Elem>
+__device__ __forceinline__ void store_kv_grad(const BwdArgs& a, int b, int kvh, int lk, int key0, int panel0,
+                                              int col_base, const float (&acc)[kPanels][32]) {
   const int row_limit = a.k_rows_cap > 0 ? static_cast<int>(a.k_rows_cap) : lk;
   using T = typename Elem::T;
+  const auto& addr = kIsDk ? a.dk_addr : a.dv_addr;
+  const int cols = kIsDk ? a.d : a.dv;
+  const float scale = kIsDk ? a.scale : 1.0f;
   // vec: one 32-bit store per column pair (4-byte aligned pairs); unswitched, outside the loops.
   auto store_rows = [&](auto vec) {
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int j = key0 + 8 * hf;
       if (j >= row_limit) continue;
-      const bool kpacked = a.dk_addr.layout == KvLayout::Packed, vpacked = a.dv_addr.layout == KvLayout::Packed;
-      T* dk_row = reinterpret_cast<T*>(a.dk_ptr) +
-                  (kpacked ? (a.seq.k_start(b) + j) * a.dk_addr.s0 : int64_t(b) * a.dk_addr.s0 + int64_t(j) * a.dk_addr.s1) +
-                  kvh * a.dk_addr.s2;
-      T* dv_row = reinterpret_cast<T*>(a.dv_ptr) +
-                  (vpacked ? (a.seq.k_start(b) + j) * a.dv_addr.s0 : int64_t(b) * a.dv_addr.s0 + int64_t(j) * a.dv_addr.s1) +
-                  kvh * a.dv_addr.s2;
+      T* row = reinterpret_cast<T*>(kIsDk ? a.dk_ptr : a.dv_ptr) +
+               (addr.layout == KvLayout::Packed ? (a.seq.k_start(b) + j) * addr.s0
+                                                : int64_t(b) * addr.s0 + int64_t(j) * addr.s1) +
+               kvh * addr.s2;
 #pragma unroll
       for (int p = 0; p < kPanels; ++p)
 #pragma unroll
         for (int t = 0; t < 8; ++t) {
           const int chunk_col = (panel0 + p) * 64 + t * 8, col = chunk_col + col_base;
-          const float k0 = dk_acc[p][4 * t + 2 * hf] * a.scale, k1 = dk_acc[p][4 * t + 2 * hf + 1] * a.scale;
-          const float v0 = dv_acc[p][4 * t + 2 * hf], v1 = dv_acc[p][4 * t + 2 * hf + 1];
-          if constexpr (decltype(vec)::value) {
-            if (chunk_col < a.d) *reinterpret_cast<uint32_t*>(dk_row + col) = Elem::pack(k0, k1);
-            if (chunk_col < a.dv) *reinterpret_cast<uint32_t*>(dv_row + col) = Elem::pack(v0, v1);
-          } else {
-            if (chunk_col < a.d) dk_row[col] = Elem::from_float(k0), dk_row[col + 1] = Elem::from_float(k1);
-            if (chunk_col < a.dv) dv_row[col] = Elem::from_float(v0), dv_row[col + 1] = Elem::from_float(v1);
-          }
+          if (chunk_col >= cols) continue;
+          const float x0 = acc[p][4 * t + 2 * hf] * scale, x1 = acc[p][4 * t + 2 * hf + 1] * scale;
+          if constexpr (decltype(vec)::value) *reinterpret_cast<uint32_t*>(row + col) = Elem::pack(x0, x1);
+          else row[col] = Elem::from_float(x0), row[col + 1] = Elem::from_float(x1);
         }
     }
   };
   if (a.kv_out_vec_ok) store_rows(std::true_type{});
   else store_rows(std::false_type{});
+}
+template <int kPanels, typename Elem>
+__device__ __forceinline__ void store_dk_dv(const BwdArgs& a, int b, int kvh, int lk, int key0, int panel0,
+                                            int col_base, const float (&dk_acc)[kPanels][32],
+                                            const float (&dv_acc)[kPanels][32]) {
+  store_kv_grad<true, kPanels, Elem>(a, b, kvh, lk, key0, panel0, col_base, dk_acc);
+  store_kv_grad<false, kPanels, Elem>(a, b, kvh, lk, key0, panel0, col_base, dv_acc);
 }
 
 // P^T and dS^T of one step, in place (s_acc becomes P^T, dp_acc dS^T), as the two product groups
@@ -204,22 +206,28 @@ __device__ __forceinline__ void store_dk_dv(const BwdArgs& a, int b, int kvh, in
 // general loop after dP^T lands (softcap's derivative needs tanh of the score).
 // kDropout: the call's dropout replayed with this thread's keep bits (bwd_keep_bits):
 // dS^T = P^T (dP^T Z / (1 - p) - D), and s_acc becomes P^T Z / (1 - p) (for dV), Z the keep mask.
+// P of one element of P^T (key j, query i) from its raw score v, in the general form (softcap,
+// ALiBi, mask; lse2 in log2 units), and the softcap derivative 1 - th^2 (1 without softcap). The
+// common case (no softcap, no ALiBi) is exp2(v scale - lse2) and the mask, in straight-line loops.
+__device__ __forceinline__ float bwd_prob(const KernelScoreRules& S, float v, int i, int j, float lse2,
+                                          float slope_log2, bool need_mask, float& dtanh) {
+  const auto sg = S.score_grad(v);
+  float sc = sg.score;
+  dtanh = sg.dtanh;
+  if (S.alibi()) sc += S.alibi_bias(slope_log2, i, j);
+  float p = fast_exp2(sc - lse2);
+  if (need_mask && (j < S.vis_lo(i) || j >= S.vis_hi(i))) p = 0.0f;
+  return p;
+}
+
 template <int kQTiles, bool kDropout>
 __device__ __forceinline__ void p_and_ds(float (&s_acc)[4 * kQTiles], float (&dp_acc)[4 * kQTiles],
                                          const KernelScoreRules& S, bool transformed, bool need_mask,
                                          float slope_log2, int q0, int key0, int col_base,
                                          const float* tL, const float* tD,
                                          const uint32_t (&keep)[(4 * kQTiles + 31) / 32]) {
-  // P of one element from its score v (log2 units), and the softcap derivative 1 - th^2.
   auto prob = [&](float v, int t, int hf, int e2, float lse2, float& dtanh) -> float {
-    const auto sg = S.score_grad(v);
-    float sc = sg.score;
-    dtanh = sg.dtanh;
-    const int i = q0 + 8 * t + col_base + e2, j = key0 + 8 * hf;
-    if (S.alibi()) sc += S.alibi_bias(slope_log2, i, j);
-    float p = fast_exp2(sc - lse2);
-    if (need_mask && (j < S.vis_lo(i) || j >= S.vis_hi(i))) p = 0.0f;
-    return p;
+    return bwd_prob(S, v, q0 + 8 * t + col_base + e2, key0 + 8 * hf, lse2, slope_log2, need_mask, dtanh);
   };
   // Element e's factor: 1 / (keep rate) where kept, else 0.
   const float keep_scale = kDropout ? S.rules->dropout_scale : 1.0f;
@@ -290,6 +298,97 @@ __device__ __forceinline__ void p_and_ds(float (&s_acc)[4 * kQTiles], float (&dp
             g = v * (g - (e2 ? d2.y : d2.x)) * dtanh;
           }
         }
+    }
+  }
+}
+
+// The D256 kernel's split of p_and_ds between its two MMA warpgroups (same accumulator layout:
+// element e = 4t + 2hf + e2 is key key0 + 8hf, query q0 + 8t + col_base + e2 in both). The score
+// side turns S^T into P^T in place, scaled by the keep mask (P^T Z / (1 - p): dV's A operand), and
+// hands each element's P^T x softcap derivative to the gradient side in fp32, with the sign bit set
+// where dropout drops the element (hand[t][tw]: elements 4t .. 4t + 3 of warpgroup thread tw; a
+// warp's float4 stores and loads cover 512 contiguous bytes). The gradient side forms
+// dS^T = |h| (dP^T Z / (1 - p) - D) in place from it: the fp32 P of p_and_ds, so the same dS.
+template <int kQTiles, bool kDropout>
+__device__ __forceinline__ void bwd_probs_handoff(float (&acc)[4 * kQTiles], const KernelScoreRules& S,
+                                                  bool transformed, bool need_mask, float slope_log2, int q0,
+                                                  int key0, int col_base, const float* tL,
+                                                  const uint32_t (&keep)[(4 * kQTiles + 31) / 32], float4* hand,
+                                                  int tw) {
+  const float keep_scale = kDropout ? S.rules->dropout_scale : 1.0f;
+  // One element: P^T (p) and the softcap derivative (dt) -> the handoff value and dV's operand.
+  auto finish = [&](int e, float p, float dt) -> float {
+    float h = p * dt;
+    if constexpr (kDropout) {
+      const bool kept = bwd_kept(keep, e);
+      acc[e] = kept ? p * keep_scale : 0.0f;
+      h = __uint_as_float(__float_as_uint(h) | (kept ? 0u : 0x80000000u));
+    } else {
+      acc[e] = p;
+    }
+    return h;
+  };
+  auto plain = [&](auto masked) {
+#pragma unroll
+    for (int t = 0; t < kQTiles; ++t) {
+      const float2 l2 = *reinterpret_cast<const float2*>(tL + 8 * t + col_base);
+      float h[4];
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+          const int e = 4 * t + 2 * hf + e2;
+          float p = fast_exp2(fmaf(acc[e], *S.scale, -(e2 ? l2.y : l2.x)));
+          if constexpr (decltype(masked)::value) {
+            const int i = q0 + 8 * t + col_base + e2, j = key0 + 8 * hf;
+            if (j < S.vis_lo(i) || j >= S.vis_hi(i)) p = 0.0f;
+          }
+          h[2 * hf + e2] = finish(e, p, 1.0f);
+        }
+      hand[t * 128 + tw] = make_float4(h[0], h[1], h[2], h[3]);
+    }
+  };
+  if (!transformed) {
+    if (need_mask) plain(std::true_type{});
+    else plain(std::false_type{});
+    return;
+  }
+#pragma unroll
+  for (int t = 0; t < kQTiles; ++t) {
+    const float2 l2 = *reinterpret_cast<const float2*>(tL + 8 * t + col_base);
+    float h[4];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+      for (int e2 = 0; e2 < 2; ++e2) {
+        const int e = 4 * t + 2 * hf + e2;
+        float dt = 1.0f;
+        const float p = bwd_prob(S, acc[e], q0 + 8 * t + col_base + e2, key0 + 8 * hf, e2 ? l2.y : l2.x,
+                                 slope_log2, need_mask, dt);
+        h[2 * hf + e2] = finish(e, p, dt);
+      }
+    hand[t * 128 + tw] = make_float4(h[0], h[1], h[2], h[3]);
+  }
+}
+template <int kQTiles, bool kDropout>
+__device__ __forceinline__ void bwd_dscores_from_handoff(float (&acc)[4 * kQTiles], float keep_scale,
+                                                         int col_base, const float* tD, const float4* hand,
+                                                         int tw) {
+#pragma unroll
+  for (int t = 0; t < kQTiles; ++t) {
+    const float2 d2 = *reinterpret_cast<const float2*>(tD + 8 * t + col_base);
+    const float4 h4 = hand[t * 128 + tw];
+    const float h[4] = {h4.x, h4.y, h4.z, h4.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      float& g = acc[4 * t + k];
+      const float d = (k & 1) ? d2.y : d2.x;
+      if constexpr (kDropout) {
+        const float z = signbit(h[k]) ? 0.0f : keep_scale;
+        g = fabsf(h[k]) * (g * z - d);
+      } else {
+        g = h[k] * (g - d);
+      }
     }
   }
 }
@@ -685,14 +784,20 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
 // ---- D256 (HopperBwdTileD256; layout and reasons in bwd_hopper.hpp) ---------------------------
 // One block: BN = 64 keys of one kv head, walking every (query head of the group, BM = 64 query
 // block), warp-specialised as bwd_hopper_kernel: the producer warpgroup (K, V once; warps 0-2 each
-// step's Q, dO, LSE2, D into the 2-stage ring; warp 3 the dQ writer) and MMA warpgroups 1, 2.
-// MMA warpgroup w (mwg = w - 1): S^T / dP^T of queries [32 mwg, 32 mwg + 32) for all 64 keys
-// (m64n32, K = 256), P^T and dS^T -> shared memory; then dQ, dV, dK columns [128 mwg, 128 mwg +
-// 128) (dV, dK: A = P^T / dS^T K-major from shared memory, B = dO / Q MN-major; dQ: A = dS
-// MN-major, B = K MN-major), all 64 x 64 wgmmas per 64-column panel as in the D64/D128 kernel.
-// The step's dQ (fp32 64 x 256) is staged in the step's own ring stage (its Q and dO, 64 KB, once
-// both warpgroups' products have read them); the writer releases the stage to the loaders once the
-// copy engine has read the tile.
+// step's Q, dO, LSE2, D into the 2-stage ring; warp 3 the dQ writer) and MMA warpgroups 1, 2 with
+// a role each. Per step (every product M = 64 keys or queries, N = 64, K = 16):
+//   score side (warpgroup 1):    S^T = K Q^T (SS), P^T in registers -> the handoff (fp32, shared
+//                                memory), dV += P^T dO (RS: A = P^T from registers, dO MN-major)
+//   gradient side (warpgroup 2): dP^T = V dO^T (SS), dS^T from the handoff -> shared memory,
+//                                dK += dS^T Q (RS)
+//   both: dQ columns [128 mwg, +128) = dS K (SS, dS and K MN-major).
+// S^T and dP^T of all 64 queries are N = 64 products (as 32-query halves per warpgroup they were
+// N = 32: 3 KB of shared memory per 16 tensor-core cycles, 1.5x what the SM's shared memory
+// delivers), and dV / dK take A from registers. dK / dV of one warpgroup cover all 256 columns
+// (128 registers, the two halves' 64 + 64 before). The gradient side's dS^T phase runs under the
+// score side's dV. The step's dQ (fp32 64 x 256) is staged in the step's own ring stage (its Q and
+// dO, 64 KB, once both warpgroups' products have read them); the writer releases the stage to the
+// loaders once the copy engine has read the tile.
 template <typename Elem, bool kDropout>
 __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d256_kernel(const __grid_constant__ BwdArgs a) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -700,15 +805,18 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
   constexpr int D = T::kD, BN = T::kBlockN, BM = T::kBlockM, kStages = T::kStages;
   constexpr bool kBf16 = Elem::kIsBf16;
   constexpr int kChunks = D / 8;       // 16-byte chunks per row
-  constexpr int kHalfQ = BM / 2;       // queries of S^T / dP^T per MMA warpgroup
-  constexpr int kQTiles = kHalfQ / 8;  // 8-query accumulator tiles of the half
-  constexpr int kOwnPanels = 2;        // 64-column panels of dK / dV / dQ per MMA warpgroup
+  constexpr int kPanels = D / 64;      // 64-column panels of dK / dV
+  constexpr int kQTiles = BM / 8;      // 8-query accumulator tiles of S^T / dP^T
+  constexpr int kQSteps = BM / 16;     // k16 steps of dV / dK
+  constexpr int kOwnPanels = 2;        // 64-column panels of dQ per MMA warpgroup
   constexpr int kStageElems = 2 * BM * D;  // a ring stage: Q, then dO; at the step's end its fp32 dQ
-  // Named barriers (0 is __syncthreads). P^T / dS^T ready: both halves stored. Stage read: both MMA
-  // warpgroups' products of the step are done (its Q, dO, P^T, dS^T may be overwritten). dQ staged,
-  // one per ring stage: the MMA side arrives, the writer syncs; an id's next use is two steps later,
-  // after the writer released the stage (the `full` wait), so no side arrives a generation ahead.
-  constexpr int kBarPdsReady = 1, kBarStageRead = 2, kBarDqFull = 3;
+  // Named barriers (0 is __syncthreads). Handoff: the score side arrives once its P^T is in shared
+  // memory, the gradient side syncs (its next arrival follows the dS^T sync, so never a generation
+  // ahead). dS^T ready: both sync once the gradient side stored dS^T. Stage read: both warpgroups'
+  // products of the step are done (Q, dO, dS^T, the handoff may be overwritten). dQ staged, one per
+  // ring stage: the MMA side arrives, the writer syncs; an id's next use is two steps later, after
+  // the writer released the stage (the `full` wait), so no side arrives a generation ahead.
+  constexpr int kBarHandoff = 1, kBarDsReady = 2, kBarStageRead = 3, kBarDqFull = 4;
   constexpr int kMmaThreads = 256, kDqSyncThreads = kMmaThreads + 32;
 
   extern __shared__ uint8_t smem_raw[];
@@ -716,16 +824,15 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
   const uint32_t base_u32 = (raw_u32 + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
   uint16_t* sK = reinterpret_cast<uint16_t*>(smem_raw + (base_u32 - raw_u32));
   uint16_t* sV = sK + BN * D;
-  uint16_t* sQ = sV + BN * D;                 // [kStages][Q: BM * D, dO: BM * D]
-  uint16_t* sP = sQ + kStages * kStageElems;  // P^T: [BN keys][BM queries], one 64-query panel
-  uint16_t* sdS = sP + BN * BM;               // dS^T, same layout
-  float* sL = reinterpret_cast<float*>(sdS + BN * BM);  // [kStages][BM] LSE2
-  float* sDs = sL + kStages * BM;                       // [kStages][BM] D
+  uint16_t* sQ = sV + BN * D;                  // [kStages][Q: BM * D, dO: BM * D]
+  uint16_t* sdS = sQ + kStages * kStageElems;  // dS^T: [BN keys][BM queries], one 64-query panel
+  float4* sH = reinterpret_cast<float4*>(sdS + BN * BM);  // the P^T handoff: [kQTiles][128 threads]
+  float* sL = reinterpret_cast<float*>(sH + kQTiles * 128);  // [kStages][BM] LSE2
+  float* sDs = sL + kStages * BM;                            // [kStages][BM] D
   const uint32_t sK_u32 = base_u32;
   const uint32_t sV_u32 = sK_u32 + BN * D * 2;
   const uint32_t sQ_u32 = sV_u32 + BN * D * 2;
-  const uint32_t sP_u32 = sQ_u32 + kStages * kStageElems * 2;
-  const uint32_t sdS_u32 = sP_u32 + BN * BM * 2;
+  const uint32_t sdS_u32 = sQ_u32 + kStages * kStageElems * 2;
   // mbarriers: stage landed (full) / released by the dQ writer (empty); K and V landed.
   const uint32_t bars = smem_u32(sDs + kStages * BM);
   auto full_bar = [&](int st) { return bars + 8u * uint32_t(st); };
@@ -806,17 +913,18 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
 
   // ---- MMA warpgroups -----------------------------------------------------------------------------
   regs_inc<T::kMmaRegs>();
-  const int mwg = wg - 1;  // queries [32 mwg, +32) of S^T / dP^T; columns [128 mwg, +128) of dK, dV, dQ
+  const int mwg = wg - 1;  // 0: the score side, 1: the gradient side; dQ columns [128 mwg, +128)
+  const bool score_side = mwg == 0;
+  const int tw = tid & 127;  // thread of the warpgroup: its slots of the handoff
   // This thread's accumulator rows (keys) in S^T, dP^T, dK, dV: key_loc0 and key_loc0 + 8.
   const int key_loc0 = wwarp * 16 + (lane >> 2);
   const int col_base = (lane & 3) * 2;
-  const int q_half0 = mwg * kHalfQ;  // first query (within the block) of this warpgroup's S^T
 
-  float dv_acc[kOwnPanels][32], dk_acc[kOwnPanels][32];
+  float kv_acc[kPanels][32];  // dV (score side) or dK (gradient side): 64 keys x 256 columns
 #pragma unroll
-  for (int p = 0; p < kOwnPanels; ++p)
+  for (int p = 0; p < kPanels; ++p)
 #pragma unroll
-    for (int e = 0; e < 32; ++e) dv_acc[p][e] = 0.0f, dk_acc[p][e] = 0.0f;
+    for (int e = 0; e < 32; ++e) kv_acc[p][e] = 0.0f;
 
   if (steps > 0) {
     const bool transformed = S.softcapped() || S.alibi();
@@ -851,14 +959,16 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
       }
     };
 
-    // Dropout: this thread's keep bits of step `step` (step 0's before its products, the next
-    // step's while this step's dQ, dV, dK products run).
+    // Dropout: the score side's keep bits of step `step` (step 0's before its products, the next
+    // step's while this step's dV and dQ products run); the gradient side reads them from the
+    // handoff's sign bits.
     uint32_t keep[(4 * kQTiles + 31) / 32] = {};
     auto step_keep = [&](int step) {
-      bwd_keep_bits<kQTiles>(keep, R, b, a.hq, kvh * a.group + step / nm, (m_lo + step % nm) * BM + q_half0,
-                             n0 + key_loc0);
+      bwd_keep_bits<kQTiles>(keep, R, b, a.hq, kvh * a.group + step / nm, (m_lo + step % nm) * BM, n0 + key_loc0);
     };
-    if constexpr (kDropout) step_keep(0);
+    if constexpr (kDropout) {
+      if (score_side) step_keep(0);
+    }
 
     mbar_wait(kv_bar, 0);
     for (int s = 0; s < steps; ++s) {
@@ -870,56 +980,73 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
       mbar_wait(full_bar(st), (s / kStages) & 1);
       fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
 
-      // ---- S^T = K Q^T and dP^T = V dO^T for this warpgroup's 32 queries (two groups) -----------
-      float s_acc[kHalfQ / 2], dp_acc[kHalfQ / 2];
+      // ---- S^T = K Q^T (score side) or dP^T = V dO^T (gradient side), all 64 queries -----------
+      float acc[4 * kQTiles];
       {
         // Descriptors as base + offset (16-byte units); the opaque copies keep the compiler from
         // hoisting loop-invariant 64-bit descriptors into registers.
-        uint64_t k_desc = make_desc(sK_u32, 16, 1024);
-        asm volatile("" : "+l"(k_desc));
-        uint64_t q_desc = make_desc(sQs_u32 + q_half0 * 128, 16, 1024);
-        asm volatile("" : "+l"(q_desc));
+        uint64_t a_desc = make_desc(score_side ? sK_u32 : sV_u32, 16, 1024);
+        asm volatile("" : "+l"(a_desc));
+        uint64_t b_desc = make_desc(score_side ? sQs_u32 : sdOs_u32, 16, 1024);
+        asm volatile("" : "+l"(b_desc));
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
           const uint32_t koff = uint32_t((ks & 3) * 32);  // 16 columns = 32 bytes of the 128-byte row
-          wgmma_ss_m64n32k16<kBf16, 0, 0>(s_acc, k_desc + (((ks >> 2) * (BN * 128) + koff) >> 4),
-                                          q_desc + (((ks >> 2) * (BM * 128) + koff) >> 4), ks > 0 ? 1 : 0);
+          wgmma_ss_m64n64k16<kBf16, 0, 0>(acc, a_desc + (((ks >> 2) * (BN * 128) + koff) >> 4),
+                                          b_desc + (((ks >> 2) * (BM * 128) + koff) >> 4), ks > 0 ? 1 : 0);
         }
         wg_commit();
-        uint64_t v_desc = make_desc(sV_u32, 16, 1024);
-        asm volatile("" : "+l"(v_desc));
-        uint64_t o_desc = make_desc(sdOs_u32 + q_half0 * 128, 16, 1024);
-        asm volatile("" : "+l"(o_desc));
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-          const uint32_t koff = uint32_t((ks & 3) * 32);
-          wgmma_ss_m64n32k16<kBf16, 0, 0>(dp_acc, v_desc + (((ks >> 2) * (BN * 128) + koff) >> 4),
-                                          o_desc + (((ks >> 2) * (BM * 128) + koff) >> 4), ks > 0 ? 1 : 0);
-        }
-        wg_commit();
+        wg_wait<0>();
+        fence_regs(acc);
       }
 
-      // ---- P^T, dS^T (s_acc[4t + 2hf + e2] is key n0 + key_loc0 + 8hf, query
-      //      i0 + q_half0 + 8t + col_base + e2)
-      p_and_ds<kQTiles, kDropout>(s_acc, dp_acc, S, transformed, S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1),
-                                  R.alibi ? -R.alibi_slope(b, h) * kLog2e : 0.0f, i0 + q_half0, n0 + key_loc0,
-                                  col_base, sL + st * BM + q_half0, sDs + st * BM + q_half0, keep);
-      // P^T, dS^T to shared memory (the previous step's products read them before its stage-read
-      // barrier): (key, queries q_half0 + 8t + col_base, +1) -> one 32-bit store each; the 16-byte
-      // chunk of query 8t' is chunk t' of the single 64-query panel.
+      // ---- P^T (score side) -> the handoff; dS^T (gradient side) from it -> shared memory ------
+      // (acc[4t + 2hf + e2] is key n0 + key_loc0 + 8hf, query i0 + 8t + col_base + e2)
+      if (score_side) {
+        bwd_probs_handoff<kQTiles, kDropout>(acc, S, transformed, S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1),
+                                             R.alibi ? -R.alibi_slope(b, h) * kLog2e : 0.0f, i0, n0 + key_loc0,
+                                             col_base, sL + st * BM, keep, sH, tw);
+        named_arrive<kMmaThreads>(kBarHandoff);
+      } else {
+        named_sync<kMmaThreads>(kBarHandoff);
+        bwd_dscores_from_handoff<kQTiles, kDropout>(acc, kDropout ? R.dropout_scale : 1.0f, col_base,
+                                                    sDs + st * BM, sH, tw);
+      }
+      uint32_t frag[kQSteps][4];  // P^T / dS^T as the RS products' A operand
 #pragma unroll
-      for (int t = 0; t < kQTiles; ++t)
+      for (int ks = 0; ks < kQSteps; ++ks)
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int off = panel_offset(BN, key_loc0 + 8 * hf, (q_half0 >> 3) + t) + col_base;
-          *reinterpret_cast<uint32_t*>(sP + off) = Elem::pack(s_acc[4 * t + 2 * hf], s_acc[4 * t + 2 * hf + 1]);
-          *reinterpret_cast<uint32_t*>(sdS + off) = Elem::pack(dp_acc[4 * t + 2 * hf], dp_acc[4 * t + 2 * hf + 1]);
-        }
-      fence_proxy_async();  // P^T / dS^T stores (generic proxy) -> wgmma reads (async proxy)
-      named_sync<kMmaThreads>(kBarPdsReady);  // P^T / dS^T of both warpgroups in shared memory
+        for (int r = 0; r < 4; ++r) frag[ks][r] = Elem::pack(acc[8 * ks + 2 * r], acc[8 * ks + 2 * r + 1]);
+      if (!score_side) {
+        // dS^T to shared memory for dQ: (key, queries 8t + col_base, +1) -> one 32-bit store; pair
+        // (t, hf) is frag[t / 2][(t & 1) * 2 + hf]. The previous step's dQ products read it before
+        // its stage-read barrier.
+#pragma unroll
+        for (int t = 0; t < kQTiles; ++t)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int off = panel_offset(BN, key_loc0 + 8 * hf, t) + col_base;
+            *reinterpret_cast<uint32_t*>(sdS + off) = frag[t >> 1][(t & 1) * 2 + hf];
+          }
+        fence_proxy_async();  // dS^T stores (generic proxy) -> wgmma reads (async proxy)
+      }
 
-      // ---- dQ = dS K, dV += P^T dO, dK += dS^T Q ------------------------------------------------
+      // ---- dV += P^T dO (score side) or dK += dS^T Q (gradient side), every column panel -------
+      {
+        uint64_t b_desc = make_desc(score_side ? sdOs_u32 : sQs_u32, BM * 128, 1024);
+        asm volatile("" : "+l"(b_desc));
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < kQSteps; ++ks)
+#pragma unroll
+          for (int p = 0; p < kPanels; ++p)
+            wgmma_rs_m64n64k16<kBf16, 1>(kv_acc[p], frag[ks], b_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
+        wg_commit();
+      }
+      named_sync<kMmaThreads>(kBarDsReady);  // dS^T in shared memory
+
+      // ---- dQ = dS K, columns [128 mwg, +128) ---------------------------------------------------
       {
         uint64_t s_desc = make_desc(sdS_u32, BN * 128, 1024);  // dS: MN-major view of dS^T
         asm volatile("" : "+l"(s_desc));
@@ -933,34 +1060,16 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
             wgmma_ss_m64n64k16<kBf16, 1, 1>(dq_acc[p], s_desc + ((ks * 2048) >> 4),
                                             kt_desc + ((p * (BN * 128) + ks * 2048) >> 4), ks > 0 ? 1 : 0);
         wg_commit();
-        uint64_t p_desc = make_desc(sP_u32, 16, 1024);  // P^T, dS^T K-major (keys x queries)
-        asm volatile("" : "+l"(p_desc));
-        uint64_t ds_desc = make_desc(sdS_u32, 16, 1024);
-        asm volatile("" : "+l"(ds_desc));
-        uint64_t o_desc = make_desc(sdOs_u32 + mwg * kOwnPanels * (BM * 128), BM * 128, 1024);
-        asm volatile("" : "+l"(o_desc));
-        uint64_t q_desc = make_desc(sQs_u32 + mwg * kOwnPanels * (BM * 128), BM * 128, 1024);
-        asm volatile("" : "+l"(q_desc));
-#pragma unroll
-        for (int ks = 0; ks < BM / 16; ++ks)
-#pragma unroll
-          for (int p = 0; p < kOwnPanels; ++p)
-            wgmma_ss_m64n64k16<kBf16, 0, 1>(dv_acc[p], p_desc + ((ks * 32) >> 4),
-                                            o_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
-#pragma unroll
-        for (int ks = 0; ks < BM / 16; ++ks)
-#pragma unroll
-          for (int p = 0; p < kOwnPanels; ++p)
-            wgmma_ss_m64n64k16<kBf16, 0, 1>(dk_acc[p], ds_desc + ((ks * 32) >> 4),
-                                            q_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
-        wg_commit();
       }
       if constexpr (kDropout) {
-        if (s + 1 < steps) step_keep(s + 1);
+        if (score_side && s + 1 < steps) step_keep(s + 1);
       }
       wg_wait<0>();
+      fence_regs_u32(frag);
 #pragma unroll
-      for (int p = 0; p < kOwnPanels; ++p) fence_regs(dq_acc[p]), fence_regs(dv_acc[p]), fence_regs(dk_acc[p]);
+      for (int p = 0; p < kPanels; ++p) fence_regs(kv_acc[p]);
+#pragma unroll
+      for (int p = 0; p < kOwnPanels; ++p) fence_regs(dq_acc[p]);
       named_sync<kMmaThreads>(kBarStageRead);  // both warpgroups' products are done with the stage
       stage_dq(st);
       fence_proxy_async();  // staging stores (generic proxy) -> the bulk reduce's reads (async proxy)
@@ -968,8 +1077,9 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
     }
   }
 
-  // ---- epilogue: columns [128 mwg, +128) ----------------------------------------------------------
-  store_dk_dv<kOwnPanels, Elem>(a, b, kvh, lk, n0 + key_loc0, mwg * kOwnPanels, col_base, dk_acc, dv_acc);
+  // ---- epilogue: dV (score side) or dK (gradient side), every column ----------------------------
+  if (score_side) store_kv_grad<false, kPanels, Elem>(a, b, kvh, lk, n0 + key_loc0, 0, col_base, kv_acc);
+  else store_kv_grad<true, kPanels, Elem>(a, b, kvh, lk, n0 + key_loc0, 0, col_base, kv_acc);
 #else
   if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0)
     printf("flashport: the Hopper backward kernel needs sm_90a\n");

@@ -67,21 +67,23 @@ struct HopperBwdTile {
   }
 };
 
-// D256 (bwd_hopper.cu, bwd_hopper_d256_kernel): dK and dV of 64 keys x 256 columns would need 256
-// fp32 accumulator registers per thread in one warpgroup, so a block owns BN = 64 keys and the two
-// MMA warpgroups split the head dim: MMA warpgroup w keeps columns [128w, 128w + 128) of both dK
-// and dV (64 + 64 registers). Warp-specialised as HopperBwdTile (same roles, thread count, register
-// split, ring depth): the producer warpgroup copies K, V once, its warps 0-2 each step's Q, dO,
-// LSE2, D into the 2-stage ring, its warp 3 adds each step's dQ into the workspace (one bulk
-// reduce of the 64 KB tile, one per row for padded head dims); the MMA warpgroups sync on named
-// barriers only. Per step of BM = 64
-// queries, MMA warpgroup w computes S^T and dP^T for queries [32w, 32w + 32) (all 64 keys), P^T
-// and dS^T go through shared memory (bf16/fp16, 8 KB each), and dQ (columns [128w, 128w + 128)),
-// dV, dK (A = P^T / dS^T from shared memory) run on wgmma SS. dQ staging: a stage's Q and dO sit
+// D256 (bwd_hopper.cu, bwd_hopper_d256_kernel): dK and dV of 64 keys x 256 columns are 256 fp32
+// accumulator registers per thread of one warpgroup, so a block owns BN = 64 keys and each MMA
+// warpgroup keeps one of them over all 256 columns (128 registers): warpgroup 1, the score side,
+// computes S^T = K Q^T, P^T and dV += P^T dO; warpgroup 2, the gradient side, dP^T = V dO^T, dS^T
+// and dK += dS^T Q. Every product is M = 64 x N = 64 (S^T / dP^T over all 64 queries of the step;
+// split as 32-query halves they were N = 32 products, which need 1.5x the shared-memory bandwidth
+// the SM has at tensor peak), and dV / dK take A from registers. P^T goes from one side to the
+// other in fp32 through shared memory (16 KB: the handoff, P^T x softcap derivative with the keep
+// mask in its sign bits), dS^T in bf16/fp16 (8 KB) for dQ = dS K, whose columns [128w, 128w + 128)
+// each warpgroup computes (SS). Warp-specialised as HopperBwdTile (same roles, thread count,
+// register split, ring depth): the producer warpgroup copies K, V once, its warps 0-2 each step's
+// Q, dO, LSE2, D into the 2-stage ring, its warp 3 adds each step's dQ into the workspace (one bulk
+// reduce of the 64 KB tile, one per row for padded head dims). dQ staging: a stage's Q and dO sit
 // next to each other (64 KB); once both MMA warpgroups' products are done with them they hold the
 // step's fp32 dQ (64 x 256, row-major, unpadded: each quad rotates its 8-column chunks so a warp's
 // stores hit every bank twice), and the writer hands the stage back to the loaders once the copy
-// engine has read it (no room for separate staging: 64 KB more would be 280 KB).
+// engine has read it (no room for separate staging: 64 KB more would be 288 KB).
 struct HopperBwdTileD256 {
   static constexpr int kD = 256;
   static constexpr int kBlockN = 64;
@@ -90,11 +92,11 @@ struct HopperBwdTileD256 {
   static constexpr int kLoaders = HopperBwdTile::kLoaders;
   static constexpr int kStages = HopperBwdTile::kStages;
   static constexpr int kProducerRegs = HopperBwdTile::kProducerRegs, kMmaRegs = HopperBwdTile::kMmaRegs;
-  // K, V; the Q and dO ring; P^T and dS^T; the LSE2 and D ring; mbarriers (full and empty per
-  // stage, K/V landed); + 1024 atom alignment slack: 215,080 bytes.
+  // K, V; the Q and dO ring; dS^T; the fp32 P^T handoff; the LSE2 and D ring; mbarriers (full and
+  // empty per stage, K/V landed); + 1024 atom alignment slack: 223,272 bytes.
   static constexpr int smem_bytes() {
-    return (2 * kBlockN * kD + 2 * kStages * kBlockM * kD + 2 * kBlockN * kBlockM) * 2 + 2 * kStages * kBlockM * 4 +
-           8 * (2 * kStages + 1) + 1024;
+    return (2 * kBlockN * kD + 2 * kStages * kBlockM * kD + kBlockN * kBlockM) * 2 + kBlockN * kBlockM * 4 +
+           2 * kStages * kBlockM * 4 + 8 * (2 * kStages + 1) + 1024;
   }
 };
 // The backward's instance of a call: the smallest of 64, 128, 256 holding both head dims. The
