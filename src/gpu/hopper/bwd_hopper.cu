@@ -816,7 +816,10 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
   // products of the step are done (Q, dO, dS^T, the handoff may be overwritten). dQ staged, one per
   // ring stage: the MMA side arrives, the writer syncs; an id's next use is two steps later, after
   // the writer released the stage (the `full` wait), so no side arrives a generation ahead.
-  constexpr int kBarHandoff = 1, kBarDsReady = 2, kBarStageRead = 3, kBarDqFull = 4;
+  // Scores issued: the score side arrives once its S^T products are issued, the gradient side
+  // syncs before issuing dP^T, so each tensor core runs S^T first and P^T is made while dP^T runs
+  // (the score side's next arrival follows the stage-read sync: never a generation ahead).
+  constexpr int kBarHandoff = 1, kBarDsReady = 2, kBarStageRead = 3, kBarDqFull = 4, kBarScoresIssued = 6;
   constexpr int kMmaThreads = 256, kDqSyncThreads = kMmaThreads + 32;
 
   extern __shared__ uint8_t smem_raw[];
@@ -989,6 +992,7 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
         asm volatile("" : "+l"(a_desc));
         uint64_t b_desc = make_desc(score_side ? sQs_u32 : sdOs_u32, 16, 1024);
         asm volatile("" : "+l"(b_desc));
+        if (!score_side) named_sync<kMmaThreads>(kBarScoresIssued);
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
@@ -997,6 +1001,7 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
                                           b_desc + (((ks >> 2) * (BM * 128) + koff) >> 4), ks > 0 ? 1 : 0);
         }
         wg_commit();
+        if (score_side) named_arrive<kMmaThreads>(kBarScoresIssued);
         wg_wait<0>();
         fence_regs(acc);
       }
