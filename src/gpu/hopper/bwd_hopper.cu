@@ -309,7 +309,7 @@ __device__ __forceinline__ void p_and_ds(float (&s_acc)[4 * kQTiles], float (&dp
 // where dropout drops the element (hand[t][tw]: elements 4t .. 4t + 3 of warpgroup thread tw; a
 // warp's float4 stores and loads cover 512 contiguous bytes). The gradient side forms
 // dS^T = |h| (dP^T Z / (1 - p) - D) in place from it: the fp32 P of p_and_ds, so the same dS.
-template <int kQTiles, bool kDropout>
+template <int kQTiles, bool kDropout, int kT0 = 0, int kT1 = kQTiles>
 __device__ __forceinline__ void bwd_probs_handoff(float (&acc)[4 * kQTiles], const KernelScoreRules& S,
                                                   bool transformed, bool need_mask, float slope_log2, int q0,
                                                   int key0, int col_base, const float* tL,
@@ -330,7 +330,7 @@ __device__ __forceinline__ void bwd_probs_handoff(float (&acc)[4 * kQTiles], con
   };
   auto plain = [&](auto masked) {
 #pragma unroll
-    for (int t = 0; t < kQTiles; ++t) {
+    for (int t = kT0; t < kT1; ++t) {
       const float2 l2 = *reinterpret_cast<const float2*>(tL + 8 * t + col_base);
       float h[4];
 #pragma unroll
@@ -354,7 +354,7 @@ __device__ __forceinline__ void bwd_probs_handoff(float (&acc)[4 * kQTiles], con
     return;
   }
 #pragma unroll
-  for (int t = 0; t < kQTiles; ++t) {
+  for (int t = kT0; t < kT1; ++t) {
     const float2 l2 = *reinterpret_cast<const float2*>(tL + 8 * t + col_base);
     float h[4];
 #pragma unroll
@@ -370,12 +370,12 @@ __device__ __forceinline__ void bwd_probs_handoff(float (&acc)[4 * kQTiles], con
     hand[t * 128 + tw] = make_float4(h[0], h[1], h[2], h[3]);
   }
 }
-template <int kQTiles, bool kDropout>
+template <int kQTiles, bool kDropout, int kT0 = 0, int kT1 = kQTiles>
 __device__ __forceinline__ void bwd_dscores_from_handoff(float (&acc)[4 * kQTiles], float keep_scale,
                                                          int col_base, const float* tD, const float4* hand,
                                                          int tw) {
 #pragma unroll
-  for (int t = 0; t < kQTiles; ++t) {
+  for (int t = kT0; t < kT1; ++t) {
     const float2 d2 = *reinterpret_cast<const float2*>(tD + 8 * t + col_base);
     const float4 h4 = hand[t * 128 + tw];
     const float h[4] = {h4.x, h4.y, h4.z, h4.w};
@@ -819,7 +819,7 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
   // Scores issued: the score side arrives once its S^T products are issued, the gradient side
   // syncs before issuing dP^T, so each tensor core runs S^T first and P^T is made while dP^T runs
   // (the score side's next arrival follows the stage-read sync: never a generation ahead).
-  constexpr int kBarHandoff = 1, kBarDsReady = 2, kBarStageRead = 3, kBarDqFull = 4, kBarScoresIssued = 6;
+  constexpr int kBarHandoff = 7, kBarDsReady = 2, kBarStageRead = 3, kBarDqFull = 4, kBarScoresIssued = 6;
   constexpr int kMmaThreads = 256, kDqSyncThreads = kMmaThreads + 32;
 
   extern __shared__ uint8_t smem_raw[];
@@ -1008,47 +1008,54 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
 
       // ---- P^T (score side) -> the handoff; dS^T (gradient side) from it -> shared memory ------
       // (acc[4t + 2hf + e2] is key n0 + key_loc0 + 8hf, query i0 + 8t + col_base + e2)
-      if (score_side) {
-        bwd_probs_handoff<kQTiles, kDropout>(acc, S, transformed, S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1),
-                                             R.alibi ? -R.alibi_slope(b, h) * kLog2e : 0.0f, i0, n0 + key_loc0,
-                                             col_base, sL + st * BM, keep, sH, tw);
-        named_arrive<kMmaThreads>(kBarHandoff);
-      } else {
-        named_sync<kMmaThreads>(kBarHandoff);
-        bwd_dscores_from_handoff<kQTiles, kDropout>(acc, kDropout ? R.dropout_scale : 1.0f, col_base,
-                                                    sDs + st * BM, sH, tw);
-      }
+      // In two query halves, each handed over (and its dV / dK products issued) as soon as it is
+      // made: the gradient side's first half and the first dV products run under the score
+      // side's second half.
+      const bool need_mask = S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1);
+      const float slope_log2 = R.alibi ? -R.alibi_slope(b, h) * kLog2e : 0.0f;
       uint32_t frag[kQSteps][4];  // P^T / dS^T as the RS products' A operand
+      auto half = [&](auto hv) {
+        constexpr int kHalf = decltype(hv)::value;
+        constexpr int kT0 = kHalf * kQTiles / 2, kT1 = kT0 + kQTiles / 2;
+        if (score_side) {
+          bwd_probs_handoff<kQTiles, kDropout, kT0, kT1>(acc, S, transformed, need_mask, slope_log2, i0,
+                                                         n0 + key_loc0, col_base, sL + st * BM, keep, sH, tw);
+          named_arrive<kMmaThreads>(kBarHandoff + kHalf);
+        } else {
+          named_sync<kMmaThreads>(kBarHandoff + kHalf);
+          bwd_dscores_from_handoff<kQTiles, kDropout, kT0, kT1>(acc, kDropout ? R.dropout_scale : 1.0f, col_base,
+                                                                sDs + st * BM, sH, tw);
+        }
 #pragma unroll
-      for (int ks = 0; ks < kQSteps; ++ks)
+        for (int ks = kT0 / 2; ks < kT1 / 2; ++ks)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) frag[ks][r] = Elem::pack(acc[8 * ks + 2 * r], acc[8 * ks + 2 * r + 1]);
-      if (!score_side) {
-        // dS^T to shared memory for dQ: (key, queries 8t + col_base, +1) -> one 32-bit store; pair
-        // (t, hf) is frag[t / 2][(t & 1) * 2 + hf]. The previous step's dQ products read it before
-        // its stage-read barrier.
+          for (int r = 0; r < 4; ++r) frag[ks][r] = Elem::pack(acc[8 * ks + 2 * r], acc[8 * ks + 2 * r + 1]);
+        if (!score_side) {
+          // dS^T to shared memory for dQ: (key, queries 8t + col_base, +1) -> one 32-bit store;
+          // pair (t, hf) is frag[t / 2][(t & 1) * 2 + hf]. The previous step's dQ products read it
+          // before its stage-read barrier.
 #pragma unroll
-        for (int t = 0; t < kQTiles; ++t)
+          for (int t = kT0; t < kT1; ++t)
 #pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int off = panel_offset(BN, key_loc0 + 8 * hf, t) + col_base;
-            *reinterpret_cast<uint32_t*>(sdS + off) = frag[t >> 1][(t & 1) * 2 + hf];
-          }
-        fence_proxy_async();  // dS^T stores (generic proxy) -> wgmma reads (async proxy)
-      }
-
-      // ---- dV += P^T dO (score side) or dK += dS^T Q (gradient side), every column panel -------
-      {
+            for (int hf = 0; hf < 2; ++hf) {
+              const int off = panel_offset(BN, key_loc0 + 8 * hf, t) + col_base;
+              *reinterpret_cast<uint32_t*>(sdS + off) = frag[t >> 1][(t & 1) * 2 + hf];
+            }
+          if constexpr (kHalf == 1) fence_proxy_async();  // dS^T stores (generic) -> wgmma reads (async)
+        }
+        // dV += P^T dO (score side) or dK += dS^T Q (gradient side) over this half's queries.
         uint64_t b_desc = make_desc(score_side ? sdOs_u32 : sQs_u32, BM * 128, 1024);
         asm volatile("" : "+l"(b_desc));
         wg_fence();
 #pragma unroll
-        for (int ks = 0; ks < kQSteps; ++ks)
+        for (int ks = kT0 / 2; ks < kT1 / 2; ++ks)
 #pragma unroll
           for (int p = 0; p < kPanels; ++p)
             wgmma_rs_m64n64k16<kBf16, 1>(kv_acc[p], frag[ks], b_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
         wg_commit();
-      }
+      };
+      half(std::integral_constant<int, 0>{});
+      half(std::integral_constant<int, 1>{});
       named_sync<kMmaThreads>(kBarDsReady);  // dS^T in shared memory
 
       // ---- dQ = dS K, columns [128 mwg, +128) ---------------------------------------------------
