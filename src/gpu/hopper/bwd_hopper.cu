@@ -810,10 +810,12 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
   constexpr int kQSteps = BM / 16;     // k16 steps of dV / dK
   constexpr int kOwnPanels = 2;        // 64-column panels of dQ per MMA warpgroup
   constexpr int kStageElems = 2 * BM * D;  // a ring stage: Q, then dO; at the step's end its fp32 dQ
-  // Named barriers (0 is __syncthreads). Handoff: the score side arrives once its P^T is in shared
-  // memory, the gradient side syncs (its next arrival follows the dS^T sync, so never a generation
-  // ahead). dS^T ready: both sync once the gradient side stored dS^T. Stage read: both warpgroups'
-  // products of the step are done (Q, dO, dS^T, the handoff may be overwritten). dQ staged, one per
+  // Named barriers (0 is __syncthreads). Handoff, one per query half: the score side arrives once
+  // the half's P^T is in shared memory, the gradient side syncs (the next arrival follows the
+  // stage-read sync, so never a generation ahead). dS^T ready: both sync once the gradient side
+  // stored dS^T. Stage read: both warpgroups' dV / dK products of the step are done, so Q and dO
+  // may be overwritten, and the gradient side has read the handoff; dQ's products may still read
+  // dS^T, whose next store waits for the score side's next handoff, after its dQ. dQ staged, one per
   // ring stage: the MMA side arrives, the writer syncs; an id's next use is two steps later, after
   // the writer released the stage (the `full` wait), so no side arrives a generation ahead.
   // Scores issued: the score side arrives once its S^T products are issued, the gradient side
@@ -937,12 +939,12 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
     // column order). A quad's row is 1 KB apart from the next quad's, so store t of quad r writes
     // 8-column chunk (t + r) & 7 (chunks rotated in registers by two select stages): the 8 quads of
     // a warp cover 4 bank groups twice.
-    auto stage_dq = [&](int st) {
+    auto stage_dq = [&](int st, auto panel) {
       float* tile = reinterpret_cast<float*>(sQ + st * kStageElems);
       const int row0 = wwarp * 16 + (lane >> 2);
       const int rot = (lane >> 2) & 3;
-#pragma unroll
-      for (int p = 0; p < kOwnPanels; ++p) {
+      {
+        constexpr int p = decltype(panel)::value;
         float y[32], z[32];
 #pragma unroll
         for (int t = 0; t < 8; ++t)
@@ -1065,25 +1067,30 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
         uint64_t kt_desc = make_desc(sK_u32 + mwg * kOwnPanels * (BN * 128), BN * 128, 1024);
         asm volatile("" : "+l"(kt_desc));
         wg_fence();
+        // One group per 64-column panel: panel 0 is staged while panel 1's products run.
 #pragma unroll
-        for (int ks = 0; ks < BN / 16; ++ks)
+        for (int p = 0; p < kOwnPanels; ++p) {
 #pragma unroll
-          for (int p = 0; p < kOwnPanels; ++p)
+          for (int ks = 0; ks < BN / 16; ++ks)
             wgmma_ss_m64n64k16<kBf16, 1, 1>(dq_acc[p], s_desc + ((ks * 2048) >> 4),
                                             kt_desc + ((p * (BN * 128) + ks * 2048) >> 4), ks > 0 ? 1 : 0);
-        wg_commit();
+          wg_commit();
+        }
       }
       if constexpr (kDropout) {
         if (score_side && s + 1 < steps) step_keep(s + 1);
       }
-      wg_wait<0>();
+      wg_wait<1>();  // dV / dK and dQ's panel 0 done (the sdS^T reads of panel 1 go on: the next
+                     // dS^T store waits for the score side's handoff, after its wait below)
       fence_regs_u32(frag);
 #pragma unroll
       for (int p = 0; p < kPanels; ++p) fence_regs(kv_acc[p]);
-#pragma unroll
-      for (int p = 0; p < kOwnPanels; ++p) fence_regs(dq_acc[p]);
-      named_sync<kMmaThreads>(kBarStageRead);  // both warpgroups' products are done with the stage
-      stage_dq(st);
+      fence_regs(dq_acc[0]);
+      named_sync<kMmaThreads>(kBarStageRead);  // both warpgroups' dV / dK products are done with the stage
+      stage_dq(st, std::integral_constant<int, 0>{});
+      wg_wait<0>();
+      fence_regs(dq_acc[1]);
+      stage_dq(st, std::integral_constant<int, 1>{});
       fence_proxy_async();  // staging stores (generic proxy) -> the bulk reduce's reads (async proxy)
       named_arrive<kDqSyncThreads>(kBarDqFull + st);
     }
