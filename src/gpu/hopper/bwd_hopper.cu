@@ -794,10 +794,15 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
 // S^T and dP^T of all 64 queries are N = 64 products (as 32-query halves per warpgroup they were
 // N = 32: 3 KB of shared memory per 16 tensor-core cycles, 1.5x what the SM's shared memory
 // delivers), and dV / dK take A from registers. dK / dV of one warpgroup cover all 256 columns
-// (128 registers, the two halves' 64 + 64 before). The gradient side's dS^T phase runs under the
-// score side's dV. The step's dQ (fp32 64 x 256) is staged in the step's own ring stage (its Q and
-// dO, 64 KB, once both warpgroups' products have read them); the writer releases the stage to the
-// loaders once the copy engine has read the tile.
+// (128 registers, the two halves' 64 + 64 before). Order on the tensor cores: the gradient side
+// issues dP^T once the score side has issued S^T, so P^T is made while dP^T runs; P^T / dS^T go
+// over in two query halves, each half's dV / dK products issued as soon as it is made, so the
+// gradient side's dS^T runs under the score side's P^T and dV; dQ's two column panels are two
+// groups, panel 0 staged while panel 1 runs (+4-8% together over the query-half split; dropout
+// +5-8% before the panel split: bench/results/gpu_backward.md, session 21). The step's dQ (fp32
+// 64 x 256) is staged in the step's own ring stage (its Q and dO, 64 KB, once both warpgroups'
+// dV / dK products have read them); the writer releases the stage to the loaders once the copy
+// engine has read the tile.
 template <typename Elem, bool kDropout>
 __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d256_kernel(const __grid_constant__ BwdArgs a) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
