@@ -341,37 +341,9 @@ def main_bwd(lib_a, lib_b, dims, dropout_p):
         torch.cuda.empty_cache()
 
 
-def main():
-    lib_a, lib_b = bf.load_lib(sys.argv[1]), bf.load_lib(sys.argv[2])
-    if len(sys.argv) > 3 and sys.argv[3] == "decode":
-        return main_decode(lib_a, lib_b)
-    if len(sys.argv) > 3 and sys.argv[3].split(":")[0] in ("cache", "cache-chunk"):
-        dims = sys.argv[3].split(":")[1] if ":" in sys.argv[3] else "128"
-        for d in dims.split(","):
-            if sys.argv[3].startswith("cache-chunk"):  # short chunks: B16 x 128 rows, a short call
-                main_cache(lib_a, lib_b, int(d), B=16, Sq=128)
-            else:
-                main_cache(lib_a, lib_b, int(d))
-        return
-    if len(sys.argv) > 3 and sys.argv[3].split(":")[0] == "append":
-        dims = sys.argv[3].split(":")[1] if ":" in sys.argv[3] else "128"
-        for d in dims.split(","):
-            main_append(lib_a, lib_b, int(d))
-        return
-    if len(sys.argv) > 3 and sys.argv[3].split(":")[0] in ("bwd", "bwd-dropout"):
-        mode, dims = sys.argv[3].split(":")
-        dropout_p = 0.1 if mode == "bwd-dropout" else 0.0
-        for lib in (lib_a, lib_b):
-            lib.fpb_set_dropout(ctypes.c_float(dropout_p))
-        return main_bwd(lib_a, lib_b, [int(x) for x in dims.split(",")], dropout_p)
-    points = sys.argv[3] if len(sys.argv) > 3 else "64,128,256"
-    dropout_p = 0.0
-    if points.startswith("dropout:"):
-        dropout_p, points = 0.1, points[len("dropout:"):]
-        for lib in (lib_a, lib_b):
-            lib.fpb_set_dropout(ctypes.c_float(dropout_p))
+def main_grid(lib_a, lib_b, dims, dropout_p):
+    """The forward grid (grid_points) of two builds interleaved with cuDNN (or SDPA flash with dropout)."""
     peer = "SDPA flash (dropout)" if dropout_p else "cuDNN"
-    dims = [int(x) for x in points.split(",")]
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; dropout p = {dropout_p}")
     print(f"| D | S | causal | A TF | B TF | {peer} TF | B/A (>1: B faster) | A/peer | B/peer | kernel A |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -390,6 +362,42 @@ def main():
         print(f"| {d} | {s} | {'y' if causal else 'n'} | {tf['A']:.0f} | {tf['B']:.0f} | {tf['C']:.0f} | "
               f"{tf['B'] / tf['A']:.3f} | {tf['A'] / tf['C']:.2f} | {tf['B'] / tf['C']:.2f} | {fa.kernel} |",
               flush=True)
+
+
+# Head dims of a mode given without ":DIMS" (a bare list of dims is the forward grid).
+DEFAULT_DIMS = {"grid": "64,128,256", "dropout": "64,128,256", "bwd": "64,128,256", "bwd-dropout": "64,128,256",
+                "cache": "128", "cache-chunk": "128", "append": "128", "decode": "128"}
+
+
+def main():
+    lib_a, lib_b = bf.load_lib(sys.argv[1]), bf.load_lib(sys.argv[2])
+    arg = sys.argv[3] if len(sys.argv) > 3 else "grid"
+    mode, _, dims_arg = arg.partition(":")
+    if mode[:1].isdigit():
+        mode, dims_arg = "grid", arg
+    if mode not in DEFAULT_DIMS:
+        raise SystemExit(f"bench_ab_fwd.py: unknown mode {mode!r} (one of {', '.join(DEFAULT_DIMS)}, or head dims)")
+    dims = [int(x) for x in (dims_arg or DEFAULT_DIMS[mode]).split(",")]
+    if mode == "decode":
+        return main_decode(lib_a, lib_b)
+    if mode in ("cache", "cache-chunk"):
+        for d in dims:
+            if mode == "cache-chunk":  # short chunks: B16 x 128 rows, a short call
+                main_cache(lib_a, lib_b, d, B=16, Sq=128)
+            else:
+                main_cache(lib_a, lib_b, d)
+        return
+    if mode == "append":
+        for d in dims:
+            main_append(lib_a, lib_b, d)
+        return
+    dropout_p = 0.1 if mode in ("dropout", "bwd-dropout") else 0.0
+    if dropout_p or mode == "bwd":
+        for lib in (lib_a, lib_b):
+            lib.fpb_set_dropout(ctypes.c_float(dropout_p))
+    if mode in ("bwd", "bwd-dropout"):
+        return main_bwd(lib_a, lib_b, dims, dropout_p)
+    return main_grid(lib_a, lib_b, dims, dropout_p)
 
 
 if __name__ == "__main__":
