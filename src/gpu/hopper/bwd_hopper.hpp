@@ -99,6 +99,10 @@ struct HopperBwdTileD256 {
            2 * kStages * kBlockM * 4 + 8 * (2 * kStages + 1) + 1024;
   }
 };
+// sm_90's opt-in maximum per block is 227 KB (the capability check also asks the device).
+static_assert(HopperBwdTile::smem_bytes(64) <= 227 * 1024 && HopperBwdTile::smem_bytes(128) <= 227 * 1024 &&
+                  HopperBwdTileD256::smem_bytes() <= 227 * 1024,
+              "a Hopper backward tile outgrows the block's shared memory");
 // The backward's instance of a call: the smallest of 64, 128, 256 holding both head dims. The
 // forward's 192 bucket (hopper_head_bucket) has no backward instance: dims in (128, 256] run padded
 // in the 256 one.
