@@ -826,7 +826,8 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
   // Scores issued: the score side arrives once its S^T products are issued, the gradient side
   // syncs before issuing dP^T, so each tensor core runs S^T first and P^T is made while dP^T runs
   // (the score side's next arrival follows the stage-read sync: never a generation ahead).
-  constexpr int kBarHandoff = 7, kBarDsReady = 2, kBarStageRead = 3, kBarDqFull = 4, kBarScoresIssued = 6;
+  // Ids: dQ staged takes 4 and 5 (one per ring stage), the handoff 7 and 8 (one per query half).
+  constexpr int kBarDsReady = 2, kBarStageRead = 3, kBarDqFull = 4, kBarScoresIssued = 6, kBarHandoff = 7;
   constexpr int kMmaThreads = 256, kDqSyncThreads = kMmaThreads + 32;
 
   extern __shared__ uint8_t smem_raw[];
