@@ -197,15 +197,6 @@ __device__ __forceinline__ void store_dk_dv(const BwdArgs& a, int b, int kvh, in
   store_kv_grad<false, kPanels, Elem>(a, b, kvh, lk, key0, panel0, col_base, dv_acc);
 }
 
-// P^T and dS^T of one step, in place (s_acc becomes P^T, dp_acc dS^T), as the two product groups
-// land (S^T first, then dP^T). Element (key j, query i) is acc[4t + 2hf + e2] with j = key0 + 8hf,
-// i = q0 + 8t + col_base + e2; tL, tD: LSE2 and D of query q0. The waits are unconditional (ptxas
-// keeps the products asynchronous only when it sees a fixed group structure). The common case (no
-// softcap, no ALiBi) has its own straight-line loops, unswitched on the mask, so it runs without
-// per-element branches; P is computed while dP^T is still running. Softcap / ALiBi take the
-// general loop after dP^T lands (softcap's derivative needs tanh of the score).
-// kDropout: the call's dropout replayed with this thread's keep bits (bwd_keep_bits):
-// dS^T = P^T (dP^T Z / (1 - p) - D), and s_acc becomes P^T Z / (1 - p) (for dV), Z the keep mask.
 // P of one element of P^T (key j, query i) from its raw score v, in the general form (softcap,
 // ALiBi, mask; lse2 in log2 units), and the softcap derivative 1 - th^2 (1 without softcap). The
 // common case (no softcap, no ALiBi) is exp2(v scale - lse2) and the mask, in straight-line loops.
@@ -220,6 +211,15 @@ __device__ __forceinline__ float bwd_prob(const KernelScoreRules& S, float v, in
   return p;
 }
 
+// P^T and dS^T of one step, in place (s_acc becomes P^T, dp_acc dS^T), as the two product groups
+// land (S^T first, then dP^T). Element (key j, query i) is acc[4t + 2hf + e2] with j = key0 + 8hf,
+// i = q0 + 8t + col_base + e2; tL, tD: LSE2 and D of query q0. The waits are unconditional (ptxas
+// keeps the products asynchronous only when it sees a fixed group structure). The common case (no
+// softcap, no ALiBi) has its own straight-line loops, unswitched on the mask, so it runs without
+// per-element branches; P is computed while dP^T is still running. Softcap / ALiBi take the
+// general loop after dP^T lands (softcap's derivative needs tanh of the score).
+// kDropout: the call's dropout replayed with this thread's keep bits (bwd_keep_bits):
+// dS^T = P^T (dP^T Z / (1 - p) - D), and s_acc becomes P^T Z / (1 - p) (for dV), Z the keep mask.
 template <int kQTiles, bool kDropout>
 __device__ __forceinline__ void p_and_ds(float (&s_acc)[4 * kQTiles], float (&dp_acc)[4 * kQTiles],
                                          const KernelScoreRules& S, bool transformed, bool need_mask,
@@ -949,24 +949,22 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
       float* tile = reinterpret_cast<float*>(sQ + st * kStageElems);
       const int row0 = wwarp * 16 + (lane >> 2);
       const int rot = (lane >> 2) & 3;
-      {
-        constexpr int p = decltype(panel)::value;
-        float y[32], z[32];
+      constexpr int p = decltype(panel)::value;
+      float y[32], z[32];
 #pragma unroll
-        for (int t = 0; t < 8; ++t)
+      for (int t = 0; t < 8; ++t)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) y[4 * t + e] = (rot & 1) ? dq_acc[p][4 * ((t + 1) & 7) + e] : dq_acc[p][4 * t + e];
+        for (int e = 0; e < 4; ++e) y[4 * t + e] = (rot & 1) ? dq_acc[p][4 * ((t + 1) & 7) + e] : dq_acc[p][4 * t + e];
 #pragma unroll
-        for (int t = 0; t < 8; ++t)
+      for (int t = 0; t < 8; ++t)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) z[4 * t + e] = (rot & 2) ? y[4 * ((t + 2) & 7) + e] : y[4 * t + e];
+        for (int e = 0; e < 4; ++e) z[4 * t + e] = (rot & 2) ? y[4 * ((t + 2) & 7) + e] : y[4 * t + e];
 #pragma unroll
-        for (int t = 0; t < 8; ++t) {
-          const int col = (mwg * kOwnPanels + p) * 64 + ((t + rot) & 7) * 8 + col_base;
+      for (int t = 0; t < 8; ++t) {
+        const int col = (mwg * kOwnPanels + p) * 64 + ((t + rot) & 7) * 8 + col_base;
 #pragma unroll
-          for (int hf = 0; hf < 2; ++hf)
-            *reinterpret_cast<float2*>(tile + (row0 + 8 * hf) * D + col) = make_float2(z[4 * t + 2 * hf], z[4 * t + 2 * hf + 1]);
-        }
+        for (int hf = 0; hf < 2; ++hf)
+          *reinterpret_cast<float2*>(tile + (row0 + 8 * hf) * D + col) = make_float2(z[4 * t + 2 * hf], z[4 * t + 2 * hf + 1]);
       }
     };
 
