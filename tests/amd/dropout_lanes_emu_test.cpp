@@ -157,34 +157,48 @@ TEST(DropoutLanes, DeviceResidentRngWords) {
   EXPECT_EQ(backward_mismatches<8>(R, rng, 192, 384), 0);
 }
 
-// Applying the bits: a 128-key tile (16 accumulator tiles, one keep word per row) zeroes exactly
-// the dropped P.
-TEST(DropoutLanes, ForwardApplyZeroesDroppedElements) {
-  constexpr int kNTiles = 16;
-  const Rng rng = kRngs[0];
-  const ScoreRules R = rules(0.3f, rng);
-  const int row0 = 40, n0 = 320;
-  std::vector<float> s(4 * kNTiles * kLanes);
+// Applying the bits to packed P (the Hopper forward's drop_packed): for each tile width the
+// kernels instantiate, exactly the dropped elements' 16-bit halves become 0, the others keep their
+// bits.
+template <int kNTiles>
+void expect_drop_packed_is_the_rule(const ScoreRules& R, Rng rng, int row0, int n0, const std::string& what) {
+  std::vector<uint32_t> out(size_t(kLanes) * (kNTiles / 2) * 4);
   simt::run_block(kLanes, 32, {}, {1, 1, 1}, 0, [&] {
     const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
-    float v[4 * kNTiles];
-    for (int e = 0; e < 4 * kNTiles; ++e) v[e] = 1.0f + float(e);
-    flashport::gpu::fwd_apply_dropout<kNTiles>(v, R, kB, kHq, kH, row0 + 16 * warp + lane / 4, n0);
-    for (int e = 0; e < 4 * kNTiles; ++e) s[size_t(tid) * 4 * kNTiles + e] = v[e];
+    uint32_t keep[2];
+    flashport::gpu::fwd_keep_bits<kNTiles>(keep, R, kB, kHq, kH, row0 + 16 * warp + lane / 4 + 8 * (lane & 1), n0);
+    uint32_t pa[kNTiles / 2][4];
+    for (int ks = 0; ks < kNTiles / 2; ++ks)
+      for (int r = 0; r < 4; ++r) pa[ks][r] = 0x8001u * uint32_t(1 + 8 * ks + 2 * r) | 0x00010000u * uint32_t(3 + 8 * ks + 2 * r);
+    flashport::gpu::fwd_drop_packed<kNTiles>(keep, pa);
+    for (int ks = 0; ks < kNTiles / 2; ++ks)
+      for (int r = 0; r < 4; ++r) out[(size_t(tid) * (kNTiles / 2) + ks) * 4 + r] = pa[ks][r];
   });
   int64_t bad = 0, dropped = 0;
   for (int tid = 0; tid < kLanes; ++tid)
-    for (int t = 0; t < kNTiles; ++t)
-      for (int hf = 0; hf < 2; ++hf)
+    for (int ks = 0; ks < kNTiles / 2; ++ks)
+      for (int r = 0; r < 4; ++r) {
+        const uint32_t orig = 0x8001u * uint32_t(1 + 8 * ks + 2 * r) | 0x00010000u * uint32_t(3 + 8 * ks + 2 * r);
+        const uint32_t got = out[(size_t(tid) * (kNTiles / 2) + ks) * 4 + r];
+        const int t = 2 * ks + (r >> 1), hf = r & 1;
         for (int e2 = 0; e2 < 2; ++e2) {
-          const int e = 4 * t + 2 * hf + e2;
           const int i = row0 + 16 * (tid / 32) + (tid % 32) / 4 + 8 * hf, j = n0 + 8 * t + 2 * (tid % 4) + e2;
           const bool kept = dropout_keep(rng.seed, rng.offset, R.dropout_threshold, kB, kHq, kH, i, j);
           dropped += !kept;
-          bad += s[size_t(tid) * 4 * kNTiles + e] != (kept ? 1.0f + float(e) : 0.0f);
+          const uint32_t half = (got >> (16 * e2)) & 0xFFFFu, want = kept ? (orig >> (16 * e2)) & 0xFFFFu : 0u;
+          bad += half != want;
         }
-  EXPECT_EQ(bad, 0);
-  EXPECT_GT(dropped, 0);
+      }
+  EXPECT_EQ(bad, 0) << what;
+  EXPECT_GT(dropped, 0) << what;
+}
+
+TEST(DropoutLanes, ForwardDropPackedZeroesDroppedHalves) {
+  for_each_rule([](const ScoreRules& R, const Rng& rng, const std::string& what) {
+    expect_drop_packed_is_the_rule<16>(R, rng, 40, 320, what);
+    expect_drop_packed_is_the_rule<12>(R, rng, 64, 96 * 7, what);
+    expect_drop_packed_is_the_rule<8>(R, rng, 333, 64 * 5, what);
+  });
 }
 
 }  // namespace

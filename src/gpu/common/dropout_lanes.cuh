@@ -10,7 +10,9 @@
 //   Forward (rows = queries, columns = keys): a call's 16 keys are two tiles of one row, held by
 //     the 4 lanes of a quad (2 + 2 keys each). A quad holds 2 rows x kNTiles / 2 calls: lane q
 //     makes those of row q % 2 and every other call of that row, then hands each quad partner
-//     its 4 bits of each of them (3 shuffles), in the bytes' top-bit order (fwd_keep_bit).
+//     its 4 bits of each of them (3 shuffles), in the bytes' top-bit order (fwd_keep_bit). The
+//     mma.sync and fp32 forwards zero dropped fp32 P (fwd_zero_dropped), the Hopper forward its
+//     packed 16-bit P, a pair at a time (fwd_drop_packed).
 //   Backward (P^T: rows = keys, columns = queries): a call's 16 keys are the 16 rows of the
 //     warp's slab, one query column: the 8 lanes l % 4 = c hold them for the columns 2c, 2c + 1
 //     of every tile. Lane (r = l/4, c) makes the calls of its column pair whose index 2t + e2 is
@@ -105,15 +107,32 @@ __device__ __forceinline__ void fwd_zero_dropped(const uint32_t (&keep)[2], Elem
         if (!((keep[hf] >> fwd_keep_bit(t, e2)) & 1u)) elem(t, 2 * hf + e2) = 0.0f;
 }
 
-// Forward: P elements of dropped positions to 0 (s: one tile of P; keep: fwd_keep_bits of its
-// keys; dropout's key tiles hold at most 128 keys: one keep word per row). i_row0: the query of
-// row hf = 0; both rows are of head h (the Hopper forward).
+// Forward, on packed P (the Hopper forward): the mask of accumulator tile t's 16-bit pair of row
+// hf (elements e2 = 0, 1 in the low, high half): 0xFFFF where the element is kept. fwd_keep_bit's
+// two bits of the pair, shifted to the top bits of bytes 2((t >> 1) & 1) + e2, whose signs one
+// PRMT replicates over their halves. Dropped halves become +0, the bits of a zeroed element.
+__host__ __device__ __forceinline__ uint32_t fwd_pair_keep_mask(uint32_t keep, int t) {
+  const uint32_t k = keep << ((t & 1) + 2 * (t >> 2));
+  const uint32_t b0 = 2u * uint32_t((t >> 1) & 1);
+#if defined(__CUDA_ARCH__)
+  const uint32_t sel = (b0 | 8u) | ((b0 | 8u) << 4) | (((b0 + 1u) | 8u) << 8) | (((b0 + 1u) | 8u) << 12);
+  uint32_t m;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(m) : "r"(k), "r"(sel));
+  return m;
+#else
+  return (((k >> (8 * b0 + 7)) & 1u) ? 0x0000FFFFu : 0u) | (((k >> (8 * b0 + 15)) & 1u) ? 0xFFFF0000u : 0u);
+#endif
+}
+
+// Forward: the dropped elements of P, packed to 16 bits (pa[ks][r]: tile 2ks + r / 2, row r % 2,
+// as HopperRows::pack_p), to 0 given fwd_keep_bits of their keys: a shift, a PRMT and an AND a
+// pair instead of a bit test and a select an element.
 template <int kNTiles>
-__device__ __forceinline__ void fwd_apply_dropout(float (&s)[4 * kNTiles], const ScoreRules& R, int b, int hq,
-                                                  int h, int i_row0, int n0) {
-  uint32_t keep[2];
-  fwd_keep_bits<kNTiles>(keep, R, b, hq, h, i_row0 + 8 * int(threadIdx.x & 1), n0);
-  fwd_zero_dropped<kNTiles>(keep, [&](int t, int e) -> float& { return s[4 * t + e]; });
+__device__ __forceinline__ void fwd_drop_packed(const uint32_t (&keep)[2], uint32_t (&pa)[kNTiles / 2][4]) {
+#pragma unroll
+  for (int ks = 0; ks < kNTiles / 2; ++ks)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) pa[ks][r] &= fwd_pair_keep_mask(keep[r & 1], 2 * ks + (r >> 1));
 }
 
 // Backward keep-bit layout: element [e] = [4t + 2hf + e2] of a thread (query q0 + 8t + 2(lane % 4)

@@ -79,6 +79,7 @@ struct HopperRows {
   bool transformed;        // softcap / ALiBi / non-positive scale: scores scaled in the hooks
   float mul, slope;
   float row_max[2], row_sum[2];
+  uint32_t keep_[2];  // dropout: the keep bits of the last softmax's tile (fwd_keep_bit layout)
 
   __device__ __forceinline__ HopperRows(const FwdArgs& args, int b_, int head_, int mb, int block_rows, int row_loc)
       : a(args), b(b_), head(head_), row_loc0(row_loc) {
@@ -187,10 +188,14 @@ struct HopperRows {
       row_sum[hf] = row_sum[hf] * corr[hf] + sum;
     }
     // Dropout after the sums (the LSE is the undropped softmax's; the epilogue scales O by
-    // 1 / (keep rate)). The kernel runs its consumer loop in two copies, chosen once per call, so
-    // calls without dropout run the loop they ran before.
-    if constexpr (kDropout) fwd_apply_dropout<kNTiles>(s, a.rules, b, a.hq, head, m0 + row_loc0, n0);
+    // 1 / (keep rate)): the tile's keep bits here, applied to P once packed (drop_packed). The
+    // kernel runs its consumer loop in two copies, chosen once per call, so calls without dropout
+    // run the loop they ran before.
+    if constexpr (kDropout)
+      fwd_keep_bits<kNTiles>(keep_, a.rules, b, a.hq, head, m0 + row_loc0 + 8 * int(threadIdx.x & 1), n0);
   }
+  // Dropout: the last softmax's dropped elements of packed P to 0.
+  __device__ __forceinline__ void drop_packed(uint32_t (&pa)[BN / 16][4]) const { fwd_drop_packed<kNTiles>(keep_, pa); }
 
   // P (fp32 accumulators) to 16-bit A fragments: k-step ks takes accumulator tiles 2ks, 2ks + 1.
   template <typename Elem>
@@ -225,7 +230,7 @@ struct HopperRows {
   // Finish the row sums, add the sink (split 0 only), normalise, store O (and the LSE, natural
   // log); with split-KV (a.splits > 1) the normalised fp32 partial and its LSE go to the workspace
   // (ws_o [split][row][dv], ws_lse [split][row], row = (b Hq + head) Sq + i) for the combine.
-  // kDropout: O also scaled by 1 / (keep rate) (the softmax zeroed the dropped P). O goes through this
+  // kDropout: O also scaled by 1 / (keep rate) (drop_packed zeroed the dropped P). O goes through this
   // warpgroup's staging tile (store_staged) where 16-byte stores are allowed, else straight from
   // the registers (store_direct). Every thread of the warpgroup calls it (named barriers).
   template <typename Elem, int kPanels, bool kDropout = false>

@@ -494,6 +494,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
         }
         rows.template softmax<kDropout>(s, n_hi - 1, corr);  // O is zero: no rescale
         Rows::template pack_p<Elem>(s, pa);
+        if constexpr (kDropout) rows.drop_packed(pa);
         // Steps with a next tile: one fixed wgmma group structure (ptxas keeps the products
         // asynchronous only then); the last step is peeled.
         for (int t = 0; t + 1 < count; ++t, ++it) {
@@ -515,6 +516,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
           release(empty_v(slot));
           Rows::rescale_o(o_acc, corr);
           Rows::template pack_p<Elem>(s, pa);
+          if constexpr (kDropout) rows.drop_packed(pa);
         }
         release(empty_q);  // every S of this work tile is done: the producer may load the next Q
         const int slot = int(it & (S - 1));
