@@ -430,6 +430,31 @@ __device__ __forceinline__ void load_q_do_stage(const BwdArgs& a, int b, int64_t
   }
 }
 
+// One warpgroup's 64 x 64 fp32 panel of the step's dQ (accumulator layout) into its staging tile,
+// row-major with D floats a row (the workspace's layout, so the writer adds the whole tile with one
+// bulk reduce): this thread's rows row0, row0 + 8, columns col0 + 8c (col0 its column in the first
+// 8-column chunk). A warp's 8 quads sit on rows D floats apart (the same banks), so store t of quad
+// r writes chunk (t + rot) & 7, rot = r & 3 (the chunks rotated in registers by two select
+// stages): every bank twice per store, the minimum for 256 bytes. Both kernels.
+template <int D>
+__device__ __forceinline__ void stage_dq_panel(float* tile, int row0, int col0, int rot, const float (&acc)[32]) {
+  float y[32], z[32];
+#pragma unroll
+  for (int t = 0; t < 8; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) y[4 * t + e] = (rot & 1) ? acc[4 * ((t + 1) & 7) + e] : acc[4 * t + e];
+#pragma unroll
+  for (int t = 0; t < 8; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) z[4 * t + e] = (rot & 2) ? y[4 * ((t + 2) & 7) + e] : y[4 * t + e];
+#pragma unroll
+  for (int t = 0; t < 8; ++t)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+      *reinterpret_cast<float2*>(tile + (row0 + 8 * hf) * D + col0 + 8 * ((t + rot) & 7)) =
+          make_float2(z[4 * t + 2 * hf], z[4 * t + 2 * hf + 1]);
+}
+
 // The dQ writer warp's part of one step (both kernels): the step's dQ, staged in shared memory at
 // `tile` as fp32 [BM][D] row-major, added into the workspace rows of query block m of head h. The
 // step's rows (those below Lq) are contiguous there, so one bulk reduce takes the whole tile when
@@ -601,31 +626,10 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
 
     float dq_acc[32];
     const int dq_d_panel = kDqByCols ? mwg : 0;
-    // This thread's fragment of the step's dQ into staging buffer `sbuf`: fp32 [BM][D] row-major,
-    // unpadded, so the writer adds the whole tile with one bulk reduce. A warp's 8 quads sit on 8
-    // rows D floats apart (the same banks), so store t of quad r writes 8-column chunk
-    // (t + r) & 3 ahead (chunks rotated in registers by two select stages): every bank twice per
-    // store, the minimum for 256 bytes (the D256 kernel's staging does the same).
+    // This thread's fragment of the step's dQ into staging buffer `sbuf` (stage_dq_panel).
     auto stage_dq = [&](int sbuf) {
-      float* tile = sDq + sbuf * (BM * D);
       const int row0 = (kDqByCols ? 0 : mwg * 64) + wwarp * 16 + (lane >> 2);
-      const int col0 = dq_d_panel * 64 + col_base;
-      const int rot = (lane >> 2) & 3;
-      float y[32], z[32];
-#pragma unroll
-      for (int t = 0; t < 8; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) y[4 * t + e] = (rot & 1) ? dq_acc[4 * ((t + 1) & 7) + e] : dq_acc[4 * t + e];
-#pragma unroll
-      for (int t = 0; t < 8; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) z[4 * t + e] = (rot & 2) ? y[4 * ((t + 2) & 7) + e] : y[4 * t + e];
-#pragma unroll
-      for (int t = 0; t < 8; ++t)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf)
-          *reinterpret_cast<float2*>(tile + (row0 + 8 * hf) * D + col0 + 8 * ((t + rot) & 7)) =
-              make_float2(z[4 * t + 2 * hf], z[4 * t + 2 * hf + 1]);
+      stage_dq_panel<D>(sDq + sbuf * (BM * D), row0, dq_d_panel * 64 + col_base, (lane >> 2) & 3, dq_acc);
     };
     // Every thread of the warp has passed its wgmma wait: the warp's reads of the stage are done.
     auto release = [&](uint32_t bar) {
@@ -941,31 +945,11 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
     const bool transformed = S.softcapped() || S.alibi();
 
     float dq_acc[kOwnPanels][32];  // dQ: 64 queries x columns [128 mwg, +128)
-    // This thread's dQ fragment into ring stage `st` (fp32 [BM][D] row-major, the workspace's
-    // column order). A quad's row is 1 KB apart from the next quad's, so store t of quad r writes
-    // 8-column chunk (t + r) & 7 (chunks rotated in registers by two select stages): the 8 quads of
-    // a warp cover 4 bank groups twice.
+    // This thread's dQ fragment of column panel `panel` into ring stage `st` (stage_dq_panel).
     auto stage_dq = [&](int st, auto panel) {
-      float* tile = reinterpret_cast<float*>(sQ + st * kStageElems);
-      const int row0 = wwarp * 16 + (lane >> 2);
-      const int rot = (lane >> 2) & 3;
       constexpr int p = decltype(panel)::value;
-      float y[32], z[32];
-#pragma unroll
-      for (int t = 0; t < 8; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) y[4 * t + e] = (rot & 1) ? dq_acc[p][4 * ((t + 1) & 7) + e] : dq_acc[p][4 * t + e];
-#pragma unroll
-      for (int t = 0; t < 8; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) z[4 * t + e] = (rot & 2) ? y[4 * ((t + 2) & 7) + e] : y[4 * t + e];
-#pragma unroll
-      for (int t = 0; t < 8; ++t) {
-        const int col = (mwg * kOwnPanels + p) * 64 + ((t + rot) & 7) * 8 + col_base;
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf)
-          *reinterpret_cast<float2*>(tile + (row0 + 8 * hf) * D + col) = make_float2(z[4 * t + 2 * hf], z[4 * t + 2 * hf + 1]);
-      }
+      stage_dq_panel<D>(reinterpret_cast<float*>(sQ + st * kStageElems), wwarp * 16 + (lane >> 2),
+                        (mwg * kOwnPanels + p) * 64 + col_base, (lane >> 2) & 3, dq_acc[p]);
     };
 
     // Dropout: the score side's keep bits of step `step` (step 0's before its products, the next
