@@ -2,7 +2,7 @@
 // dims 64/128/256 in both dtypes (D256: its own kernel, 64-key blocks), other head dims (multiples
 // of 8) and Dq != Dv padded inside the 64/128/256 instances, odd lengths (tails in both directions), several query blocks per key
 // block (the Q/dO ring; step counts around its size: PipelineStepCounts), causal in both alignments, windows, GQA (dK/dV summed over
-// the group), varlen, seqused_k, softcap (with its derivative), ALiBi, sinks with d_sinks, rows
+// the group), varlen, seqused_k, strided q / dout (the TMA views), softcap (with its derivative), ALiBi, sinks with d_sinks, rows
 // without keys, graph capture on the caller's stream; poisoned outputs, sentinels, NaN checks. Each
 // case also checks which kernel ran: the Hopper kernel on an sm_90 device where the capability
 // check allows it, the mma.sync backward (still correct) where it declines: head dims that are
@@ -282,6 +282,24 @@ TEST(CudaHopperBwd, DeclinesToMmaSync) {
   unsetenv("FLASHPORT_HOPPER_BWD");
   flashport::reload_runtime_config();
   check_hopper_bwd(c, true);
+}
+
+// Strided q (head-major: [B, H, S, D] memory) and dout with padded rows and an extra head (strides
+// of 16-byte multiples, so the Hopper backward takes them): the TMA views of q and dout carry the
+// caller's strides (full query blocks by boxes, the tail block by the loaders' copies: Sq = 300),
+// every instance and Dq != Dv, causal and GQA.
+TEST(CudaHopperBwd, StridedLayouts) {
+  SKIP_WITHOUT_GPU();
+  const std::pair<int64_t, int64_t> dims[] = {{64, 64}, {128, 128}, {256, 256}, {192, 128}, {96, 96}};
+  for (auto [d, dv] : dims)
+    for (bool causal : {false, true}) {
+      Case c;
+      c.dtype = rand_dtype();
+      c.batch = 2, c.hq = 4, c.hkv = causal ? 1 : 4, c.d = d, c.dv = dv, c.sq = 300, c.sk = 333;
+      c.strided = true, c.strided_aligned = true;
+      c.causal = causal;
+      check_hopper_bwd(c, true);
+    }
 }
 
 // Head dims other than the instances' 64/128/256 run padded inside the next instance (the copies

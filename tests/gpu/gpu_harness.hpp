@@ -118,6 +118,7 @@ struct Case {
   int32_t wl = -1, wr = -1;
   float softcap = 0.0f, dropout = 0.0f, scale = NAN;
   bool alibi = false, alibi_per_batch = false, sinks = false, lse = true, strided = false;
+  bool strided_aligned = false;  // with strided: out (the backward's dout) rows padded by 8 elements, 16-byte strides
   int32_t splits = 1;
   // KV cache: contiguous (optionally cache_batch_idx) or paged; seqused_k per sequence; append.
   bool cache = false, paged = false, batch_idx = false;
@@ -147,7 +148,7 @@ struct Case {
     if (alibi) s += alibi_per_batch ? " alibi[B,H]" : " alibi";
     if (sinks) s += " sinks";
     if (dropout > 0) s += " dropout=" + std::to_string(dropout) + (rng_on_device ? "(rng on device)" : "");
-    if (strided) s += " strided";
+    if (strided) s += strided_aligned ? " strided(16-byte)" : " strided";
     if (splits != 1) s += " splits=" + std::to_string(splits);
     if (cache) s += paged ? " paged(ps=" + std::to_string(page_size) + ")" : " cache";
     if (page_gap_rows > 0) s += " page_gap=" + std::to_string(page_gap_rows);
@@ -244,7 +245,7 @@ struct Call {
       q = HostTensor::permuted(t, {c.batch, c.sq, c.hq, c.d}, {0, 2, 1, 3});
       k = HostTensor::padded(t, {c.batch, c.sk, c.hkv, c.d}, {0, 1, 0, 8});
       v = HostTensor::padded(t, {c.batch, c.sk, c.hkv, c.dv}, {1, 0, 8, 0});
-      out = HostTensor::padded(t, {c.batch, c.sq, c.hq, c.dv}, {0, 0, 1, 2});
+      out = HostTensor::padded(t, {c.batch, c.sq, c.hq, c.dv}, {0, 0, 1, c.strided_aligned ? 8 : 2});
       lse = HostTensor(FP_F32, {c.batch, c.hq, c.sq});
     } else {
       q = HostTensor(t, {c.batch, c.sq, c.hq, c.d});

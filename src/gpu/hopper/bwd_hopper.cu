@@ -8,9 +8,10 @@
 // kv heads x batch) and walks every query block of every query head of its GQA group (a step:
 // BM query rows of one head). The block is warp-specialised (HopperBwdTile), 3 warpgroups:
 //   producer (warpgroup 0, 24 registers): K and V of the block once (cp.async, mbarrier kv);
-//     warps 0-2 stream each step's Q, dO, LSE2, D into a 2-stage ring (cp.async; the stage's
-//     `full` mbarrier counts one cp.async.mbarrier.arrive per loader, its `empty` one arrival
-//     per MMA warp); warp 3 adds each step's dQ into the fp32 workspace, one bulk reduce for the
+//     warps 0-2 stream each step's Q, dO, LSE2, D into a 2-stage ring (load_step: Q and dO by
+//     TMA boxes where the step's rows lie inside the sequence, else by cp.async; LSE2, D by
+//     cp.async; the stage's `full` mbarrier counts one cp.async.mbarrier.arrive per loader and
+//     thread 0's arrival with the boxes' bytes, its `empty` one arrival per MMA warp); warp 3 adds each step's dQ into the fp32 workspace, one bulk reduce for the
 //     step's tile (per query row for padded head dims; bulk reduces beat 16-byte vector atomics:
 //     bench/results/HISTORY.md).
 //   MMA warpgroups 1, 2 (240 registers): warpgroup w owns keys [64w, 64w + 64) of the block; its
@@ -40,6 +41,8 @@
 // read it.
 // The elementwise phases have straight-line loops for the common case (no softcap/ALiBi,
 // unswitched on the mask): per-element branches there cost v1 half its time (gpu_bwd_notes.md).
+#include <cuda.h>
+
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -51,12 +54,24 @@
 #include "gpu/common/dropout_lanes.cuh"
 #include "gpu/hopper/fwd_hopper_tma.cuh"
 #include "gpu/hopper/hopper_smem.hpp"
+#include "gpu/hopper/tma_maps.hpp"
 #include "gpu/common/kernel_info.cuh"
 #include "gpu/common/tile_io.cuh"
 #include "gpu/common/tile_mma.hpp"
 #include "gpu/mma/bwd_block.cuh"
 
 namespace flashport::gpu {
+
+// The kernels' parameters: the call's arguments and the TMA views of q and dout, (col, row, head,
+// batch) in boxes of 64 columns x the instance's BM rows (packed tensors: one batch of all their
+// rows), from which the producer loads a step's Q and dO (load_step). has_maps false (the encoder
+// refused the views, or rows past a 32-bit coordinate): every step by the loaders' cp.async.
+struct HopperBwdParams {
+  BwdArgs a;
+  CUtensorMap tq, tdo;
+  bool has_maps = false;
+};
+
 namespace sm90 {
 
 // 4 bytes global -> shared; src_bytes 0 stores zero.
@@ -394,16 +409,14 @@ __device__ __forceinline__ void bwd_dscores_from_handoff(float (&acc)[4 * kQTile
 }
 
 
-// The producer's copy of one step's Q and dO rows [i0, i0 + BM) of query head h into a ring stage
-// (swizzled 64-column panels) and their LSE2 and D, by kLoaders threads (loader t: chunk
-// t % kChunks of rows t / kChunks + k kRowStep; LSE2 / D of rows t + k kLoaders). Rows past Lq:
-// zeros, LSE2 0, D 0: their P is finite and their dS, dV contributions exactly 0, as in the
-// mma.sync loop. The step's row-0 addresses are the same for the whole warp (uniform registers): the
-// producer has 24 registers.
+// The loaders' copy of one step's Q and dO rows [i0, i0 + BM) of query head h into a ring stage
+// (swizzled 64-column panels) by kLoaders threads (loader t: chunk t % kChunks of rows t / kChunks
+// + k kRowStep). Rows past Lq: zeros (with LSE2 0, D 0 their P is finite and their dS, dV
+// contributions exactly 0, as in the mma.sync loop). The step's row-0 addresses are the same for
+// the whole warp (uniform registers): the producer has 24 registers.
 template <int BM, int kChunks, int kLoaders>
-__device__ __forceinline__ void load_q_do_stage(const BwdArgs& a, int b, int64_t q_start, int64_t ws_row0, int lq,
-                                                int h, int i0, int t, uint16_t* sQ, uint16_t* sdO, float* sL,
-                                                float* sDs) {
+__device__ __forceinline__ void load_q_do_rows(const BwdArgs& a, int b, int64_t q_start, int lq, int h, int i0,
+                                               int t, uint16_t* sQ, uint16_t* sdO) {
   constexpr int kRowStep = kLoaders / kChunks;
   static_assert(kLoaders % kChunks == 0, "loader mapping");
   const uint16_t* q_step = a.q + a.q_addr.at(b, q_start, i0, h);
@@ -420,6 +433,40 @@ __device__ __forceinline__ void load_q_do_stage(const BwdArgs& a, int b, int64_t
     cp_async_16(sQ + off, q_step + r * a.q_addr.row_stride + unsigned(rc.qk_col), in && rc.qk_in ? 16 : 0);
     cp_async_16(sdO + off, o_step + r * a.dout_addr.row_stride + unsigned(rc.vo_col), in && rc.vo_in ? 16 : 0);
   }
+}
+
+// The producer's part of one step (both kernels): the step's Q and dO rows [i0, i0 + BM) of query
+// head h into a ring stage, and their LSE2 and D, by kLoaders threads, announced on the stage's
+// `full` barrier (kLoaders + 1 arrivals a phase: every loader's cp.async arrival, and thread 0's).
+// A step whose rows all lie inside the sequence takes TMA boxes (thread 0: D / 64 boxes of 64
+// columns x BM rows each of Q and dO, columns past D / Dv zero-filled by the maps; its arrival
+// announces their bytes): a 16-byte cp.async per chunk cost the producer warps ~1,500 issued
+// instructions a D128 step, 23% of the kernel's (ncu, bench/results/gpu_backward.md session 23). A
+// tail step keeps the loaders' copies (load_q_do_rows: its rows past Lq must be zeros, and in a
+// varlen call the rows after the sequence are the next one's), as does a call without maps.
+// LSE2 / D: loader t copies rows t + k kLoaders (LSE2 0, D 0 past Lq).
+template <int BM, int D, int kLoaders>
+__device__ __forceinline__ void load_step(const HopperBwdParams& P, int b, int64_t q_start, int64_t ws_row0, int lq,
+                                          int h, int i0, int t, uint16_t* sQ, uint16_t* sdO, float* sL, float* sDs,
+                                          uint32_t full) {
+  const BwdArgs& a = P.a;
+  constexpr int kPanels = D / 64;
+  if (P.has_maps && lq - i0 >= BM) {
+    if (t == 0) {
+      mbar_arrive_expect_tx(full, uint32_t(2 * BM * D * 2));
+      const int q_row = a.q_addr.packed ? int(q_start) + i0 : i0, q_b = a.q_addr.packed ? 0 : b;
+      const int o_row = a.dout_addr.packed ? int(q_start) + i0 : i0, o_b = a.dout_addr.packed ? 0 : b;
+#pragma unroll
+      for (int p = 0; p < kPanels; ++p) {
+        tma_load_4d(smem_u32(sQ) + p * (BM * 128), &P.tq, full, p * 64, q_row, h, q_b);
+        tma_load_4d(smem_u32(sdO) + p * (BM * 128), &P.tdo, full, p * 64, o_row, h, o_b);
+      }
+    }
+  } else {
+    load_q_do_rows<BM, D / 8, kLoaders>(a, b, q_start, lq, h, i0, t, sQ, sdO);
+    if (t == 0) mbar_arrive(full);
+  }
+  const int rows_in = lq - i0;
   const int64_t wrow0 = int64_t(h) * a.total_rows + ws_row0 + i0;
 #pragma unroll 1
   for (int row = t; row < BM; row += kLoaders) {
@@ -428,6 +475,7 @@ __device__ __forceinline__ void load_q_do_stage(const BwdArgs& a, int b, int64_t
     cp_async_4(smem_u32(sL + row), a.ws_lse2 + wrow, in ? 4 : 0);
     cp_async_4(smem_u32(sDs + row), a.ws_dsum + wrow, in ? 4 : 0);
   }
+  cp_async_arrive(full);  // arrives once this thread's copies have landed
 }
 
 // One warpgroup's 64 x 64 fp32 panel of the step's dQ (accumulator layout) into its staging tile,
@@ -495,8 +543,9 @@ __device__ __forceinline__ void write_dq_tile(const BwdArgs& a, const KernelScor
 // Roles (HopperBwdTile): warpgroup 0 is the producer (warps 0-2 copy Q, dO, LSE2, D into the ring,
 // warp 3 adds each step's staged dQ into the workspace), warpgroups 1 and 2 compute.
 template <int D, typename Elem, bool kDropout>
-__global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(const __grid_constant__ BwdArgs a) {
+__global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(const __grid_constant__ HopperBwdParams P) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const BwdArgs& a = P.a;
   using T = HopperBwdTile;
   constexpr int BN = T::kBlockN, BM = T::block_m(D), kStages = T::kStages;
   constexpr bool kBf16 = Elem::kIsBf16;
@@ -561,7 +610,7 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
   if (tid == 0) {
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
-      mbar_init(full_bar(st), T::kLoaders);  // one cp.async arrival per loader thread
+      mbar_init(full_bar(st), T::kLoaders + 1);  // each loader's cp.async arrival, and thread 0's (load_step)
       mbar_init(empty_bar(st), kMmaThreads / 32);  // one arrival per MMA warp
     }
     mbar_init(kv_bar, 128);  // the producer warpgroup's K/V copies
@@ -586,9 +635,8 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
       for (int s = 0; s < steps; ++s) {
         const int st = s % kStages;
         mbar_wait(empty_bar(st), ((s / kStages) & 1) ^ 1);
-        load_q_do_stage<BM, kChunks, T::kLoaders>(a, b, q_start, ws_row0, lq, h, m * BM, tid,
-                                                  sQ + st * BM * D, sdO + st * BM * D, sL + st * BM, sDs + st * BM);
-        cp_async_arrive(full_bar(st));  // arrives once this thread's copies have landed
+        load_step<BM, D, T::kLoaders>(P, b, q_start, ws_row0, lq, h, m * BM, tid, sQ + st * BM * D,
+                                      sdO + st * BM * D, sL + st * BM, sDs + st * BM, full_bar(st));
         if (++m == m_lo + nm) m = m_lo, ++h;
       }
       cp_async_wait<0>();
@@ -656,7 +704,7 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
       const int i0 = m * BM;
       if (mwg == 1 || s > 0) named_sync<kMmaThreads>(my_turn);  // warpgroup 1's first turn needs none
       mbar_wait(full_bar(st), (s / kStages) & 1);
-      fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
+      fence_proxy_async();  // a tail step's cp.async writes (generic proxy) -> wgmma reads (async proxy)
 
       // ---- S^T = K Q^T and dP^T = V dO^T (two groups: P is computed while dP^T runs) ----
       float s_acc[BM / 2], dp_acc[BM / 2];
@@ -808,8 +856,9 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
 // dV / dK products have read them); the writer releases the stage to the loaders once the copy
 // engine has read the tile.
 template <typename Elem, bool kDropout>
-__global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d256_kernel(const __grid_constant__ BwdArgs a) {
+__global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d256_kernel(const __grid_constant__ HopperBwdParams P) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const BwdArgs& a = P.a;
   using T = HopperBwdTileD256;
   constexpr int D = T::kD, BN = T::kBlockN, BM = T::kBlockM, kStages = T::kStages;
   constexpr bool kBf16 = Elem::kIsBf16;
@@ -874,7 +923,7 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
   if (tid == 0) {
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
-      mbar_init(full_bar(st), T::kLoaders);  // one cp.async arrival per loader thread
+      mbar_init(full_bar(st), T::kLoaders + 1);  // each loader's cp.async arrival, and thread 0's (load_step)
       mbar_init(empty_bar(st), 1);           // the dQ writer, once the stage's dQ tile was read
     }
     mbar_init(kv_bar, 128);  // the producer warpgroup's K/V copies
@@ -903,9 +952,8 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
         const int st = s % kStages;
         mbar_wait(empty_bar(st), ((s / kStages) & 1) ^ 1);
         uint16_t* stage = sQ + st * kStageElems;
-        load_q_do_stage<BM, kChunks, T::kLoaders>(a, b, q_start, ws_row0, lq, h, m * BM, tid, stage, stage + BM * D,
-                                                  sL + st * BM, sDs + st * BM);
-        cp_async_arrive(full_bar(st));  // arrives once this thread's copies have landed
+        load_step<BM, D, T::kLoaders>(P, b, q_start, ws_row0, lq, h, m * BM, tid, stage, stage + BM * D,
+                                      sL + st * BM, sDs + st * BM, full_bar(st));
         if (++m == m_lo + nm) m = m_lo, ++h;
       }
       cp_async_wait<0>();
@@ -971,7 +1019,7 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
       const int i0 = m * BM;
       const uint32_t sQs_u32 = sQ_u32 + st * (kStageElems * 2), sdOs_u32 = sQs_u32 + BM * D * 2;
       mbar_wait(full_bar(st), (s / kStages) & 1);
-      fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
+      fence_proxy_async();  // a tail step's cp.async writes (generic proxy) -> wgmma reads (async proxy)
 
       // ---- S^T = K Q^T (score side) or dP^T = V dO^T (gradient side), all 64 queries -----------
       float acc[4 * kQTiles];
@@ -1118,10 +1166,27 @@ BwdKernelInfo hopper_bwd_kernel_info(int device) {
   return drop.status != gpuSuccess || drop.blocks_per_sm < plain.blocks_per_sm ? drop : plain;
 }
 
+namespace {
+// The TMA views of q and dout (HopperBwdParams) for boxes of `block_m` rows; false where a view
+// breaks the encoder's rules or a row coordinate would pass 2^31 (the kernel then copies by rows).
+bool encode_bwd_maps(const BwdArgs& a, int block_m, CUtensorMap* tq, CUtensorMap* tdo) {
+  auto encode = [&](CUtensorMap* map, const void* base, int64_t cols, const RowAddr& r) {
+    const int64_t rows = r.packed ? a.total_rows : a.seq.sq, batch = r.packed ? 1 : a.seq.batch;
+    if (rows > int64_t(INT32_MAX) || a.hq > INT32_MAX || batch > int64_t(INT32_MAX)) return false;
+    return encode_rows_map(map, base, cols, rows, a.hq, batch, r.row_stride, r.head_stride, r.batch_stride, block_m)
+        .empty();
+  };
+  return encode(tq, a.q, a.d, a.q_addr) && encode(tdo, a.dout, a.dv, a.dout_addr);
+}
+}  // namespace
+
 template <int D, bool kBf16>
 gpuError_t launch_hopper_bwd(const BwdArgs& a, dim3 grid, gpuStream_t stream) {
-  if (a.rules.dropout_p > 0.0f) return HopperBwdInstance<D, kBf16, true>::launch(a, grid, stream);
-  return HopperBwdInstance<D, kBf16, false>::launch(a, grid, stream);
+  HopperBwdParams prm;
+  prm.a = a;
+  prm.has_maps = encode_bwd_maps(a, D == 256 ? HopperBwdTileD256::kBlockM : HopperBwdTile::block_m(D), &prm.tq, &prm.tdo);
+  if (a.rules.dropout_p > 0.0f) return HopperBwdInstance<D, kBf16, true>::launch(prm, grid, stream);
+  return HopperBwdInstance<D, kBf16, false>::launch(prm, grid, stream);
 }
 
 #define FP_INSTANTIATE_HOPPER_BWD(D, bf16)                           \

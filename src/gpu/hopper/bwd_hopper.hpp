@@ -41,10 +41,10 @@ namespace flashport::gpu {
 //   warpgroup 0, the producer, at 24 registers (setmaxnreg; 32 would leave the MMA warpgroups'
 //     increase to 240 waiting: bench/results/HISTORY.md, the forward's session 5): its 128
 //     threads copy the block's K and V once (cp.async, one mbarrier); warps 0-2 (kLoaders
-//     threads) copy each step's Q, dO rows and LSE2, D values into a ring of kStages stages
-//     (cp.async, full / empty mbarriers); warp 3 writes dQ: the step's dQ staged in shared
-//     memory goes into the workspace with one bulk reduce (cp.reduce.async.bulk .add.f32) of
-//     the whole tile (one per row for padded head dims).
+//     threads) load each step's Q, dO rows (TMA boxes; a sequence's tail block by cp.async) and
+//     LSE2, D values (cp.async) into a ring of kStages stages (full / empty mbarriers); warp 3
+//     writes dQ: the step's dQ staged in shared memory goes into the workspace with one bulk
+//     reduce (cp.reduce.async.bulk .add.f32) of the whole tile (one per row for padded head dims).
 //   warpgroups 1 and 2, at 240 registers: 64 keys each, dK, dV in registers over the walk; they
 //     take turns on the tensor cores (ping-pong), exchange dS^T (dQ = dS K needs both halves)
 //     and hand dQ to the writer on named barriers.
