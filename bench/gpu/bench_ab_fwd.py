@@ -23,7 +23,9 @@ cuDNN's SDPA does not take on every shape):
 
 Backward (the whole fp_attn_bwd call: preprocess, main loop, dQ conversion; out and lse from B's
 forward; the peer is cuDNN's backward alone, through autograd; with dropout: bwd-dropout:DIMS and
-SDPA flash with dropout as the peer), and the same with deterministic dQ (A and B only):
+SDPA flash with dropout as the peer), and the same with deterministic dQ (A and B only); A and B
+against the peer also by torch.profiler's kernel time (session 23: cuDNN's backward by CUDA events
+ran 10-25% slower than the API benchmark's profiler figure):
 
     python3 bench/gpu/bench_ab_fwd.py A.so B.so bwd:64,128,256
 
@@ -303,9 +305,11 @@ def main_bwd(lib_a, lib_b, dims, dropout_p):
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; dropout p = {dropout_p}")
     print("Backward (preprocess + main loop + dQ conversion), bf16, B*S = 16k, H*D = 2048; TFLOPS = "
           "2.5 x forward FLOPs / median time; det = deterministic dQ.")
-    print(f"| D | S | causal | A TF | B TF | {peer} TF | B/A (>1: B faster) | A/peer | B/peer | B det/A det | A det/A | "
-          "max rel diff A-B | kernel A |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("prof: the same ratio from torch.profiler's device time per call (kernels only, no gaps between "
+          "them), the benchmark of record's clock.")
+    print(f"| D | S | causal | A TF | B TF | {peer} TF | B/A (>1: B faster) | A/peer | B/peer | A/peer prof | "
+          "B/peer prof | B det/A det | A det/A | max rel diff A-B | kernel A |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for d, s, b, h, causal in grid_points(dims):
         q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
         out = torch.empty_like(q)
@@ -328,6 +332,7 @@ def main_bwd(lib_a, lib_b, dims, dropout_p):
         for _ in range(5):
             for name, fn in (("A", fa), ("B", fb), ("C", peer_bwd), ("Ad", fad), ("Bd", fbd)):
                 times[name].append(bf.time_ms(fn, warmup=2, reps=10))
+        prof = {n: profiled_us(fn, calls=10) for n, fn in (("A", fa), ("B", fb), ("C", peer_bwd))}
         fa(), fb()
         torch.cuda.synchronize()
         diff = max(((x - y).float().norm() / y.float().norm().clamp_min(1e-30)).item()
@@ -336,6 +341,7 @@ def main_bwd(lib_a, lib_b, dims, dropout_p):
         tf = {n: flops / (statistics.median(t) * 1e-3) / 1e12 for n, t in times.items()}
         print(f"| {d} | {s} | {'y' if causal else 'n'} | {tf['A']:.0f} | {tf['B']:.0f} | {tf['C']:.0f} | "
               f"{tf['B'] / tf['A']:.3f} | {tf['A'] / tf['C']:.2f} | {tf['B'] / tf['C']:.2f} | "
+              f"{prof['C'] / prof['A']:.2f} | {prof['C'] / prof['B']:.2f} | "
               f"{tf['Bd'] / tf['Ad']:.3f} | {tf['Ad'] / tf['A']:.2f} | {diff:.1e} | {fa.kernel} |", flush=True)
         del q, k, v, dout, out, lse, fa, fb, fad, fbd, qt, kt, vt, ref_out
         torch.cuda.empty_cache()
