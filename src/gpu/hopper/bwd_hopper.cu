@@ -11,8 +11,9 @@
 //     warps 0-2 stream each step's Q, dO, LSE2, D into a 2-stage ring (load_step: Q and dO by
 //     TMA boxes where the step's rows lie inside the sequence, else by cp.async; LSE2, D by
 //     cp.async; the stage's `full` mbarrier counts one cp.async.mbarrier.arrive per loader and
-//     thread 0's arrival with the boxes' bytes, its `empty` one arrival per MMA warp); warp 3 adds each step's dQ into the fp32 workspace, one bulk reduce for the
-//     step's tile (per query row for padded head dims; bulk reduces beat 16-byte vector atomics:
+//     thread 0's arrival with the boxes' bytes, its `empty` one arrival per MMA warp); warp 3
+//     adds each step's dQ into the fp32 workspace, one bulk reduce for the step's tile (per
+//     query row for padded head dims; bulk reduces beat 16-byte vector atomics:
 //     bench/results/HISTORY.md).
 //   MMA warpgroups 1, 2 (240 registers): warpgroup w owns keys [64w, 64w + 64) of the block; its
 //     dK, dV (64 keys x D, fp32) stay in registers over the walk. Per step:
@@ -1172,7 +1173,7 @@ namespace {
 bool encode_bwd_maps(const BwdArgs& a, int block_m, CUtensorMap* tq, CUtensorMap* tdo) {
   auto encode = [&](CUtensorMap* map, const void* base, int64_t cols, const RowAddr& r) {
     const int64_t rows = r.packed ? a.total_rows : a.seq.sq, batch = r.packed ? 1 : a.seq.batch;
-    if (rows > int64_t(INT32_MAX) || a.hq > INT32_MAX || batch > int64_t(INT32_MAX)) return false;
+    if (rows > int64_t(INT32_MAX) || batch > int64_t(INT32_MAX)) return false;  // TMA coordinates are int32
     return encode_rows_map(map, base, cols, rows, a.hq, batch, r.row_stride, r.head_stride, r.batch_stride, block_m)
         .empty();
   };
@@ -1182,9 +1183,10 @@ bool encode_bwd_maps(const BwdArgs& a, int block_m, CUtensorMap* tq, CUtensorMap
 
 template <int D, bool kBf16>
 gpuError_t launch_hopper_bwd(const BwdArgs& a, dim3 grid, gpuStream_t stream) {
+  constexpr int kBlockM = D == 256 ? HopperBwdTileD256::kBlockM : HopperBwdTile::block_m(D);
   HopperBwdParams prm;
   prm.a = a;
-  prm.has_maps = encode_bwd_maps(a, D == 256 ? HopperBwdTileD256::kBlockM : HopperBwdTile::block_m(D), &prm.tq, &prm.tdo);
+  prm.has_maps = encode_bwd_maps(a, kBlockM, &prm.tq, &prm.tdo);
   if (a.rules.dropout_p > 0.0f) return HopperBwdInstance<D, kBf16, true>::launch(prm, grid, stream);
   return HopperBwdInstance<D, kBf16, false>::launch(prm, grid, stream);
 }
