@@ -29,6 +29,10 @@ ran 10-25% slower than the API benchmark's profiler figure):
 
     python3 bench/gpu/bench_ab_fwd.py A.so B.so bwd:64,128,256
 
+The backward's kernels one by one (B's fpb_bwd and cuDNN's backward; A is loaded, not run):
+
+    python3 bench/gpu/bench_ab_fwd.py A.so B.so bwd-kernels:64,128
+
 KV-cache prefill chunk (B2, Sq 1024 after 3072 cached keys: 4096 keys, Hq/Hkv 32/8 at D128 (Hq x D
 = 4096, Hq/Hkv = 4 at other head dims), bf16, bottom-right causal): the contiguous cache and paged
 caches of 256/128/64/48/32/16/8/200-row pages (random block tables; 16-row pages also with consecutive ids,
@@ -82,6 +86,56 @@ def profiled_us(fn, calls=20):
             t = getattr(e, "self_cuda_time_total", 0.0)
         total += t
     return total / calls
+
+
+def profiled_kernels(fn, calls=10):
+    """Device us per call of each kernel (and memset) fn launches, by torch.profiler, after warm-up."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", None)
+        if t is None:
+            t = getattr(e, "self_cuda_time_total", 0.0)
+        if t > 0:
+            rows.append((e.key, t / calls, e.count / calls))
+    return sorted(rows, key=lambda r: -r[1])
+
+
+def main_bwd_kernels(lib_b, dims):
+    """The backward's kernels one by one: B's fpb_bwd and cuDNN's backward through autograd."""
+    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}")
+    print("Backward kernels, bf16, B*S = 16k, H*D = 2048: torch.profiler device us per call of each "
+          "kernel (launches per call), B's fpb_bwd and cuDNN's backward through autograd.")
+    print("| D | S | causal | who | kernel | us per call | launches per call | share |")
+    print("|---|---|---|---|---|---|---|---|")
+    for d, s, b, h, causal in grid_points(dims):
+        q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        out = torch.empty_like(q)
+        lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+        bf.Flashport(lib_b).prepare(q, k, v, out, causal, 1, lse)()
+        fb = FlashportBwd(lib_b, q, k, v, out, lse, dout, causal)
+        qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+        with bf.sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            ref_out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        do_t = dout.transpose(1, 2)
+
+        def peer_bwd():
+            torch.autograd.grad(ref_out, (qt, kt, vt), do_t, retain_graph=True)
+        for who, fn in (("flashport", fb), ("cuDNN", peer_bwd)):
+            rows = profiled_kernels(fn)
+            total = sum(r[1] for r in rows)
+            for name, us, n in rows:
+                print(f"| {d} | {s} | {'y' if causal else 'n'} | {who} | `{name[:90]}` | {us:.1f} | {n:g} | "
+                      f"{us / total:.3f} |")
+            print(f"| {d} | {s} | {'y' if causal else 'n'} | {who} | total | {total:.1f} | | 1 |", flush=True)
+        del q, k, v, dout, out, lse, fb, qt, kt, vt, ref_out
+        torch.cuda.empty_cache()
 
 
 def main_decode(lib_a, lib_b):
@@ -372,6 +426,7 @@ def main_grid(lib_a, lib_b, dims, dropout_p):
 
 # Head dims of a mode given without ":DIMS" (a bare list of dims is the forward grid).
 DEFAULT_DIMS = {"grid": "64,128,256", "dropout": "64,128,256", "bwd": "64,128,256", "bwd-dropout": "64,128,256",
+                "bwd-kernels": "64,128",
                 "cache": "128", "cache-chunk": "128", "append": "128", "decode": "128"}
 
 
@@ -401,6 +456,8 @@ def main():
     if dropout_p or mode == "bwd":
         for lib in (lib_a, lib_b):
             lib.fpb_set_dropout(ctypes.c_float(dropout_p))
+    if mode == "bwd-kernels":
+        return main_bwd_kernels(lib_b, dims)
     if mode in ("bwd", "bwd-dropout"):
         return main_bwd(lib_a, lib_b, dims, dropout_p)
     return main_grid(lib_a, lib_b, dims, dropout_p)
