@@ -512,6 +512,23 @@ __device__ __forceinline__ void stage_dq_panel(float* tile, int row0, int col0, 
 // kernel's bottleneck: 128 serial issues a step.) Returns once the copy engine has read the tile.
 // Deterministic mode: the warp first waits for this block's turn at the query block (dq_sema) and
 // passes it on once its reduces are complete; only this warp waits, the MMA warpgroups go on.
+// A warpgroup's 64 x 64 of a step's dQ = dS K over the block's BN keys (D64 / D128 kernel), one
+// commit group: dS^T (keys x queries) and K both MN-major in shared memory; ds_base: the
+// warpgroup's query panel of dS^T, k_base: its column panel of K.
+template <int BN, bool kBf16>
+__device__ __forceinline__ void issue_dq_product(float (&dq_acc)[32], uint32_t ds_base, uint32_t k_base) {
+  // Descriptors as base + offset: the opaque copies keep the compiler from hoisting them.
+  uint64_t s_desc = make_desc(ds_base, BN * 128, 1024);
+  asm volatile("" : "+l"(s_desc));
+  uint64_t kt_desc = make_desc(k_base, BN * 128, 1024);
+  asm volatile("" : "+l"(kt_desc));
+  wg_fence();
+#pragma unroll
+  for (int ks = 0; ks < BN / 16; ++ks)
+    wgmma_ss_m64n64k16<kBf16, 1, 1>(dq_acc, s_desc + ((ks * 2048) >> 4), kt_desc + ((ks * 2048) >> 4), ks > 0 ? 1 : 0);
+  wg_commit();
+}
+
 template <int BM, int BN, int D>
 __device__ __forceinline__ void write_dq_tile(const BwdArgs& a, const KernelScoreRules& S, int b, int h, int m,
                                               int n_blk, int lq, int64_t ws_row0, uint32_t tile, int lane) {
@@ -675,6 +692,9 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
 
     float dq_acc[32];
     const int dq_d_panel = kDqByCols ? mwg : 0;
+    // This warpgroup's dQ product: its query panel of dS^T, its column panel of K.
+    const uint32_t dq_ds_base = sdS_u32 + (kDqByCols ? 0 : mwg) * 64 * (BN * 2);
+    const uint32_t dq_k_base = sK_u32 + dq_d_panel * (BN * 128);
     // This thread's fragment of the step's dQ into staging buffer `sbuf` (stage_dq_panel).
     auto stage_dq = [&](int sbuf) {
       const int row0 = (kDqByCols ? 0 : mwg * 64) + wwarp * 16 + (lane >> 2);
@@ -703,6 +723,18 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
       const int h = kvh * a.group + s / nm;
       const int m = m_lo + s % nm;
       const int i0 = m * BM;
+      // This warpgroup's 64 keys may be hidden from every row of the step (at D128, BM = 64: the
+      // causal diagonal's first step, a window's edges): its P^T and dS^T are zeros, so it skips
+      // its S^T, dP^T, dV, dK products and elementwise phase, and only takes its turns, stores
+      // zeros as its half of dS^T and makes its part of dQ (bit-identical: the skipped terms are
+      // exact zeros). D64's 128-row steps meet no hidden half on a causal diagonal: one body.
+      bool live = true;
+      if constexpr (D == 128) {
+        const int i_end = i0 + BM < lq ? i0 + BM : lq;
+        const int key_lo = n0 + mwg * 64, key_end = key_lo + 64 < lk ? key_lo + 64 : lk;
+        live = key_lo < lk && S.rows_lo(key_lo) < i_end && S.rows_end(key_end) > i0;
+      }
+      if (live) {
       if (mwg == 1 || s > 0) named_sync<kMmaThreads>(my_turn);  // warpgroup 1's first turn needs none
       mbar_wait(full_bar(st), (s / kStages) & 1);
       fence_proxy_async();  // a tail step's cp.async writes (generic proxy) -> wgmma reads (async proxy)
@@ -791,19 +823,7 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
       named_sync<kMmaThreads>(kBarDsStored + (mwg ^ 1));  // the other's dS^T half in shared memory
 
       // ---- dQ = dS K (64 x 64 per warpgroup; dS^T and K MN-major) ---------------------------
-      {
-        const int q_panel = kDqByCols ? 0 : mwg;
-        uint64_t s_desc = make_desc(sdS_u32 + q_panel * 64 * (BN * 2), BN * 128, 1024);
-        asm volatile("" : "+l"(s_desc));
-        uint64_t kt_desc = make_desc(sK_u32 + dq_d_panel * (BN * 128), BN * 128, 1024);
-        asm volatile("" : "+l"(kt_desc));
-        wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < BN / 16; ++ks)
-          wgmma_ss_m64n64k16<kBf16, 1, 1>(dq_acc, s_desc + ((ks * 2048) >> 4), kt_desc + ((ks * 2048) >> 4),
-                                          ks > 0 ? 1 : 0);
-        wg_commit();
-      }
+      issue_dq_product<BN, kBf16>(dq_acc, dq_ds_base, dq_k_base);
       if (s + 1 < steps || mwg == 0) named_arrive<kMmaThreads>(other_turn);
       if constexpr (kDropout) {
         if (s + 1 < steps) step_keep(s + 1);
@@ -813,6 +833,28 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
       fence_regs_u32(da);
 #pragma unroll
       for (int p = 0; p < kPanels; ++p) fence_regs(dv_acc[p]), fence_regs(dk_acc[p]);
+      } else {
+        // Hidden keys: the turns and dS^T handshakes of the step above, zeros as this half of
+        // dS^T, and this warpgroup's part of dQ.
+        if (mwg == 1 || s > 0) named_sync<kMmaThreads>(my_turn);
+        mbar_wait(full_bar(st), (s / kStages) & 1);
+        named_arrive<kMmaThreads>(other_turn);
+        if (s > 0) named_sync<kMmaThreads>(kBarDsFree + (mwg ^ 1));
+#pragma unroll
+        for (int t = 0; t < kQTiles; ++t)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf)
+            *reinterpret_cast<uint32_t*>(sdS + panel_offset(BN, key_loc0 + 8 * hf, t) + col_base) = 0u;
+        fence_proxy_async();  // dS^T stores (generic proxy) -> wgmma reads (async proxy)
+        named_arrive<kMmaThreads>(kBarDsStored + mwg);
+        named_sync<kMmaThreads>(my_turn);
+        named_sync<kMmaThreads>(kBarDsStored + (mwg ^ 1));
+        issue_dq_product<BN, kBf16>(dq_acc, dq_ds_base, dq_k_base);
+        if (s + 1 < steps || mwg == 0) named_arrive<kMmaThreads>(other_turn);
+        if constexpr (kDropout) {
+          if (s + 1 < steps) step_keep(s + 1);
+        }
+      }
       release(empty_bar(st));
       wg_wait<0>();  // dQ done: this warpgroup's reads of dS^T
       fence_regs(dq_acc);
