@@ -66,6 +66,9 @@ TEST(CudaHopperBwd, HeadDimsDtypesAndOddLengths) {
       }
 }
 
+// At D128 (64-row steps, two 64-key halves per key block) the diagonal window (0, 0) hides one half
+// from every step and the causal diagonal one half of each block's first step: the steps the kernel
+// runs without that half's products (bwd_hopper.cu).
 TEST(CudaHopperBwd, CausalBothAlignmentsAndWindows) {
   SKIP_WITHOUT_GPU();
   struct W { bool causal, top_left; int wl, wr; };

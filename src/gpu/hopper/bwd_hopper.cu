@@ -35,6 +35,9 @@
 //   elementwise phase (P^T, dS^T) then runs under the other's products, and 1's dQ waits for 2's
 //   dS^T half, which 2 has made while 1's dV and dK ran (+3-6% over both computing in lockstep:
 //   bench/results/gpu_backward.md, session 14). No block-wide barrier inside the walk.
+//   D128: a warpgroup whose 64 keys no row of the step sees (the causal diagonal's first step, a
+//   window's edges) runs the step without its products and elementwise phase: turns, zeros as its
+//   dS^T half, its part of dQ (+2.5-3.5% at S1k causal: gpu_backward.md, session 24).
 // D256 (bwd_hopper_d256_kernel): the same producer roles and ring (HopperBwdTileD256), 64-key
 // blocks; one MMA warpgroup computes S^T, P^T and dV, the other dP^T, dS^T and dK (P^T handed over
 // in fp32 through shared memory), both half of dQ's columns (bwd_hopper.hpp); a step's dQ is staged
