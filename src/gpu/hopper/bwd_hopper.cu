@@ -507,14 +507,6 @@ __device__ __forceinline__ void stage_dq_panel(float* tile, int row0, int col0, 
           make_float2(z[4 * t + 2 * hf], z[4 * t + 2 * hf + 1]);
 }
 
-// The dQ writer warp's part of one step (both kernels): the step's dQ, staged in shared memory at
-// `tile` as fp32 [BM][D] row-major, added into the workspace rows of query block m of head h. The
-// step's rows (those below Lq) are contiguous there, so one bulk reduce takes the whole tile when
-// the workspace rows are D floats (dacc = D); a padded call's rows (dacc < D) go one bulk reduce
-// per row (lane l: rows l, l + 32, ...). (One reduce per row throughout made the writer the D64
-// kernel's bottleneck: 128 serial issues a step.) Returns once the copy engine has read the tile.
-// Deterministic mode: the warp first waits for this block's turn at the query block (dq_sema) and
-// passes it on once its reduces are complete; only this warp waits, the MMA warpgroups go on.
 // A warpgroup's 64 x 64 of a step's dQ = dS K over the block's BN keys (D64 / D128 kernel), one
 // commit group: dS^T (keys x queries) and K both MN-major in shared memory; ds_base: the
 // warpgroup's query panel of dS^T, k_base: its column panel of K.
@@ -532,6 +524,14 @@ __device__ __forceinline__ void issue_dq_product(float (&dq_acc)[32], uint32_t d
   wg_commit();
 }
 
+// The dQ writer warp's part of one step (both kernels): the step's dQ, staged in shared memory at
+// `tile` as fp32 [BM][D] row-major, added into the workspace rows of query block m of head h. The
+// step's rows (those below Lq) are contiguous there, so one bulk reduce takes the whole tile when
+// the workspace rows are D floats (dacc = D); a padded call's rows (dacc < D) go one bulk reduce
+// per row (lane l: rows l, l + 32, ...). (One reduce per row throughout made the writer the D64
+// kernel's bottleneck: 128 serial issues a step.) Returns once the copy engine has read the tile.
+// Deterministic mode: the warp first waits for this block's turn at the query block (dq_sema) and
+// passes it on once its reduces are complete; only this warp waits, the MMA warpgroups go on.
 template <int BM, int BN, int D>
 __device__ __forceinline__ void write_dq_tile(const BwdArgs& a, const KernelScoreRules& S, int b, int h, int m,
                                               int n_blk, int lq, int64_t ws_row0, uint32_t tile, int lane) {
