@@ -70,24 +70,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_fwd as bf  # noqa: E402
 
 
-def profiled_us(fn, calls=20):
-    """Device time per call of fn (kernels and memsets) from torch.profiler, after warm-up."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    total = 0.0
-    for e in prof.key_averages():
-        t = getattr(e, "self_device_time_total", None)
-        if t is None:
-            t = getattr(e, "self_cuda_time_total", 0.0)
-        total += t
-    return total / calls
-
-
 def profiled_kernels(fn, calls=10):
     """Device us per call of each kernel (and memset) fn launches, by torch.profiler, after warm-up."""
     for _ in range(3):
@@ -107,6 +89,36 @@ def profiled_kernels(fn, calls=10):
     return sorted(rows, key=lambda r: -r[1])
 
 
+def profiled_us(fn, calls=20):
+    """Device time per call of fn (kernels and memsets) from torch.profiler, after warm-up."""
+    return sum(us for _, us, _ in profiled_kernels(fn, calls))
+
+
+class BwdPoint:
+    """One backward grid point: bf16 inputs, out and lse from lib's forward, and the peer's backward
+    (SDPA through autograd: cuDNN, or SDPA flash with dropout)."""
+
+    def __init__(self, lib, d, s, b, h, causal, dropout_p=0.0):
+        self.q, self.k, self.v, self.dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+                                             for _ in range(4))
+        self.out = torch.empty_like(self.q)
+        self.lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+        bf.Flashport(lib).prepare(self.q, self.k, self.v, self.out, causal, 1, self.lse)()
+        self.causal = causal
+        self.qkv_t = [x.transpose(1, 2).detach().requires_grad_() for x in (self.q, self.k, self.v)]
+        backend = SDPBackend.FLASH_ATTENTION if dropout_p else SDPBackend.CUDNN_ATTENTION
+        with bf.sdpa_kernel(backend):
+            self.ref_out = torch.nn.functional.scaled_dot_product_attention(
+                *self.qkv_t, is_causal=causal, dropout_p=dropout_p)
+        self.do_t = self.dout.transpose(1, 2)
+
+    def flashport(self, lib, deterministic=False):
+        return FlashportBwd(lib, self.q, self.k, self.v, self.out, self.lse, self.dout, self.causal, deterministic)
+
+    def peer_bwd(self):
+        torch.autograd.grad(self.ref_out, self.qkv_t, self.do_t, retain_graph=True)
+
+
 def main_bwd_kernels(lib_b, dims):
     """The backward's kernels one by one: B's fpb_bwd and cuDNN's backward through autograd."""
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}")
@@ -115,26 +127,15 @@ def main_bwd_kernels(lib_b, dims):
     print("| D | S | causal | who | kernel | us per call | launches per call | share |")
     print("|---|---|---|---|---|---|---|---|")
     for d, s, b, h, causal in grid_points(dims):
-        q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-        out = torch.empty_like(q)
-        lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-        bf.Flashport(lib_b).prepare(q, k, v, out, causal, 1, lse)()
-        fb = FlashportBwd(lib_b, q, k, v, out, lse, dout, causal)
-        qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
-        with bf.sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            ref_out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-        do_t = dout.transpose(1, 2)
-
-        def peer_bwd():
-            torch.autograd.grad(ref_out, (qt, kt, vt), do_t, retain_graph=True)
-        for who, fn in (("flashport", fb), ("cuDNN", peer_bwd)):
+        pt = BwdPoint(lib_b, d, s, b, h, causal)
+        for who, fn in (("flashport", pt.flashport(lib_b)), ("cuDNN", pt.peer_bwd)):
             rows = profiled_kernels(fn)
             total = sum(r[1] for r in rows)
             for name, us, n in rows:
                 print(f"| {d} | {s} | {'y' if causal else 'n'} | {who} | `{name[:90]}` | {us:.1f} | {n:g} | "
                       f"{us / total:.3f} |")
             print(f"| {d} | {s} | {'y' if causal else 'n'} | {who} | total | {total:.1f} | | 1 |", flush=True)
-        del q, k, v, dout, out, lse, fb, qt, kt, vt, ref_out
+        del pt
         torch.cuda.empty_cache()
 
 
@@ -365,23 +366,10 @@ def main_bwd(lib_a, lib_b, dims, dropout_p):
           "B/peer prof | B det/A det | A det/A | max rel diff A-B | kernel A |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for d, s, b, h, causal in grid_points(dims):
-        q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-        out = torch.empty_like(q)
-        lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-        bf.Flashport(lib_b).prepare(q, k, v, out, causal, 1, lse)()
-        fa = FlashportBwd(lib_a, q, k, v, out, lse, dout, causal)
-        fb = FlashportBwd(lib_b, q, k, v, out, lse, dout, causal)
-        fad = FlashportBwd(lib_a, q, k, v, out, lse, dout, causal, True)
-        fbd = FlashportBwd(lib_b, q, k, v, out, lse, dout, causal, True)
-        qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
-        backend = SDPBackend.FLASH_ATTENTION if dropout_p else SDPBackend.CUDNN_ATTENTION
-        with bf.sdpa_kernel(backend):
-            ref_out = torch.nn.functional.scaled_dot_product_attention(
-                qt, kt, vt, is_causal=causal, dropout_p=dropout_p)
-        do_t = dout.transpose(1, 2)
-
-        def peer_bwd():
-            torch.autograd.grad(ref_out, (qt, kt, vt), do_t, retain_graph=True)
+        pt = BwdPoint(lib_b, d, s, b, h, causal, dropout_p)
+        fa, fb = pt.flashport(lib_a), pt.flashport(lib_b)
+        fad, fbd = pt.flashport(lib_a, True), pt.flashport(lib_b, True)
+        peer_bwd = pt.peer_bwd
         times = {n: [] for n in ("A", "B", "C", "Ad", "Bd")}
         for _ in range(5):
             for name, fn in (("A", fa), ("B", fb), ("C", peer_bwd), ("Ad", fad), ("Bd", fbd)):
@@ -397,7 +385,7 @@ def main_bwd(lib_a, lib_b, dims, dropout_p):
               f"{tf['B'] / tf['A']:.3f} | {tf['A'] / tf['C']:.2f} | {tf['B'] / tf['C']:.2f} | "
               f"{prof['C'] / prof['A']:.2f} | {prof['C'] / prof['B']:.2f} | "
               f"{tf['Bd'] / tf['Ad']:.3f} | {tf['Ad'] / tf['A']:.2f} | {diff:.1e} | {fa.kernel} |", flush=True)
-        del q, k, v, dout, out, lse, fa, fb, fad, fbd, qt, kt, vt, ref_out
+        del pt, fa, fb, fad, fbd
         torch.cuda.empty_cache()
 
 
