@@ -193,6 +193,37 @@ TEST(CudaHopperBwd, PipelineStepCounts) {
   }
 }
 
+// More (key block, kv head, sequence) work items than an H100 or H200 has SMs (132), with short
+// query blocks so the fp64 reference stays cheap: a backward on a persistent grid walks several
+// items per block, among them items of no step (keys no query sees, key blocks past a short
+// sequence), whose keys' dK, dV must still come out 0; GQA, dropout, softcap and deterministic
+// mode (one block per item) on the same shapes.
+TEST(CudaHopperBwd, ManyWorkItems) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t d : {64, 128, 256}) {
+    SCOPED_TRACE("d " + std::to_string(d));
+    Case c;
+    c.dtype = rand_dtype();
+    c.batch = 24, c.hq = 6, c.hkv = 3, c.d = d, c.dv = d, c.sq = rand_int(1, 100), c.sk = 390;
+    check_hopper_bwd(c, hopper_takes(d));
+    c.sq = 70, c.causal = true, c.top_left = true;  // keys from 70 on: no query, no step
+    check_hopper_bwd(c, hopper_takes(d));
+    c.causal = false, c.top_left = false, c.dropout = 0.15f, c.softcap = 20.0f;
+    check_hopper_bwd(c, hopper_takes(d));
+    c.dropout = 0.0f, c.softcap = 0.0f;
+    check_hopper_bwd(c, hopper_takes(d), /*det=*/true, /*repeats=*/2);
+    Case v;
+    v.dtype = rand_dtype();
+    v.varlen = true;
+    for (int b = 0; b < 40; ++b) {
+      v.lq.push_back(rand_int(0, 90));
+      v.lk.push_back(rand_int(1, 600));
+    }
+    v.hq = 4, v.hkv = 2, v.d = d, v.dv = d, v.causal = rand_int(0, 1);
+    check_hopper_bwd(v, hopper_takes(d));
+  }
+}
+
 TEST(CudaHopperBwd, LongerSequences) {
   SKIP_WITHOUT_GPU();
   for (int64_t d : {64, 128, 256}) {
