@@ -738,104 +738,104 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
         live = key_lo < lk && S.rows_lo(key_lo) < i_end && S.rows_end(key_end) > i0;
       }
       if (live) {
-      if (mwg == 1 || s > 0) named_sync<kMmaThreads>(my_turn);  // warpgroup 1's first turn needs none
-      mbar_wait(full_bar(st), (s / kStages) & 1);
-      fence_proxy_async();  // a tail step's cp.async writes (generic proxy) -> wgmma reads (async proxy)
+        if (mwg == 1 || s > 0) named_sync<kMmaThreads>(my_turn);  // warpgroup 1's first turn needs none
+        mbar_wait(full_bar(st), (s / kStages) & 1);
+        fence_proxy_async();  // a tail step's cp.async writes (generic proxy) -> wgmma reads (async proxy)
 
-      // ---- S^T = K Q^T and dP^T = V dO^T (two groups: P is computed while dP^T runs) ----
-      float s_acc[BM / 2], dp_acc[BM / 2];
-      {
-        // Descriptors as base + offset (16-byte units); the opaque copies keep the compiler
-        // from hoisting D/16 loop-invariant 64-bit descriptors into registers.
-        uint64_t k_desc = make_desc(sK_u32 + mwg * (64 * 128), 16, 1024);
-        asm volatile("" : "+l"(k_desc));
-        uint64_t q_desc = make_desc(sQ_u32 + st * (BM * D * 2), 16, 1024);
-        asm volatile("" : "+l"(q_desc));
-        wg_fence();
+        // ---- S^T = K Q^T and dP^T = V dO^T (two groups: P is computed while dP^T runs) ----
+        float s_acc[BM / 2], dp_acc[BM / 2];
+        {
+          // Descriptors as base + offset (16-byte units); the opaque copies keep the compiler
+          // from hoisting D/16 loop-invariant 64-bit descriptors into registers.
+          uint64_t k_desc = make_desc(sK_u32 + mwg * (64 * 128), 16, 1024);
+          asm volatile("" : "+l"(k_desc));
+          uint64_t q_desc = make_desc(sQ_u32 + st * (BM * D * 2), 16, 1024);
+          asm volatile("" : "+l"(q_desc));
+          wg_fence();
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-          const uint32_t koff = uint32_t((ks & 3) * 32);  // 16 columns = 32 bytes of the 128-byte row
-          const uint64_t da = k_desc + (((ks >> 2) * (BN * 128) + koff) >> 4);
-          const uint64_t db = q_desc + (((ks >> 2) * (BM * 128) + koff) >> 4);
-          if constexpr (BM == 128) wgmma_ss_m64n128k16<kBf16, 0, 0>(s_acc, da, db, ks > 0 ? 1 : 0);
-          else wgmma_ss_m64n64k16<kBf16, 0, 0>(s_acc, da, db, ks > 0 ? 1 : 0);
-        }
-        wg_commit();
-        uint64_t v_desc = make_desc(sV_u32 + mwg * (64 * 128), 16, 1024);
-        asm volatile("" : "+l"(v_desc));
-        uint64_t o_desc = make_desc(sdO_u32 + st * (BM * D * 2), 16, 1024);
-        asm volatile("" : "+l"(o_desc));
+          for (int ks = 0; ks < D / 16; ++ks) {
+            const uint32_t koff = uint32_t((ks & 3) * 32);  // 16 columns = 32 bytes of the 128-byte row
+            const uint64_t da = k_desc + (((ks >> 2) * (BN * 128) + koff) >> 4);
+            const uint64_t db = q_desc + (((ks >> 2) * (BM * 128) + koff) >> 4);
+            if constexpr (BM == 128) wgmma_ss_m64n128k16<kBf16, 0, 0>(s_acc, da, db, ks > 0 ? 1 : 0);
+            else wgmma_ss_m64n64k16<kBf16, 0, 0>(s_acc, da, db, ks > 0 ? 1 : 0);
+          }
+          wg_commit();
+          uint64_t v_desc = make_desc(sV_u32 + mwg * (64 * 128), 16, 1024);
+          asm volatile("" : "+l"(v_desc));
+          uint64_t o_desc = make_desc(sdO_u32 + st * (BM * D * 2), 16, 1024);
+          asm volatile("" : "+l"(o_desc));
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-          const uint32_t koff = uint32_t((ks & 3) * 32);
-          const uint64_t da = v_desc + (((ks >> 2) * (BN * 128) + koff) >> 4);
-          const uint64_t db = o_desc + (((ks >> 2) * (BM * 128) + koff) >> 4);
-          if constexpr (BM == 128) wgmma_ss_m64n128k16<kBf16, 0, 0>(dp_acc, da, db, ks > 0 ? 1 : 0);
-          else wgmma_ss_m64n64k16<kBf16, 0, 0>(dp_acc, da, db, ks > 0 ? 1 : 0);
+          for (int ks = 0; ks < D / 16; ++ks) {
+            const uint32_t koff = uint32_t((ks & 3) * 32);
+            const uint64_t da = v_desc + (((ks >> 2) * (BN * 128) + koff) >> 4);
+            const uint64_t db = o_desc + (((ks >> 2) * (BM * 128) + koff) >> 4);
+            if constexpr (BM == 128) wgmma_ss_m64n128k16<kBf16, 0, 0>(dp_acc, da, db, ks > 0 ? 1 : 0);
+            else wgmma_ss_m64n64k16<kBf16, 0, 0>(dp_acc, da, db, ks > 0 ? 1 : 0);
+          }
+          wg_commit();
         }
-        wg_commit();
-      }
-      named_arrive<kMmaThreads>(other_turn);
+        named_arrive<kMmaThreads>(other_turn);
 
-      // ---- P^T, dS^T (s_acc[4t + 2hf + e2] is key n0 + key_loc0 + 8hf, query i0 + 8t + col_base + e2)
-      p_and_ds<kQTiles, kDropout>(s_acc, dp_acc, S, transformed, S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1),
-                                  R.alibi ? -R.alibi_slope(b, h) * kLog2e : 0.0f, i0, n0 + key_loc0, col_base,
-                                  sL + st * BM, sDs + st * BM, keep);
-      uint32_t pa[kQSteps][4], da[kQSteps][4];
-#pragma unroll
-      for (int ks = 0; ks < kQSteps; ++ks)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          pa[ks][r] = Elem::pack(s_acc[8 * ks + 2 * r], s_acc[8 * ks + 2 * r + 1]);
-          da[ks][r] = Elem::pack(dp_acc[8 * ks + 2 * r], dp_acc[8 * ks + 2 * r + 1]);
-        }
-      // dS^T to shared memory for dQ: (key, queries 8t + col_base, +1) -> one 32-bit store;
-      // pair (t, hf) is da[t / 2][(t & 1) * 2 + hf]. The other warpgroup's dQ of step s - 1
-      // must have read the previous dS^T first.
-      if (s > 0) named_sync<kMmaThreads>(kBarDsFree + (mwg ^ 1));
-#pragma unroll
-      for (int t = 0; t < kQTiles; ++t)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int off = panel_offset(BN, key_loc0 + 8 * hf, t) + col_base;
-          *reinterpret_cast<uint32_t*>(sdS + off) = da[t >> 1][(t & 1) * 2 + hf];
-        }
-      fence_proxy_async();  // dS^T stores (generic proxy) -> wgmma reads (async proxy)
-      named_arrive<kMmaThreads>(kBarDsStored + mwg);
-      named_sync<kMmaThreads>(my_turn);  // the other has issued its S^T, dP^T
-
-      // ---- dV += P^T dO, dK += dS^T Q (A from registers; dO, Q MN-major) -------------------
-      {
-        uint64_t o_desc = make_desc(sdO_u32 + st * (BM * D * 2), BM * 128, 1024);
-        asm volatile("" : "+l"(o_desc));
-        uint64_t q_desc = make_desc(sQ_u32 + st * (BM * D * 2), BM * 128, 1024);
-        asm volatile("" : "+l"(q_desc));
-        wg_fence();
+        // ---- P^T, dS^T (s_acc[4t + 2hf + e2] is key n0 + key_loc0 + 8hf, query i0 + 8t + col_base + e2)
+        p_and_ds<kQTiles, kDropout>(s_acc, dp_acc, S, transformed, S.tile_needs_mask(n_blk, BN, i0, i0 + BM - 1),
+                                    R.alibi ? -R.alibi_slope(b, h) * kLog2e : 0.0f, i0, n0 + key_loc0, col_base,
+                                    sL + st * BM, sDs + st * BM, keep);
+        uint32_t pa[kQSteps][4], da[kQSteps][4];
 #pragma unroll
         for (int ks = 0; ks < kQSteps; ++ks)
 #pragma unroll
-          for (int p = 0; p < kPanels; ++p)
-            wgmma_rs_m64n64k16<kBf16, 1>(dv_acc[p], pa[ks], o_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
+          for (int r = 0; r < 4; ++r) {
+            pa[ks][r] = Elem::pack(s_acc[8 * ks + 2 * r], s_acc[8 * ks + 2 * r + 1]);
+            da[ks][r] = Elem::pack(dp_acc[8 * ks + 2 * r], dp_acc[8 * ks + 2 * r + 1]);
+          }
+        // dS^T to shared memory for dQ: (key, queries 8t + col_base, +1) -> one 32-bit store;
+        // pair (t, hf) is da[t / 2][(t & 1) * 2 + hf]. The other warpgroup's dQ of step s - 1
+        // must have read the previous dS^T first.
+        if (s > 0) named_sync<kMmaThreads>(kBarDsFree + (mwg ^ 1));
 #pragma unroll
-        for (int ks = 0; ks < kQSteps; ++ks)
+        for (int t = 0; t < kQTiles; ++t)
 #pragma unroll
-          for (int p = 0; p < kPanels; ++p)
-            wgmma_rs_m64n64k16<kBf16, 1>(dk_acc[p], da[ks], q_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
-        wg_commit();
-      }
-      named_sync<kMmaThreads>(kBarDsStored + (mwg ^ 1));  // the other's dS^T half in shared memory
+          for (int hf = 0; hf < 2; ++hf) {
+            const int off = panel_offset(BN, key_loc0 + 8 * hf, t) + col_base;
+            *reinterpret_cast<uint32_t*>(sdS + off) = da[t >> 1][(t & 1) * 2 + hf];
+          }
+        fence_proxy_async();  // dS^T stores (generic proxy) -> wgmma reads (async proxy)
+        named_arrive<kMmaThreads>(kBarDsStored + mwg);
+        named_sync<kMmaThreads>(my_turn);  // the other has issued its S^T, dP^T
 
-      // ---- dQ = dS K (64 x 64 per warpgroup; dS^T and K MN-major) ---------------------------
-      issue_dq_product<BN, kBf16>(dq_acc, dq_ds_base, dq_k_base);
-      if (s + 1 < steps || mwg == 0) named_arrive<kMmaThreads>(other_turn);
-      if constexpr (kDropout) {
-        if (s + 1 < steps) step_keep(s + 1);
-      }
-      wg_wait<1>();  // dV, dK done: this warp's reads of the stage (Q, dO; LSE2, D long read)
-      fence_regs_u32(pa);
-      fence_regs_u32(da);
+        // ---- dV += P^T dO, dK += dS^T Q (A from registers; dO, Q MN-major) -------------------
+        {
+          uint64_t o_desc = make_desc(sdO_u32 + st * (BM * D * 2), BM * 128, 1024);
+          asm volatile("" : "+l"(o_desc));
+          uint64_t q_desc = make_desc(sQ_u32 + st * (BM * D * 2), BM * 128, 1024);
+          asm volatile("" : "+l"(q_desc));
+          wg_fence();
 #pragma unroll
-      for (int p = 0; p < kPanels; ++p) fence_regs(dv_acc[p]), fence_regs(dk_acc[p]);
+          for (int ks = 0; ks < kQSteps; ++ks)
+#pragma unroll
+            for (int p = 0; p < kPanels; ++p)
+              wgmma_rs_m64n64k16<kBf16, 1>(dv_acc[p], pa[ks], o_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
+#pragma unroll
+          for (int ks = 0; ks < kQSteps; ++ks)
+#pragma unroll
+            for (int p = 0; p < kPanels; ++p)
+              wgmma_rs_m64n64k16<kBf16, 1>(dk_acc[p], da[ks], q_desc + ((p * (BM * 128) + ks * 2048) >> 4), 1);
+          wg_commit();
+        }
+        named_sync<kMmaThreads>(kBarDsStored + (mwg ^ 1));  // the other's dS^T half in shared memory
+
+        // ---- dQ = dS K (64 x 64 per warpgroup; dS^T and K MN-major) ---------------------------
+        issue_dq_product<BN, kBf16>(dq_acc, dq_ds_base, dq_k_base);
+        if (s + 1 < steps || mwg == 0) named_arrive<kMmaThreads>(other_turn);
+        if constexpr (kDropout) {
+          if (s + 1 < steps) step_keep(s + 1);
+        }
+        wg_wait<1>();  // dV, dK done: this warp's reads of the stage (Q, dO; LSE2, D long read)
+        fence_regs_u32(pa);
+        fence_regs_u32(da);
+#pragma unroll
+        for (int p = 0; p < kPanels; ++p) fence_regs(dv_acc[p]), fence_regs(dk_acc[p]);
       } else {
         // Hidden keys: the turns and dS^T handshakes of the step above, zeros as this half of
         // dS^T, and this warpgroup's part of dQ.
