@@ -194,10 +194,10 @@ TEST(CudaHopperBwd, PipelineStepCounts) {
 }
 
 // More (key block, kv head, sequence) work items than an H100 or H200 has SMs (132), with short
-// query blocks so the fp64 reference stays cheap: a backward on a persistent grid walks several
-// items per block, among them items of no step (keys no query sees, key blocks past a short
-// sequence), whose keys' dK, dV must still come out 0; GQA, dropout, softcap and deterministic
-// mode (one block per item) on the same shapes.
+// query blocks so the fp64 reference stays cheap: more items than one wave of blocks (the case a
+// kernel that walks several items per block must get right), among them items of no step (keys no
+// query sees, key blocks past a short sequence), whose keys' dK, dV must still come out 0; GQA,
+// dropout, softcap, varlen and deterministic mode on the same shapes.
 TEST(CudaHopperBwd, ManyWorkItems) {
   SKIP_WITHOUT_GPU();
   for (int64_t d : {64, 128, 256}) {
