@@ -37,7 +37,8 @@ KV-cache prefill chunk (B2, Sq 1024 after 3072 cached keys: 4096 keys, Hq/Hkv 32
 = 4096, Hq/Hkv = 4 at other head dims), bf16, bottom-right causal): the contiguous cache and paged
 caches of 256/128/64/48/32/16/8/200-row pages (random block tables; 16-row pages also with consecutive ids,
 and in a pool whose K and V pages are interleaved, [pages, 2, page, Hkv, D]: pages not back to
-back), graph replay us per call, 5 rounds of [A, B]:
+back), and with left pads (cache_leftpad 37/200, the same keys after them: contiguous and 256/64/48/16-row
+pages; both builds need fpb_set_leftpad), graph replay us per call, 5 rounds of [A, B]:
 
     python3 bench/gpu/bench_ab_fwd.py A.so B.so cache[:64,128,256]
 
@@ -178,8 +179,9 @@ def main_decode(lib_a, lib_b):
 class FlashportCache:
     """fpb_fwd_cache of one build: a KV-cache forward (contiguous, or paged when table is given)."""
 
-    def __init__(self, lib, q, kc, vc, seqlens, table=None):
+    def __init__(self, lib, q, kc, vc, seqlens, table=None, leftpad=None):
         self.lib, self.out = lib, torch.empty_like(q)
+        self.leftpad = leftpad.data_ptr() if leftpad is not None else None
         self.qshape = (ctypes.c_int64 * 4)(*q.shape)
         self.kshape = (ctypes.c_int64 * 4)(*kc.shape)
         st = []
@@ -192,6 +194,7 @@ class FlashportCache:
         self.dtype = 1 if q.dtype == torch.bfloat16 else 0
         need = ctypes.c_size_t(0)
         kern = ctypes.create_string_buffer(96)
+        self.set_leftpad()
         rc = lib.fpb_fwd_cache(self.qshape, self.kshape, self.strides, *self.ptrs, self.bt_cols, self.dtype, 1,
                                None, 0, None, ctypes.byref(need), kern)
         if rc not in (0, 3):
@@ -199,7 +202,12 @@ class FlashportCache:
         self.ws = torch.empty(max(need.value, 1), dtype=torch.uint8, device="cuda")
         self.kernel = kern.value.decode()
 
+    def set_leftpad(self):  # the library's setting for its next fpb_fwd_cache calls
+        if self.leftpad is not None or hasattr(self.lib, "fpb_set_leftpad"):
+            self.lib.fpb_set_leftpad(self.leftpad)
+
     def __call__(self):
+        self.set_leftpad()
         rc = self.lib.fpb_fwd_cache(self.qshape, self.kshape, self.strides, *self.ptrs, self.bt_cols, self.dtype, 1,
                                     self.ws.data_ptr(), self.ws.numel(), torch.cuda.current_stream().cuda_stream,
                                     None, None)
@@ -207,11 +215,11 @@ class FlashportCache:
             raise RuntimeError(self.lib.fpb_last_error().decode())
 
 
-def time_cache_pair(lib_a, lib_b, q, k, v, seqlens, table):
+def time_cache_pair(lib_a, lib_b, q, k, v, seqlens, table, leftpad=None):
     """One cache call of both builds: graph replay us (medians of 5 rounds of [A, B]), the relative
     difference of their outputs, and the two calls."""
-    fa = FlashportCache(lib_a, q, k, v, seqlens, table)
-    fb = FlashportCache(lib_b, q, k, v, seqlens, table)
+    fa = FlashportCache(lib_a, q, k, v, seqlens, table, leftpad)
+    fb = FlashportCache(lib_b, q, k, v, seqlens, table, leftpad)
     times = {"A": [], "B": []}
     for _ in range(5):
         for n, fn in (("A", fa), ("B", fb)):
@@ -255,9 +263,19 @@ def main_cache(lib_a, lib_b, D=128, B=2, Sq=1024):
             kv = torch.empty(B * blocks, 2, page, Hkv, D, device="cuda", dtype=dt)
             kv[:, 0], kv[:, 1] = kp, vp
             calls.append((f"paged {page}, K/V pages interleaved", kv[:, 0], kv[:, 1], table))
+    calls = [c + (None,) for c in calls]
+    # Left pads (cache_leftpad 37 and 200 rows, the same 4096 keys after them): the contiguous cache
+    # and pages of 256, 64, 48 and 16 rows (the builds need fpb_set_leftpad).
+    if Sq == 1024 and hasattr(lib_b, "fpb_set_leftpad"):
+        pad = torch.tensor([37, 200][:B] + [0] * max(0, B - 2), dtype=torch.int32, device="cuda")
+        named = {c[0]: c for c in calls}
+        for key in ("contiguous", "paged 256", "paged 64", "paged 48", "paged 16"):
+            _, k, v, table, _ = named[key]
+            calls.append((key + ", left pad 37/200", k, v, table, pad))
     base = None
-    for name, k, v, table in calls:
-        t, diff, fa, fb = time_cache_pair(lib_a, lib_b, q, k, v, seqlens, table)
+    for name, k, v, table, pad in calls:
+        used = seqlens if pad is None else seqlens + pad
+        t, diff, fa, fb = time_cache_pair(lib_a, lib_b, q, k, v, used, table, pad)
         base = base or t["B"]
         print(f"| {name} | {t['A']:.1f} | {t['B']:.1f} | {t['A'] / t['B']:.3f} | {base / t['B']:.3f} | {diff:.1e} | "
               f"{fa.kernel} | {fb.kernel} |", flush=True)

@@ -41,6 +41,9 @@ def load_lib(path):
         lib.fpb_set_append.restype = None
         lib.fpb_set_append.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] + [ctypes.c_void_p] * 2 + \
             [ctypes.c_int64] * 2 + [ctypes.c_int] * 2
+    if hasattr(lib, "fpb_set_leftpad"):
+        lib.fpb_set_leftpad.restype = None
+        lib.fpb_set_leftpad.argtypes = [ctypes.c_void_p]
     lib.fpb_last_error.restype = ctypes.c_char_p
     return lib
 

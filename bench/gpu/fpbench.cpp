@@ -30,6 +30,9 @@ struct AppendSetting {
   int interleaved = 0, tables_f32 = 1;
 } g_append;
 
+// cache_leftpad of every fpb_fwd_cache call (fpb_set_leftpad; null: none): int32 [B].
+void* g_leftpad = nullptr;
+
 // The forward call of dims (B, Sq, Sk, Hq, Hkv, D, Dv) over BSHD q, k, v, out (strides: 4 each,
 // elements; lse [B, Hq, Sq] fp32 or null), dtype 0 fp16 / 1 bf16, torch's top-left causal.
 void forward_params(fp_attn_params* p, const int64_t* dims, const int64_t* strides, void* q, void* k, void* v,
@@ -81,6 +84,7 @@ void fpb_set_append(void* k_new, void* v_new, int64_t snew, void* cos, void* sin
                     int interleaved, int tables_f32) {
   g_append = AppendSetting{k_new, v_new, cos, sin, snew, rows, rot_dim, interleaved, tables_f32};
 }
+void fpb_set_leftpad(void* pad) { g_leftpad = pad; }
 
 // dims: B, Sq, Sk, Hq, Hkv, D, Dv. strides: q, k, v, out (4 each, elements). dtype: 0 fp16, 1 bf16.
 // Returns fp_status; on FP_ERR_WORKSPACE (or ws == null) *ws_needed says how much to pass.
@@ -133,6 +137,7 @@ int fpb_fwd_cache(const int64_t* qshape, const int64_t* kshape, const int64_t* s
   p.v = make(v, p.v.dtype, 4, kshape, strides + 8);
   const int64_t bs[1] = {B}, bst[1] = {1};
   p.seqused_k = make(seqused_k, FP_I32, 1, bs, bst);
+  if (g_leftpad != nullptr) p.cache_leftpad = make(g_leftpad, FP_I32, 1, bs, bst);
   if (bt_cols > 0) {
     const int64_t ts[2] = {B, bt_cols}, tst[2] = {bt_cols, 1};
     p.block_table = make(block_table, FP_I32, 2, ts, tst);

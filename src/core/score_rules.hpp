@@ -80,6 +80,10 @@ struct SeqScoreRules {
   I lq = 0, lk = 0;
   I shift = 0;          // row i's diagonal key is i + shift (bottom-right aligned: lk - lq)
   I wl = -1, wr = -1;   // window left / right; < 0: unbounded (causal: wr = 0)
+  // Keys below k_lo are hidden from every row: 0, or a forward whose key tiles start k_lo rows
+  // before the sequence's first key (start_keys_early). The backward's block ranges (rows_lo,
+  // rows_end, query_blocks, last_key_block) assume 0.
+  I k_lo = 0;
   // raw q.k -> score: *softcap_out * tanh(raw * *softcap_in) with softcap (*softcap_in > 0), else
   // raw * *scale. Natural-log units: scale, scale / softcap, softcap.
   const T* scale = nullptr;
@@ -93,22 +97,31 @@ struct SeqScoreRules {
         wl(static_cast<I>(r.window_left)), wr(static_cast<I>(r.window_right)), scale(&scale_),
         softcap_in(&softcap_in_), softcap_out(&softcap_out_) {}
 
+  // The same rules over keys renumbered j + off, the first off of them hidden: a forward whose
+  // key tiles start off rows before the sequence's first key (a paged cache's left pad rounded
+  // down to a whole TMA box: fwd_hopper.hpp kv_key_align). Distances to the diagonal are kept.
+  FP_HD void start_keys_early(I off) {
+    lk += off;
+    shift += off;
+    k_lo = off;
+  }
+
   // ---- visible keys (causal / window / key length) -------------------------------------------
   // Row i sees keys [vis_lo(i), vis_hi(i)) (none when vis_hi <= vis_lo).
   FP_HD I vis_lo(I i) const {
-    const I lo = wl >= 0 ? i + shift - wl : I(0);
-    return lo < 0 ? I(0) : lo;
+    const I lo = wl >= 0 ? i + shift - wl : k_lo;
+    return lo < k_lo ? k_lo : lo;
   }
   FP_HD I vis_hi(I i) const {
     const I hi = wr >= 0 ? i + shift + wr + 1 : lk;
     return hi > lk ? lk : (hi < 0 ? I(0) : hi);
   }
   // Whether some key of tile nb (keys [nb bn, nb bn + bn)) is hidden from some row of
-  // [i_first, i_last]: a key past lk, right of the first row's window or left of the last row's.
-  // False: the tile skips the mask.
+  // [i_first, i_last]: a key past lk or below k_lo, right of the first row's window or left of the
+  // last row's. False: the tile skips the mask.
   FP_HD bool tile_needs_mask(I nb, I bn, I i_first, I i_last) const {
     const I n0 = nb * bn;
-    return n0 + bn > lk || (wr >= 0 && n0 + bn - 1 > i_first + shift + wr) ||
+    return n0 + bn > lk || n0 < k_lo || (wr >= 0 && n0 + bn - 1 > i_first + shift + wr) ||
            (wl >= 0 && n0 < i_last + shift - wl);
   }
   // The rows that see some key of [n0, n1) lie in [rows_lo(n0), rows_end(n1)) (a backward key

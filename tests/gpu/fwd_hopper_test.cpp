@@ -656,8 +656,9 @@ TEST(CudaHopperFwd, KvCacheContiguous) {
 int64_t box_run(int64_t page, int64_t bn) { return std::gcd(page, bn); }
 
 // The producer a paged call runs (fwd_hopper.hpp kv_by_rows): TMA boxes where the box run is a
-// multiple of 8 rows and at least 16 (8 at D128 in pools of back-to-back pages); row copies
-// (":kv_rows") for the other pages and for left pads.
+// multiple of 8 rows and at least 16 (8 at D128 in pools of back-to-back pages), left pads too
+// (their key tiles start at the pad rounded down to a box: kv_key_align); row copies (":kv_rows")
+// for the other pages.
 void check_hopper_paged(const Case& c) {
   fp_selection sel{};
   check_case(c, &sel);
@@ -670,7 +671,7 @@ void check_hopper_paged(const Case& c) {
   const bool d128_groups = c.d == 128 && c.dv % 64 == 0 && c.page_gap_rows == 0;
   const int64_t min_rows = d128_groups ? 8 : 16;
   const int64_t run = box_run(c.page_size, bn);
-  const bool rows = !c.leftpad.empty() || run % 8 != 0 || run < min_rows;
+  const bool rows = run % 8 != 0 || run < min_rows;
   EXPECT_EQ(ran.find(":kv_rows") != std::string::npos, rows) << c.describe() << " ran " << ran;
   expect_split_tag(sel, c.describe());
 }
@@ -793,8 +794,8 @@ TEST(HopperFwdPlan, GroupedPagedBoxes) {
 }
 
 // Pages sharing no 8-row run with the key tile (1, 3, 12, 100, 129; and 16, 48, 64, 200, which take
-// boxes where their run with the instance's tile allows: check_hopper_paged says which) and paged
-// caches with a left pad: the producer warpgroup copies rows with cp.async. Every head-dim
+// boxes where their run with the instance's tile allows: check_hopper_paged says which): the
+// producer warpgroup copies rows with cp.async; some calls with a left pad. Every head-dim
 // instance, padded head dims (96; 160 and 192/128 in the D192 instance, whose rows of 24 chunks
 // leave 8 lanes of a copy idle), causal and windows, NaN in unused rows.
 TEST(CudaHopperFwd, KvCachePagedByRows) {
@@ -810,7 +811,7 @@ TEST(CudaHopperFwd, KvCachePagedByRows) {
       c.seqused = {519, int64_t(rand_int(0, 520))};
       c.causal = (n % 2) == 0;
       if (n % 3 == 0) c.wl = 100, c.wr = 0;
-      if (n % 4 == 1) {  // a left pad (which also sends TMA-tileable pages here)
+      if (n % 4 == 1) {  // a left pad (TMA-tileable pages take boxes from the rounded-down pad)
         c.page_size = n % 8 == 1 ? 128 : page;
         c.leftpad = {30, 0};
         c.seqused = {519, 200};
@@ -822,10 +823,11 @@ TEST(CudaHopperFwd, KvCachePagedByRows) {
 }
 
 // The producer a paged call gets (the plan's rule, no device needed): row copies for pages not
-// dividing the key tile (128 rows; 96 at D192, 64 at D256) nor a multiple of it, for pages below
-// 16 rows, and with a left pad; TMA boxes for multiples of the tile and pages of 16 rows and up, a
-// multiple of 8, dividing it; dropout (no row copies: the candidate declines those) keeps the boxes
-// of 8-row pages too. The plan's name says which.
+// dividing the key tile (128 rows; 96 at D192, 64 at D256) nor a multiple of it and for pages below
+// 16 rows; TMA boxes for multiples of the tile and pages of 16 rows and up, a multiple of 8,
+// dividing it, with or without a left pad; dropout (no row copies: the candidate declines those)
+// keeps the boxes of 8-row pages too, but not with a left pad (its keep bits need tiles that start
+// at a key). The plan's name says which.
 TEST(HopperFwdPlan, PagedProducerChoice) {
   struct Want {
     int64_t d, page;
@@ -834,7 +836,7 @@ TEST(HopperFwdPlan, PagedProducerChoice) {
   const Want wants[] = {
       {128, 16, false, false, false}, {128, 64, false, false, false}, {128, 1, false, false, true},
       {128, 48, false, false, false},  {128, 3, false, false, true},   {128, 200, false, false, true},
-      {128, 128, false, false, false}, {128, 256, false, false, false}, {128, 256, true, false, true},
+      {128, 128, false, false, false}, {128, 256, false, false, false}, {128, 256, true, false, false},
       {96, 16, false, false, false},  {64, 16, false, false, false},  {64, 512, false, false, false},
       {256, 16, false, false, false}, {256, 64, false, false, false}, {256, 128, false, false, false},
       {192, 32, false, false, false}, {128, 16, false, true, false},  {128, 64, false, true, false},
@@ -844,9 +846,11 @@ TEST(HopperFwdPlan, PagedProducerChoice) {
       {128, 8, false, true, false},   {256, 8, false, false, true},   {256, 32, false, false, false},
       {128, 256, false, true, false}, {128, 48, false, true, false},    {128, 16, true, true, true},
       {192, 64, false, false, false}, {192, 256, false, false, false},  {160, 16, false, false, false},
-      {192, 64, false, true, false},   {176, 32, false, true, false},   {192, 64, true, false, true},
+      {192, 64, false, true, false},   {176, 32, false, true, false},   {192, 64, true, false, false},
       {160, 16, false, true, false},
       {192, 96, false, false, false}, {192, 192, false, false, false}, {192, 48, false, true, false},
+      {128, 1, true, false, true},     {128, 12, true, false, true},     {64, 48, true, false, false},
+      {256, 16, true, false, false},   {128, 64, true, true, true},
   };
   const int32_t pad = 0;
   for (const Want& w : wants) {
@@ -860,11 +864,57 @@ TEST(HopperFwdPlan, PagedProducerChoice) {
     const std::string what = "d " + std::to_string(w.d) + " page " + std::to_string(w.page) +
                              (w.leftpad ? " leftpad" : "") + (w.dropout ? " dropout" : "");
     EXPECT_EQ(flashport::gpu::kv_by_rows(p), w.rows) << what;
+    // Boxes with a left pad: key tiles from the pad rounded down to a box; else from the first key.
+    const int64_t box = std::gcd(w.page, int64_t(flashport::gpu::hopper_block_n(p)));
+    EXPECT_EQ(flashport::gpu::kv_key_align(p), w.leftpad && !w.rows ? box : 0) << what;
     char name[160];
     flashport::gpu::hopper_kernel_name(name, sizeof(name), p, 1);
     EXPECT_EQ(std::string(name).find(":kv_rows") != std::string::npos, w.rows) << what << ": " << name;
-    p.seq.kv_layout = flashport::KvLayout::Batched;  // a contiguous cache: TMA boxes
+    p.seq.kv_layout = flashport::KvLayout::Batched;  // a contiguous cache: TMA boxes from any row
     EXPECT_FALSE(flashport::gpu::kv_by_rows(p)) << what;
+    EXPECT_EQ(flashport::gpu::kv_key_align(p), 0) << what;
+  }
+}
+
+// Paged caches with left pads on TMA boxes: each sequence's key tiles start at its pad rounded
+// down to a box, the keys before the pad hidden and their V rows zeroed (the pad rows hold NaN).
+// Pads below, at and past a box and a tile, 0, and equal to seqused_k (no keys); every head-dim
+// instance with boxes per page (16, 48: 16-row boxes of a 128-key tile; 64; 256: whole tiles),
+// GQA, bottom-right and top-left causal, windows, softcap + ALiBi, sinks, split-KV, append +
+// rotary after the pad, a call whose keys fit in one tile with the pad.
+TEST(CudaHopperFwd, KvCachePagedLeftPadBoxes) {
+  SKIP_WITHOUT_GPU();
+  int n = 0;
+  for (int64_t d : {64, 128, 192, 256}) {
+    for (int64_t page : {16, 48, 64, 256}) {
+      Case c;
+      c.dtype = rand_dtype();
+      c.cache = true, c.paged = true, c.page_size = page, c.nan_unused_cache = true;
+      c.batch = 4, c.hq = 4, c.hkv = 2, c.d = d, c.dv = d == 192 ? 128 : d, c.sq = 140, c.sk = 768;
+      const int64_t box = std::gcd(page, int64_t(flashport::gpu::HopperTileV3::block_n(int(d))));
+      c.leftpad = {box - 1, 1 + int64_t(rand_int(0, 300)), 0, 131};
+      c.seqused = {700, 768, 333, 131};  // the last: pad = seqused_k, no keys
+      switch (n++ % 5) {
+        case 0: c.causal = true; break;
+        case 1: c.causal = true, c.top_left = true; break;
+        case 2: c.wl = 90, c.wr = 10; break;
+        case 3: c.softcap = 20.0f, c.alibi = true, c.sinks = true; break;
+        default: c.splits = 3; break;
+      }
+      check_hopper_paged(c);
+    }
+  }
+  for (int64_t page : {16, 64}) {  // append + rotary after the pad; short sequences in one tile
+    Case a;
+    a.dtype = rand_dtype();
+    a.cache = true, a.paged = true, a.page_size = page, a.nan_unused_cache = true;
+    a.batch = 3, a.hq = 8, a.hkv = 2, a.d = 128, a.dv = 128, a.sq = 128, a.sk = 512;
+    a.leftpad = {5, 77, 300};
+    a.seqused = {40, 200, 380};
+    a.causal = true;
+    check_hopper_paged(a);
+    a.snew = a.sq, a.rot_dim = 64, a.rot_interleaved = page == 16;
+    check_hopper_paged(a);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <string>
 
+#include "core/score_rules.hpp"
 #include "harness.hpp"
 
 namespace reftest {
@@ -395,6 +396,53 @@ TEST(ReferenceLeftpad, PadEqualToSequsedLeavesNoKeys) {
     EXPECT_EQ(lse.get({0, 0, i}), -INFINITY);
     for (int64_t d = 0; d < 4; ++d) EXPECT_EQ(out.get({0, i, 0, d}), 0.0);
   }
+}
+
+// The score rules of a forward whose key tiles start `off` rows before the first key (the Hopper
+// forward over a left-padded paged cache: SeqScoreRules::start_keys_early): every row sees the
+// same keys, renumbered j + off, at the same distance from its diagonal; the first off keys are
+// hidden from every row; a tile that skips the mask (tile_needs_mask false) holds only keys every
+// row of the block sees. Brute force over rows and keys.
+TEST(ReferenceLeftpad, KeysStartedEarlyKeepEachRowsKeys) {
+  using Rules = flashport::SeqScoreRules<int64_t, double>;
+  int tiles_checked = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    flashport::ScoreRules r;
+    r.window_left = rand_int(-1, 40);
+    r.window_right = rand_int(-1, 40);
+    r.top_left = rand_int(0, 1) == 1;
+    const int64_t lq = rand_int(1, 90), lk = rand_int(0, 90), off = rand_int(0, 63);
+    const double one = 1.0, zero = 0.0;
+    const Rules plain(r, lq, lk, one, zero, zero);
+    Rules early = plain;
+    early.start_keys_early(off);
+    const std::string what = "lq " + std::to_string(lq) + " lk " + std::to_string(lk) + " off " + std::to_string(off) +
+                             " wl " + std::to_string(r.window_left) + " wr " + std::to_string(r.window_right) +
+                             (r.top_left ? " top-left" : "");
+    ASSERT_EQ(early.lk, lk + off) << what;
+    auto sees = [](const Rules& s, int64_t i, int64_t j) { return j >= s.vis_lo(i) && j < s.vis_hi(i); };
+    for (int64_t i = 0; i < lq; ++i) {
+      for (int64_t j = 0; j < lk + off; ++j) {
+        const bool want = j >= off && sees(plain, i, j - off);
+        ASSERT_EQ(sees(early, i, j), want) << what << " row " << i << " key " << j;
+        if (want) {
+          ASSERT_EQ(early.diagonal(i) - j, plain.diagonal(i) - (j - off)) << what;
+        }
+      }
+    }
+    const int64_t bn = 16 << rand_int(0, 2), bm = 16 << rand_int(0, 2);
+    for (int64_t i0 = 0; i0 < lq; i0 += bm) {
+      const int64_t i1 = std::min(lq, i0 + bm) - 1;
+      for (int64_t nb = 0; nb * bn < lk + off; ++nb) {
+        if (early.tile_needs_mask(nb, bn, i0, i1)) continue;
+        ++tiles_checked;
+        for (int64_t i = i0; i <= i1; ++i)
+          for (int64_t j = nb * bn; j < nb * bn + bn; ++j)
+            ASSERT_TRUE(sees(early, i, j)) << what << " tile " << nb << " rows " << i0 << ".." << i1;
+      }
+    }
+  }
+  EXPECT_GT(tiles_checked, 50);
 }
 
 }  // namespace

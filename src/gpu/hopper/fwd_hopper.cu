@@ -158,6 +158,7 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, Nonce
   prm.a = a;
   if (!make_v3_maps(p, a, &prm).empty()) return cudaErrorInvalidValue;  // the candidate checked the same rules
   prm.kv_box_rows = kv_box_rows(p);
+  prm.kv_key_align = kv_key_align(p);
   prm.kv_grouped = kv_grouped_boxes(p);
   const bool rows = kv_by_rows(p);
   prm.zero_v_tail = is_kv_cache_call(p) && !rows;  // the row copies zero-fill

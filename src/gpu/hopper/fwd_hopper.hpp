@@ -11,9 +11,10 @@
 // contiguous (seqused_k, cache_batch_idx, cache_leftpad) and paged with any page size (TMA boxes
 // of the largest run of rows dividing both the page and the key tile, kv_page_box_rows, where it
 // is 16 rows or more, 8 at D128 in pools of back-to-back pages, each box issued by one lane, one
-// box across every panel in such pools (kv_grouped_boxes); other pages and left pads: coalesced
-// cp.async row copies by the producer warpgroup, kv_by_rows, head dims of multiples of 8; with
-// dropout, 8-row runs keep their boxes too, and the rest is declined), append and rotary (the
+// box across every panel in such pools (kv_grouped_boxes); a left pad: key tiles start at the pad
+// rounded down to a box (kv_key_align); other pages: coalesced cp.async row copies by the
+// producer warpgroup, kv_by_rows, head dims of multiples of 8; with dropout, 8-row runs keep
+// their boxes too without a left pad, and the rest is declined), append and rotary (the
 // pre-pass writes the cache rows and the rotated q, which the kernel reads from the workspace),
 // varlen queries over a cache (chunked prefill), dropout (core/philox.hpp's keep mask, the
 // words shared between lanes: common/dropout_lanes.cuh; split-KV too). Key tiles: HopperTileV3::block_n,
@@ -67,7 +68,7 @@ struct HopperTileV3 {
   static constexpr int consumer_regs(int d, int block_n, bool dropout = false) {
     return consumers(d, dropout) == 3 ? 160 : block_n <= 128 ? 232 : 240;
   }
-  // Key tile: 128 up to D128; 96 at D192 (230,528 bytes: the most that fits next to Q and the O
+  // Key tile: 128 up to D128; 96 at D192 (230,536 bytes: the most that fits next to Q and the O
   // staging), 64 at D256. With 96, pages of 64, 128, 256 rows do not tile a key tile with TMA boxes:
   // row copies (dropout: declined, the mma.sync kernel runs them).
   static constexpr int block_n(int d) { return d == 192 ? 96 : d == 256 ? 64 : 128; }
@@ -78,20 +79,20 @@ struct HopperTileV3 {
   // the A/B on the H100 decides the bound.
   static constexpr int kWideBlockN = 160;
   static constexpr int kWideMinKeys = 1920;
-  // full/empty Q, full/empty x K/V x stages, `v_tail_zeroed` (KV-cache calls: the first V tile's
-  // rows past the keys are zeroed before P V reads them), and the dynamic walk's two tile-id slots
-  // (full/empty each, and the ids: 8 bytes).
-  static constexpr int barrier_bytes(int d) { return 8 * (8 + 4 * stages(d)); }
+  // full/empty Q, full/empty x K/V x stages, the dynamic walk's two tile-id slots (full/empty
+  // each, and the ids: 8 bytes), and `v_ready` x stages (KV-cache calls: a V tile's rows outside
+  // the keys are zeroed before P V reads them).
+  static constexpr int barrier_bytes(int d) { return 8 * (7 + 5 * stages(d)); }
   // O leaves through shared memory (HopperRows::epilogue): each consumer warpgroup stages its 64
   // rows, kOutStageRowBytes per row and pass (16-bit O: one pass up to D128, three of 64 columns at
   // D192, two at D256; fp32 split-KV partials: one pass per 64 columns). 16 KB per consumer fits next
-  // to every ring: D64 206,016 bytes, D128 197,760 (160-key tile 230,528), D192 230,528, D256 230,528
+  // to every ring: D64 206,040 bytes, D128 197,768 (160-key tile 230,536), D192 230,536, D256 230,536
   // of the 232,448 an H100 block may opt in to.
   static constexpr int kOutStageRowBytes = 256;
   static constexpr int out_stage_bytes(int d, bool dropout = false) {
     return consumers(d, dropout) * 64 * kOutStageRowBytes;
   }
-  // Key tile bn (D128's wide tile: 230,528 bytes).
+  // Key tile bn (D128's wide tile: 230,536 bytes).
   static constexpr int smem_bytes(int d, int bn, bool dropout = false) {
     return (block_m(d, dropout) + 2 * stages(d) * bn) * d * 2 + out_stage_bytes(d, dropout) + 1024 +
            barrier_bytes(d);
@@ -193,9 +194,9 @@ inline bool kv_pool_in_groups(const Problem& p) {
 // How the producer reads a paged cache: TMA boxes of kv_page_box_rows rows -- the largest run
 // that divides both the page and the key tile (one box per tile for pages of whole tiles, one per
 // page for pages dividing the tile, one per 8k rows for the rest, e.g. 16 at 48-row pages), each
-// issued by its own lane of the producer warp -- where that run is a multiple of 8 rows, without
-// a left pad; row copies by the producer's threads (the kKvRows instances, coalesced cp.async)
-// for the rest (pages of no 8-row run, left pads) and where boxes would be smaller than the row
+// issued by its own lane of the producer warp -- where that run is a multiple of 8 rows (with a
+// left pad too: kv_key_align); row copies by the producer's threads (the kKvRows instances,
+// coalesced cp.async) for the rest (pages of no 8-row run) and where boxes would be smaller than the row
 // copies are slow: 16 rows, or 8 at D128 with boxes across panels (kv_pool_in_groups). A box's
 // cost is mostly fixed, not its bytes: on the H200 (prefill chunk, bench_ab_fwd.py cache,
 // session 19; gpu_coverage.md), against the contiguous cache, D128: boxes per panel 0.93-0.97 at
@@ -203,21 +204,29 @@ inline bool kv_pool_in_groups(const Problem& p) {
 // 0.89-0.91 at 16, 0.79-0.80 at 8; row copies 0.67-0.73 at every size. D256: 16-row pages 0.75 ->
 // 0.97-0.99 with boxes across panels, but 8-row pages 0.965x of the row copies (8 boxes of 4 KB
 // for a 64-key tile). Dropout has no row-copy instance: its calls keep the boxes wherever they
-// tile the cache, and the candidate declines the rest (hopper_fwd_candidate).
+// tile the cache without a left pad (its keep bits come in 16-key groups from a tile's first key,
+// which a left pad's shifted tiles would break), and the candidate declines the rest
+// (hopper_fwd_candidate).
 inline constexpr int64_t kMinBoxPageRows = 16, kMinGroupedBoxPageRowsD128 = 8;
 inline int64_t kv_page_box_rows(const Problem& p) { return std::gcd(p.seq.page_size, int64_t(hopper_block_n(p))); }
-inline bool kv_tma_boxes_fit(const Problem& p) {
-  return p.seq.cache_leftpad == nullptr && kv_page_box_rows(p) % 8 == 0;
-}
+inline bool kv_tma_boxes_fit(const Problem& p) { return kv_page_box_rows(p) % 8 == 0; }
 inline bool kv_by_rows(const Problem& p) {
   if (p.seq.kv_layout != KvLayout::Paged) return false;
-  if (p.rules.has_dropout()) return !kv_tma_boxes_fit(p);
+  if (p.rules.has_dropout()) return !kv_tma_boxes_fit(p) || p.seq.cache_leftpad != nullptr;
   const int64_t min_rows =
       kv_pool_in_groups(p) && hopper_head_bucket(p) == 128 ? kMinGroupedBoxPageRowsD128 : kMinBoxPageRows;
   return !kv_tma_boxes_fit(p) || kv_page_box_rows(p) < min_rows;
 }
 // The call's K/V maps are the grouped 5-d views (boxes across panels).
 inline bool kv_grouped_boxes(const Problem& p) { return kv_pool_in_groups(p) && !kv_by_rows(p); }
+// A paged cache with a left pad read by TMA boxes: a box must lie inside one page, so sequence b's
+// key tiles start at cache row pad - pad % kv_key_align (a whole box) and the first pad %
+// kv_key_align keys of tile 0 are hidden (SeqScoreRules::start_keys_early; their V rows zeroed
+// like the rows past the keys). 0: tiles start at the first key (any other call).
+inline int32_t kv_key_align(const Problem& p) {
+  const bool shifted = p.seq.kv_layout == KvLayout::Paged && p.seq.cache_leftpad != nullptr && !kv_by_rows(p);
+  return shifted ? int32_t(kv_page_box_rows(p)) : 0;
+}
 
 // Work tiles of a call: query blocks of block_m rows x splits x heads x sequences (the kernel's
 // grid unit; a persistent block walks several).

@@ -73,6 +73,7 @@ struct HopperRows {
 
   const FwdArgs& a;
   int b, head, m0, lq, lk, i_min, i_max, n_lo, n_hi;
+  int key_row0;  // key_align > 0: the cache row of the tiles' key 0 (the pad less rules.k_lo)
   KernelScoreRules rules;  // the score rules of this block's sequence (core/score_rules.hpp)
   int row_loc0, col_base;  // this thread's first row inside the block; its first column in a tile
   int64_t q_start;
@@ -81,13 +82,24 @@ struct HopperRows {
   float row_max[2], row_sum[2];
   uint32_t keep_[2];  // dropout: the keep bits of the last softmax's tile (fwd_keep_bit layout)
 
-  __device__ __forceinline__ HopperRows(const FwdArgs& args, int b_, int head_, int mb, int block_rows, int row_loc)
+  // key_align > 0 (a paged cache with a left pad, fwd_hopper.hpp kv_key_align): the key tiles
+  // start pad % key_align rows before the sequence's first key, so that every TMA box lies in one
+  // page; lk and the rules count those hidden rows as keys (SeqScoreRules::start_keys_early).
+  __device__ __forceinline__ HopperRows(const FwdArgs& args, int b_, int head_, int mb, int block_rows, int row_loc,
+                                        int key_align)
       : a(args), b(b_), head(head_), row_loc0(row_loc) {
     const ScoreRules& R = a.rules;
     const FwdSeqLengths lengths(a, b);
     lq = lengths.lq, lk = lengths.lk;
     q_start = a.seq.q_start(b);
     rules = KernelScoreRules(R, lq, lk, a.scale_log2, a.softcap_in, a.softcap_out);
+    key_row0 = 0;
+    if (key_align > 0) {
+      const int pad = int(a.seq.k_pad(b)), early = pad % key_align;
+      rules.start_keys_early(early);
+      lk = rules.lk;
+      key_row0 = pad - early;
+    }
     const KernelScoreRules& S = rules;
     const int shift = R.window_right >= 0 ? (block_rows - lq % block_rows) % block_rows : 0;
     m0 = mb * block_rows - shift;

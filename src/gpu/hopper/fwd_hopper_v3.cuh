@@ -69,10 +69,14 @@ struct HopperV3Params {
   // launch); a block's next work tile is gridDim.x + a take. Null: the static walk w = blockIdx.x,
   // + gridDim.x, ...
   NonceCounter* tile_walk = nullptr;
-  // KV-cache calls: cache rows past a sequence's keys hold whatever the caller left there (NaN
-  // too), and P V would turn 0 x NaN into NaN, so warp 1 zeroes the V rows past the keys of each
-  // work tile's first (tail) tile before the consumers read it. Rows past the tensor are zero-filled
-  // by TMA, and a batched or varlen call's other rows are the caller's finite keys.
+  // Paged caches with a left pad (fwd_hopper.hpp kv_key_align): key tiles start at the pad rounded
+  // down to this many rows (a box); 0: at the first key.
+  int32_t kv_key_align = 0;
+  // KV-cache calls: cache rows outside a sequence's keys hold whatever the caller left there (NaN
+  // too), and P V would turn 0 x NaN into NaN, so every V tile passes warp 1 (full_v -> v_ready),
+  // which zeroes its rows outside the keys first: past them in a work tile's first (tail) tile,
+  // before a left pad in tile 0 (kv_key_align). Rows past the tensor are zero-filled by TMA, and a
+  // batched or varlen call's other rows are the caller's finite keys.
   bool zero_v_tail = false;
 };
 
@@ -103,6 +107,11 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
                 "key tile: the head dim's, or D128's wide tile (no row copies, no dropout)");
   using Rows = HopperRows<BN, D == 64 || D == 256>;  // lazy rescale at D64, D256 (fwd_hopper_rows.cuh)
   const FwdArgs& a = P.a;
+  // D128's wide tile runs no KV-cache call (fwd_hopper.hpp hopper_wide_tile): its copy leaves out
+  // the cache code (paged boxes, left pads, V zeroing), which would cost its producer spills.
+  constexpr bool kCacheCode = BN == T::block_n(D);
+  const bool zero_v = kCacheCode && P.zero_v_tail;
+  const int key_align = kCacheCode ? P.kv_key_align : 0;
   // Paged boxes across panels (5-d maps): the K/V slots hold the grouped layout, which is the
   // panel-major one at one panel.
   const bool grouped = !kKvRows && BN == T::block_n(D) && P.kv_grouped;
@@ -122,11 +131,11 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
   auto empty_k = [&](int s) { return bars + 8u * uint32_t(1 + 2 * S + s); };
   auto empty_v = [&](int s) { return bars + 8u * uint32_t(1 + 3 * S + s); };
   const uint32_t empty_q = bars + 8u * uint32_t(1 + 4 * S);
-  const uint32_t v_tail_zeroed = bars + 8u * uint32_t(2 + 4 * S);
   // The dynamic walk's hand-over: two slots of tile ids, full (taken) / empty (read by every walker).
-  auto tile_full = [&](int s) { return bars + 8u * uint32_t(3 + 4 * S + s); };
-  auto tile_empty = [&](int s) { return bars + 8u * uint32_t(5 + 4 * S + s); };
-  const uint32_t tile_ids = bars + 8u * uint32_t(7 + 4 * S);
+  auto tile_full = [&](int s) { return bars + 8u * uint32_t(2 + 4 * S + s); };
+  auto tile_empty = [&](int s) { return bars + 8u * uint32_t(4 + 4 * S + s); };
+  const uint32_t tile_ids = bars + 8u * uint32_t(6 + 4 * S);
+  auto v_ready = [&](int s) { return bars + 8u * uint32_t(7 + 4 * S + s); };  // zero_v_tail: V slot s zeroed
 
   const int tid = threadIdx.x, lane = tid & 31;
   const int wg = tid >> 7;           // 0: producer; 1..kConsumers: consumers
@@ -150,10 +159,9 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
     if (P.tile_walk != nullptr && blockIdx.x == 0) nonce_counter_start(P.tile_walk, a.call_nonce);
     mbar_init(full_q, 1);
     mbar_init(empty_q, 4 * kConsumers);
-    mbar_init(v_tail_zeroed, 1);
     // The warps that read the walk's tile ids: every consumer warp and the producer warps that walk
     // besides warp 0 (which takes them): 1-3 copying rows, or warp 1 zeroing V tails.
-    const uint32_t walkers = 4 * kConsumers + (kKvRows ? 3u : P.zero_v_tail ? 1u : 0u);
+    const uint32_t walkers = 4 * kConsumers + (kKvRows ? 3u : zero_v ? 1u : 0u);
     for (int s = 0; s < 2; ++s) {
       mbar_init(tile_full(s), 1);
       mbar_init(tile_empty(s), walkers);
@@ -165,6 +173,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
       mbar_init(full_v(s), kv_arrivals);
       mbar_init(empty_k(s), 4 * kConsumers);  // one arrival per consumer warp
       mbar_init(empty_v(s), 4 * kConsumers);
+      mbar_init(v_ready(s), 1);
     }
     mbar_init_fence();
   }
@@ -209,7 +218,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
     for (int w = blockIdx.x; w < P.work_tiles; w = next_tile(w, k++)) {
       int mb, head, b, split;
       decode(w, mb, head, b, split);
-      Rows rows(a, b, head, mb, BM, 0);
+      Rows rows(a, b, head, mb, BM, 0, key_align);
       if (rows.empty()) continue;
       rows.clip_to_split(split, a.splits);
       if (rows.n_hi - rows.n_lo <= 0) continue;
@@ -331,15 +340,18 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
           ++qr;
         };
         // Key j of the sequence: packed, row k_start + j; batched or a contiguous cache, row
-        // k_pad + j of cache entry cache_batch_idx[b] (or b); paged, row j % page of page
-        // block_table[b][j / page], one box per page when pages are smaller than the key tile.
-        // Two copies of the loop (paged or not) keep the producer's 24 registers enough.
+        // k_pad + j of cache entry cache_batch_idx[b] (or b); paged, cache row r = kv_row0 + j
+        // (the left pad less the keys rows.rules.k_lo that the tiles start early: kv_key_align)
+        // is row r % page of page block_table[b][r / page], one box per page when pages are
+        // smaller than the key tile. Two copies of the loop (paged or not) keep the producer's 24
+        // registers enough.
         auto produce = [&](auto paged_tag) {
           constexpr bool kPaged = decltype(paged_tag)::value;
           int kv_row0 = 0, kv_batch = 0;
           const int32_t* pages = nullptr;
           if constexpr (kPaged) {
             pages = a.seq.block_table + int64_t(b) * a.seq.block_table_stride;
+            kv_row0 = rows.key_row0;
           } else {
             const bool packed = a.k_addr.layout == KvLayout::Packed;
             kv_row0 = packed ? int(a.seq.k_start(b)) : int(a.seq.k_pad(b));
@@ -364,7 +376,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
               const int box = P.kv_box_rows;
               if (lane == 0) mbar_arrive_expect_tx(bar, uint32_t(boxes * box) * 128u * kPanels);
               if (lane < boxes) {
-                const int in_page = (key0 + lane * box) % int(a.seq.page_size);
+                const int in_page = (kv_row0 + key0 + lane * box) % int(a.seq.page_size);
                 if (grouped) {  // one box: the box's 8-row groups, each with every panel
                   const int group = my_page * int(a.seq.page_size >> 3) + (in_page >> 3);
                   tma_load_5d(dst + uint32_t(lane * box) * 128u * kPanels, map, bar, 0, 0, 0, kvh, group);
@@ -387,7 +399,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
               const int box = P.kv_box_rows;
               boxes = min(BN / box, (rows.lk - key0 + box - 1) / box);
               if (lane < boxes)
-                my_page = clamp_page_id(pages[(key0 + lane * box) / int(a.seq.page_size)], int(a.num_pages));
+                my_page = clamp_page_id(pages[(kv_row0 + key0 + lane * box) / int(a.seq.page_size)], int(a.num_pages));
             }
             mbar_wait(empty_k(s), free_parity);
             load_kv(sK + s * kTileBytes, &P.tk, full_k(s), key0, boxes, my_page);
@@ -399,32 +411,36 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
           load_tile(0, true);
           for (int t = 1; t < count; ++t) load_tile(t, false);
         };
-        if (a.k_addr.layout == KvLayout::Paged) produce(std::true_type{});
+        if (kCacheCode && a.k_addr.layout == KvLayout::Paged) produce(std::true_type{});
         else produce(std::false_type{});
       });
-    } else if (tid >= 32 && tid < 64 && P.zero_v_tail) {
-      // Warp 1: zero the V rows past the keys in each work tile's first tile (the highest: the
-      // only one that reaches past them), once it has landed, then release it to the consumers
-      // through v_tail_zeroed. Whole 128-byte rows: the swizzle permutes chunks within a row.
+    } else if (tid >= 32 && tid < 64 && zero_v) {
+      // Warp 1: every V tile, once landed, gets its rows outside the keys [k_lo, lk) zeroed --
+      // past them in a work tile's first (highest) tile, before a left pad in tile 0 -- and goes
+      // to the consumers through v_ready. Seeing every tile in ring order keeps each full_v wait
+      // within one phase of the barrier's, and the consumers free a slot only after its v_ready,
+      // so the producer cannot refill it before this warp has seen it. Whole 128-byte rows: the
+      // swizzle permutes chunks within a row.
       uint32_t it = 0;
       for_each_tile_with_keys([&](const Rows& rows, int, int, int) {
-        const int count = rows.n_hi - rows.n_lo;
-        const int first_tail_row = rows.lk - (rows.n_hi - 1) * BN;
-        if (first_tail_row < BN) {
+        // The tile's rows of keys: [lo, hi), tiles from the highest down.
+        int lo = rows.rules.k_lo - (rows.n_hi - 1) * BN, hi = rows.lk - (rows.n_hi - 1) * BN;
+        for (int t = rows.n_hi - rows.n_lo; t > 0; --t, ++it, lo += BN, hi += BN) {
           const int s = int(it & (S - 1));
           mbar_wait(full_v(s), (it / S) & 1);
-          const int chunks = (BN - first_tail_row) * 8;  // 16-byte chunks of a panel's tail rows
-#pragma unroll
-          for (int p = 0; p < kPanels; ++p)
-            for (int c = lane; c < chunks; c += 32) {
-              const int row = first_tail_row + (c >> 3);
-              st_shared_zero16(sV + s * kTileBytes + kv_layout.offset(row, p) + uint32_t(c & 7) * 16u);
-            }
-          fence_proxy_async();  // generic-proxy stores -> the consumers' wgmma reads (async proxy)
+          if (lo > 0 || hi < BN) {
+            auto zero_rows = [&](int r0, int r1) {  // 16-byte chunks of rows [r0, r1) of each panel
+              for (int p = 0; p < kPanels; ++p)
+                for (int c = lane; c < (r1 - r0) * 8; c += 32)
+                  st_shared_zero16(sV + s * kTileBytes + kv_layout.offset(r0 + (c >> 3), p) + uint32_t(c & 7) * 16u);
+            };
+            if (lo > 0) zero_rows(0, lo);
+            if (hi < BN) zero_rows(hi, BN);
+            fence_proxy_async();  // generic-proxy stores -> the consumers' wgmma reads (async proxy)
+          }
           __syncwarp();
-          if (lane == 0) mbar_arrive(v_tail_zeroed);
+          if (lane == 0) mbar_arrive(v_ready(s));
         }
-        it += uint32_t(count);
       });
     }
   } else {
@@ -443,19 +459,17 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
       __syncwarp();
       if (lane == 0) mbar_arrive(bar);
     };
-    uint32_t it = 0, qr = 0, zeroed = 0, k = 0;
+    uint32_t it = 0, qr = 0, k = 0;
     for (int w = blockIdx.x; w < P.work_tiles; w = read_next_tile(w, k++)) {
       int mb, head, b, split;
       decode(w, mb, head, b, split);
-      Rows rows(a, b, head, mb, BM, row_loc);
+      Rows rows(a, b, head, mb, BM, row_loc, key_align);
       if (rows.empty()) continue;
       rows.clip_to_split(split, a.splits);
       const int n_hi = rows.n_hi, count = n_hi - rows.n_lo;
-      // The first tile's V rows past the keys are zeroed by warp 1 (zero_v_tail): wait for it.
-      const bool wait_tail = P.zero_v_tail && rows.lk - (n_hi - 1) * BN < BN;
-      auto wait_v = [&](int slot, uint32_t round, bool first) {
-        mbar_wait(full_v(slot), round & 1);
-        if (first && wait_tail) mbar_wait(v_tail_zeroed, zeroed & 1);
+      // KV-cache calls: V tiles come through warp 1, which zeroes their rows outside the keys.
+      auto wait_v = [&](int slot, uint32_t round) {
+        mbar_wait(zero_v ? v_ready(slot) : full_v(slot), round & 1);
       };
       float o_acc[kPanels][32];
 #pragma unroll
@@ -500,7 +514,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
         for (int t = 0; t + 1 < count; ++t, ++it) {
           const int slot = int(it & (S - 1)), next = int((it + 1) & (S - 1));
           mbar_wait(full_k(next), ((it + 1) / S) & 1);
-          wait_v(slot, it / S, t == 0);
+          wait_v(slot, it / S);
           my_turn();
           wg_fence();
           issue_s(s, next);
@@ -520,7 +534,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
         }
         release(empty_q);  // every S of this work tile is done: the producer may load the next Q
         const int slot = int(it & (S - 1));
-        wait_v(slot, it / S, count == 1);
+        wait_v(slot, it / S);
         my_turn();
         wg_fence();
         issue_pv(pa, slot);
@@ -531,7 +545,6 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
         release(empty_v(slot));
         ++it;
         ++qr;
-        if (wait_tail) ++zeroed;
       }
       // Named barriers 3.. (1 and 2 are the ping-pong turns): one per consumer's staging tile.
       const sm90::OutStage stage{sO + uint32_t(cwg) * uint32_t(T::out_stage_bytes(D, kDropout) / kConsumers), 3 + cwg};
