@@ -608,7 +608,7 @@ TEST(HopperFwdPlan, HeadBucketsAndNames) {
   using flashport::gpu::HopperTileV3;
   EXPECT_EQ(HopperTileV3::block_m(192), 128);
   EXPECT_EQ(HopperTileV3::block_n(192), 96);
-  EXPECT_EQ(HopperTileV3::smem_bytes(192), 230528);
+  EXPECT_EQ(HopperTileV3::smem_bytes(192), 230536);
   for (int d : {64, 128, 192, 256}) {
     EXPECT_LE(HopperTileV3::smem_bytes(d), 232448) << "d " << d;
     EXPECT_LE(HopperTileV3::smem_bytes(d, HopperTileV3::block_n(d), true), 232448) << "d " << d << " dropout";
@@ -1373,7 +1373,7 @@ TEST(HopperFwdPlan, WideKeyTileChoice) {
   declined("varlen", [&](flashport::Problem& q) { q.seq.cu_q = q.seq.cu_k = lengths; });
   declined("seqused_k", [&](flashport::Problem& q) { q.seq.seqused_k = lengths + 1; });
   declined("paged", [](flashport::Problem& q) { q.seq.kv_layout = flashport::KvLayout::Paged, q.seq.page_size = 160; });
-  EXPECT_EQ(HopperTileV3::smem_bytes(128, HopperTileV3::kWideBlockN), 230528);
+  EXPECT_EQ(HopperTileV3::smem_bytes(128, HopperTileV3::kWideBlockN), 230536);
   EXPECT_LE(HopperTileV3::smem_bytes(128, HopperTileV3::kWideBlockN), 232448);
   const int64_t slots = 132;  // 80 query blocks x 16 heads = 1280 work tiles
   p = problem(128, 10240);    // 64 tiles of 160 keys: the static walk
