@@ -121,7 +121,7 @@ struct SeqScoreRules {
   // last row's. False: the tile skips the mask.
   FP_HD bool tile_needs_mask(I nb, I bn, I i_first, I i_last) const {
     const I n0 = nb * bn;
-    return n0 + bn > lk || n0 < k_lo || (wr >= 0 && n0 + bn - 1 > i_first + shift + wr) ||
+    return n0 + bn > lk || (k_lo > 0 && n0 < k_lo) || (wr >= 0 && n0 + bn - 1 > i_first + shift + wr) ||
            (wl >= 0 && n0 < i_last + shift - wl);
   }
   // The rows that see some key of [n0, n1) lie in [rows_lo(n0), rows_end(n1)) (a backward key
