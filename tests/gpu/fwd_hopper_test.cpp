@@ -656,9 +656,9 @@ TEST(CudaHopperFwd, KvCacheContiguous) {
 int64_t box_run(int64_t page, int64_t bn) { return std::gcd(page, bn); }
 
 // The producer a paged call runs (fwd_hopper.hpp kv_by_rows): TMA boxes where the box run is a
-// multiple of 8 rows and at least 16 (8 at D128 in pools of back-to-back pages), left pads too
-// (their key tiles start at the pad rounded down to a box: kv_key_align); row copies (":kv_rows")
-// for the other pages.
+// multiple of 8 rows and at least 16 (8 at D128 in pools of back-to-back pages; 32 at D64 with a
+// left pad), left pads too (their key tiles start at the pad rounded down to a box:
+// kv_key_align); row copies (":kv_rows") for the other pages.
 void check_hopper_paged(const Case& c) {
   fp_selection sel{};
   check_case(c, &sel);
@@ -669,7 +669,7 @@ void check_hopper_paged(const Case& c) {
   dims.d = c.d, dims.dv = c.dv;
   const int64_t bn = flashport::gpu::HopperTileV3::block_n(flashport::gpu::hopper_head_bucket(dims));
   const bool d128_groups = c.d == 128 && c.dv % 64 == 0 && c.page_gap_rows == 0;
-  const int64_t min_rows = d128_groups ? 8 : 16;
+  const int64_t min_rows = d128_groups ? 8 : std::max(c.d, c.dv) <= 64 && !c.leftpad.empty() ? 32 : 16;
   const int64_t run = box_run(c.page_size, bn);
   const bool rows = run % 8 != 0 || run < min_rows;
   EXPECT_EQ(ran.find(":kv_rows") != std::string::npos, rows) << c.describe() << " ran " << ran;
@@ -824,8 +824,8 @@ TEST(CudaHopperFwd, KvCachePagedByRows) {
 
 // The producer a paged call gets (the plan's rule, no device needed): row copies for pages not
 // dividing the key tile (128 rows; 96 at D192, 64 at D256) nor a multiple of it and for pages below
-// 16 rows; TMA boxes for multiples of the tile and pages of 16 rows and up, a multiple of 8,
-// dividing it, with or without a left pad; dropout (no row copies: the candidate declines those)
+// 16 rows (32 at D64 with a left pad); TMA boxes for multiples of the tile and pages of 16 rows
+// and up, a multiple of 8, dividing it, with or without a left pad; dropout (no row copies: the candidate declines those)
 // keeps the boxes of 8-row pages too, but not with a left pad (its keep bits need tiles that start
 // at a key). The plan's name says which.
 TEST(HopperFwdPlan, PagedProducerChoice) {
@@ -849,7 +849,8 @@ TEST(HopperFwdPlan, PagedProducerChoice) {
       {192, 64, false, true, false},   {176, 32, false, true, false},   {192, 64, true, false, false},
       {160, 16, false, true, false},
       {192, 96, false, false, false}, {192, 192, false, false, false}, {192, 48, false, true, false},
-      {128, 1, true, false, true},     {128, 12, true, false, true},     {64, 48, true, false, false},
+      {128, 1, true, false, true},     {128, 12, true, false, true},     {64, 48, true, false, true},
+      {64, 16, true, false, true},     {64, 64, true, false, false},     {64, 32, true, false, false},
       {256, 16, true, false, false},   {128, 64, true, true, true},
   };
   const int32_t pad = 0;
@@ -879,7 +880,8 @@ TEST(HopperFwdPlan, PagedProducerChoice) {
 // Paged caches with left pads on TMA boxes: each sequence's key tiles start at its pad rounded
 // down to a box, the keys before the pad hidden and their V rows zeroed (the pad rows hold NaN).
 // Pads below, at and past a box and a tile, 0, and equal to seqused_k (no keys); every head-dim
-// instance with boxes per page (16, 48: 16-row boxes of a 128-key tile; 64; 256: whole tiles),
+// instance with boxes per page (16, 48: 16-row boxes of a 128-key tile, row copies at D64; 64;
+// 256: whole tiles),
 // GQA, bottom-right and top-left causal, windows, softcap + ALiBi, sinks, split-KV, append +
 // rotary after the pad, a call whose keys fit in one tile with the pad.
 TEST(CudaHopperFwd, KvCachePagedLeftPadBoxes) {

@@ -203,18 +203,24 @@ inline bool kv_pool_in_groups(const Problem& p) {
 // pages of 64-256 rows, 0.91 at 32, 0.78 at 16, 0.60 at 8 (session 15); boxes across panels
 // 0.89-0.91 at 16, 0.79-0.80 at 8; row copies 0.67-0.73 at every size. D256: 16-row pages 0.75 ->
 // 0.97-0.99 with boxes across panels, but 8-row pages 0.965x of the row copies (8 boxes of 4 KB
-// for a 64-key tile). Dropout has no row-copy instance: its calls keep the boxes wherever they
-// tile the cache without a left pad (its keep bits come in 16-key groups from a tile's first key,
-// which a left pad's shifted tiles would break), and the candidate declines the rest
-// (hopper_fwd_candidate).
-inline constexpr int64_t kMinBoxPageRows = 16, kMinGroupedBoxPageRowsD128 = 8;
+// for a 64-key tile). With a left pad (session 25, both A/B orders, pads 37/200 before 4096 keys:
+// the shifted tiles cost one more tile here) boxes beat the row copies at D128 (16-row boxes
+// 0.86 of the contiguous cache against 0.69) and D256 (+3-9% at 16-256-row pages), and at D64
+// from 32-row boxes (+2.5% at 64 and 256), but not with 16-row boxes at D64 (0.80-0.82 against the
+// row copies' 0.87): there the row copies stay. Dropout has no row-copy instance: its calls keep
+// the boxes wherever they tile the cache without a left pad (its keep bits come in 16-key groups
+// from a tile's first key, which a left pad's shifted tiles would break), and the candidate
+// declines the rest (hopper_fwd_candidate).
+inline constexpr int64_t kMinBoxPageRows = 16, kMinGroupedBoxPageRowsD128 = 8, kMinLeftPadBoxPageRowsD64 = 32;
 inline int64_t kv_page_box_rows(const Problem& p) { return std::gcd(p.seq.page_size, int64_t(hopper_block_n(p))); }
 inline bool kv_tma_boxes_fit(const Problem& p) { return kv_page_box_rows(p) % 8 == 0; }
 inline bool kv_by_rows(const Problem& p) {
   if (p.seq.kv_layout != KvLayout::Paged) return false;
   if (p.rules.has_dropout()) return !kv_tma_boxes_fit(p) || p.seq.cache_leftpad != nullptr;
-  const int64_t min_rows =
-      kv_pool_in_groups(p) && hopper_head_bucket(p) == 128 ? kMinGroupedBoxPageRowsD128 : kMinBoxPageRows;
+  const int bucket = hopper_head_bucket(p);
+  const int64_t min_rows = kv_pool_in_groups(p) && bucket == 128                  ? kMinGroupedBoxPageRowsD128
+                           : bucket == 64 && p.seq.cache_leftpad != nullptr ? kMinLeftPadBoxPageRowsD64
+                                                                            : kMinBoxPageRows;
   return !kv_tma_boxes_fit(p) || kv_page_box_rows(p) < min_rows;
 }
 // The call's K/V maps are the grouped 5-d views (boxes across panels).
