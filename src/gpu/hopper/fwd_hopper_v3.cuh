@@ -73,10 +73,10 @@ struct HopperV3Params {
   // down to this many rows (a box); 0: at the first key.
   int32_t kv_key_align = 0;
   // KV-cache calls: cache rows outside a sequence's keys hold whatever the caller left there (NaN
-  // too), and P V would turn 0 x NaN into NaN, so every V tile passes warp 1 (full_v -> v_ready),
-  // which zeroes its rows outside the keys first: past them in a work tile's first (tail) tile,
-  // before a left pad in tile 0 (kv_key_align). Rows past the tensor are zero-filled by TMA, and a
-  // batched or varlen call's other rows are the caller's finite keys.
+  // too), and P V would turn 0 x NaN into NaN, so producer warp 1 zeroes a V tile's rows outside the
+  // keys -- past them in a work tile's first (tail) tile, before a left pad in tile 0
+  // (kv_key_align) -- before the consumers read it (v_ready). Rows past the tensor are zero-filled
+  // by TMA, and a batched or varlen call's other rows are the caller's finite keys.
   bool zero_v_tail = false;
 };
 
@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
   auto tile_full = [&](int s) { return bars + 8u * uint32_t(2 + 4 * S + s); };
   auto tile_empty = [&](int s) { return bars + 8u * uint32_t(4 + 4 * S + s); };
   const uint32_t tile_ids = bars + 8u * uint32_t(6 + 4 * S);
-  auto v_ready = [&](int s) { return bars + 8u * uint32_t(7 + 4 * S + s); };  // zero_v_tail: V slot s zeroed
+  auto v_ready = [&](int s) { return bars + 8u * uint32_t(7 + 4 * S + s); };  // zero_v: V slot s seen by warp 1
 
   const int tid = threadIdx.x, lane = tid & 31;
   const int wg = tid >> 7;           // 0: producer; 1..kConsumers: consumers
@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
       mbar_init(full_k(s), kv_arrivals);
       mbar_init(full_v(s), kv_arrivals);
       mbar_init(empty_k(s), 4 * kConsumers);  // one arrival per consumer warp
-      mbar_init(empty_v(s), 4 * kConsumers);
+      mbar_init(empty_v(s), 4 * kConsumers + (zero_v ? 1 : 0));  // + warp 1 (zero_v)
       mbar_init(v_ready(s), 1);
     }
     mbar_init_fence();
@@ -415,12 +415,13 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
         else produce(std::false_type{});
       });
     } else if (tid >= 32 && tid < 64 && zero_v) {
-      // Warp 1: every V tile, once landed, gets its rows outside the keys [k_lo, lk) zeroed --
-      // past them in a work tile's first (highest) tile, before a left pad in tile 0 -- and goes
-      // to the consumers through v_ready. Seeing every tile in ring order keeps each full_v wait
-      // within one phase of the barrier's, and the consumers free a slot only after its v_ready,
-      // so the producer cannot refill it before this warp has seen it. Whole 128-byte rows: the
-      // swizzle permutes chunks within a row.
+      // Warp 1 sees every V tile in ring order: once landed (full_v), its rows outside the keys
+      // [k_lo, lk) are zeroed -- past them in a work tile's first (highest) tile, before a left
+      // pad in tile 0 -- and it arrives on v_ready, which the consumers wait for on those tiles
+      // only, and on empty_v, so the producer cannot refill a slot before this warp has seen it.
+      // Each wait is then within one phase of its barrier (waiting only on the tiles it zeroes,
+      // this warp could run two rounds ahead of a slot, where a parity wait returns at once).
+      // Whole 128-byte rows: the swizzle permutes chunks within a row.
       uint32_t it = 0;
       for_each_tile_with_keys([&](const Rows& rows, int, int, int) {
         // The tile's rows of keys: [lo, hi), tiles from the highest down.
@@ -439,7 +440,10 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
             fence_proxy_async();  // generic-proxy stores -> the consumers' wgmma reads (async proxy)
           }
           __syncwarp();
-          if (lane == 0) mbar_arrive(v_ready(s));
+          if (lane == 0) {
+            mbar_arrive(v_ready(s));
+            mbar_arrive(empty_v(s));
+          }
         }
       });
     }
@@ -467,9 +471,13 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
       if (rows.empty()) continue;
       rows.clip_to_split(split, a.splits);
       const int n_hi = rows.n_hi, count = n_hi - rows.n_lo;
-      // KV-cache calls: V tiles come through warp 1, which zeroes their rows outside the keys.
-      auto wait_v = [&](int slot, uint32_t round) {
-        mbar_wait(zero_v ? v_ready(slot) : full_v(slot), round & 1);
+      // KV-cache calls: the tiles with V rows outside the keys (the first, past them; the last,
+      // before a left pad) are read once warp 1 has zeroed those rows.
+      const bool zero_first = zero_v && rows.lk - (n_hi - 1) * BN < BN;
+      const bool zero_last = zero_v && rows.rules.k_lo > rows.n_lo * BN;
+      auto wait_v = [&](int slot, uint32_t round, bool zeroed) {
+        mbar_wait(full_v(slot), round & 1);
+        if (zeroed) mbar_wait(v_ready(slot), round & 1);
       };
       float o_acc[kPanels][32];
 #pragma unroll
@@ -514,7 +522,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
         for (int t = 0; t + 1 < count; ++t, ++it) {
           const int slot = int(it & (S - 1)), next = int((it + 1) & (S - 1));
           mbar_wait(full_k(next), ((it + 1) / S) & 1);
-          wait_v(slot, it / S);
+          wait_v(slot, it / S, t == 0 && zero_first);
           my_turn();
           wg_fence();
           issue_s(s, next);
@@ -534,7 +542,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
         }
         release(empty_q);  // every S of this work tile is done: the producer may load the next Q
         const int slot = int(it & (S - 1));
-        wait_v(slot, it / S);
+        wait_v(slot, it / S, (count == 1 && zero_first) || zero_last);
         my_turn();
         wg_fence();
         issue_pv(pa, slot);
