@@ -111,7 +111,8 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
   // the cache code (paged boxes, left pads, V zeroing), which would cost its producer spills.
   constexpr bool kCacheCode = BN == T::block_n(D);
   const bool zero_v = kCacheCode && P.zero_v_tail;
-  const int key_align = kCacheCode ? P.kv_key_align : 0;
+  // Key tiles from a rounded-down left pad: paged calls on TMA boxes only (never the row copies).
+  const int key_align = kCacheCode && !kKvRows ? P.kv_key_align : 0;
   // Paged boxes across panels (5-d maps): the K/V slots hold the grouped layout, which is the
   // panel-major one at one panel.
   const bool grouped = !kKvRows && BN == T::block_n(D) && P.kv_grouped;
