@@ -8,7 +8,14 @@ LDGSTS, LDS, STS, SHFL, BAR, MUFU).
 
 Usage: cuda_codegen_stats.py BUILD_DIR PTXAS_LOG [KERNEL_REGEX]
        cuda_codegen_stats.py --diff BEFORE.txt AFTER.txt
-cuobjdump: $CUOBJDUMP, else the one on PATH, else triton's copy.
+       cuda_codegen_stats.py --loops OBJECT_OR_CUBIN KERNEL_REGEX
+--loops: each loop of the kernels (a backward branch and the code it jumps over) that holds tensor
+instructions: its instruction count and its HMMA/HGMMA count, innermost first; a main loop's size
+compared across two builds says what a change costs per iteration (the static count: branches
+inside a loop count whether taken or not).
+cuobjdump: $CUOBJDUMP, else the one on PATH, else triton's copy. A host without the CUDA toolkit's
+cuobjdump can take NVIDIA's wheel: `pip download --no-deps nvidia-cuda-cuobjdump`, unzip, and set
+CUOBJDUMP to nvidia/cu13/bin/cuobjdump (13.5 reads nvcc 13.0's sm_90a code).
 """
 import glob
 import os
@@ -120,8 +127,39 @@ def diff(before, after):
     print(f"{same} kernels identical in every column")
 
 
+def loops(obj, pattern):
+    out = subprocess.run([cuobjdump(), "-sass", obj], capture_output=True, text=True).stdout
+    kernels, fn = {}, None
+    for line in out.splitlines():
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            fn = m.group(1)
+            kernels[fn] = []
+            continue
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m and fn:
+            kernels[fn].append((int(m.group(1), 16), m.group(2)))
+    names = demangle(list(kernels))
+    for fn, ins in kernels.items():
+        if not re.search(pattern, fn):
+            continue
+        found = set()
+        for addr, text in ins:
+            m = re.search(r"BRA (0x[0-9a-f]+)", text)
+            if m and int(m.group(1), 16) < addr:
+                body = [t for a, t in ins if int(m.group(1), 16) <= a <= addr]
+                mma = sum(1 for t in body if "HMMA" in t or "HGMMA" in t)
+                if mma:
+                    found.add((len(body), mma))
+        print(names[fn])
+        print(f"  {len(ins)} instructions; loops (instructions, tensor instructions): " +
+              ", ".join(f"({n}, {k})" for n, k in sorted(found)))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--diff":
+    if len(sys.argv) == 4 and sys.argv[1] == "--loops":
+        loops(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 4 and sys.argv[1] == "--diff":
         diff(sys.argv[2], sys.argv[3])
     elif len(sys.argv) in (3, 4):
         report(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) == 4 else ".")
