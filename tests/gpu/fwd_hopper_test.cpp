@@ -825,9 +825,9 @@ TEST(CudaHopperFwd, KvCachePagedByRows) {
 // The producer a paged call gets (the plan's rule, no device needed): row copies for pages not
 // dividing the key tile (128 rows; 96 at D192, 64 at D256) nor a multiple of it and for pages below
 // 16 rows (32 at D64 with a left pad); TMA boxes for multiples of the tile and pages of 16 rows
-// and up, a multiple of 8, dividing it, with or without a left pad; dropout (no row copies: the candidate declines those)
-// keeps the boxes of 8-row pages too, but not with a left pad (its keep bits need tiles that start
-// at a key). The plan's name says which.
+// and up, a multiple of 8, dividing it, with or without a left pad; dropout (no row copies: the
+// candidate declines those) keeps the boxes of 8-row pages too, but not with a left pad (its keep
+// bits need tiles that start at a key). The plan's name says which.
 TEST(HopperFwdPlan, PagedProducerChoice) {
   struct Want {
     int64_t d, page;
