@@ -4,17 +4,19 @@ shape (flash_attn_func over the same keys, which the Hopper kernel runs on an H1
 
     FLASHPORT_LOG=1 PYTHONPATH=build-py/site-cuda python bench/python/bench_coverage.py --out bench/results
 
-Time: CUDA events around a batch of back-to-back calls (the kernels are milliseconds long, so
-host time is hidden), median of rounds. "vs featureless" = featureless time / feature time
-(1.0 = as fast; the issue's target is >= 0.9 on the Hopper path). The backward rows time
+Time, as the benchmark of record reports it (bench_api.measure): kernel time per call (torch.profiler:
+every kernel, memset and copy the call launches), one CUDA-graph replay, eager time (events around
+the call, synced after each) and host time per call (calls issued back to back, not waited on).
+"vs featureless" = featureless kernel time / this call's kernel time (1.0 = as fast; the issue's
+target is >= 0.9 on the Hopper path); the graph column's ratio next to it. The backward rows time
 forward + backward (torch.autograd.grad) and compare with the featureless forward + backward of the
 Hopper backward instance the call runs in (D128 or D256, same shape). Writes <out>/gpu_coverage.md.
 """
 import argparse
 import os
-import statistics
 import sys
 import tempfile
+import types
 
 os.environ.setdefault("FLASHPORT_LOG", "1")  # read once at the library's first call
 
@@ -50,19 +52,18 @@ def plan_of(fn):
     return kernel
 
 
-def device_ms(fn, calls=10, rounds=7):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(calls):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / calls)
-    return statistics.median(times)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_api import device_line, measure  # noqa: E402  (the benchmark of record's timers)
+
+TIMING = types.SimpleNamespace(warmup=3, reps=30, host_calls=20)
+
+
+def timed(fn):
+    """bench_api.measure's figures of one call: kernel, graph, eager and host µs."""
+    res = measure(fn, "cuda", TIMING)
+    if "kernel" not in res:  # the call failed (a capture that fails leaves the other figures)
+        raise RuntimeError(res.get("error", "no kernel time"))
+    return res
 
 
 def prefill_chunk_inputs(B, Sq, Sk, Hq, Hkv, D, dev="cuda", dt=torch.bfloat16):
@@ -94,7 +95,7 @@ def main():
     B, Sq, Sk, Hq, Hkv, D = args.batch, args.chunk, args.keys, 32, 8, 128
     g, q, k, v, k_cache, v_cache, seqlens, cap = prefill_chunk_inputs(B, Sq, Sk, Hq, Hkv, D, dev, dt)
 
-    def paged(page):
+    def paged(page, pad=0):  # pad: the keys sit at rows [pad, pad + Sk) of each sequence's pages
         blocks = (cap + page - 1) // page
         perm = torch.randperm(B * blocks, device=dev).to(torch.int32)
         kp = torch.zeros(B * blocks, page, Hkv, D, device=dev, dtype=dt)
@@ -103,19 +104,19 @@ def main():
         for b in range(B):
             rows_k = torch.zeros(blocks * page, Hkv, D, device=dev, dtype=dt)
             rows_v = torch.zeros_like(rows_k)
-            rows_k[:Sk], rows_v[:Sk] = k[b], v[b]
+            rows_k[pad:pad + Sk], rows_v[pad:pad + Sk] = k[b], v[b]
             kp[table[b].long()] = rows_k.view(blocks, page, Hkv, D)
             vp[table[b].long()] = rows_v.view(blocks, page, Hkv, D)
         return kp, vp, table
 
     rows = []
     base = lambda: fa.flash_attn_func(q, k, v, causal=True)
-    t_base = device_ms(base)
+    t_base = timed(base)
     rows.append(("featureless: flash_attn_func, causal", plan_of(base), t_base))
 
     def add(name, fn):
         try:
-            rows.append((name, plan_of(fn), device_ms(fn)))
+            rows.append((name, plan_of(fn), timed(fn)))
         except Exception as e:  # a call the library rejects is a row too
             rows.append((name, "error: " + str(e).splitlines()[0][:80], None))
 
@@ -133,20 +134,22 @@ def main():
     k_lp = torch.zeros_like(k_cache)
     v_lp = torch.zeros_like(v_cache)
     k_lp[:B, 256:256 + Sk], v_lp[:B, 256:256 + Sk] = k, v
-    pad = torch.full((B,), 256, dtype=torch.int32, device=dev)
+    # The tensors a call takes are made once, outside the timed call (a `seqlens + pad` inside it
+    # timed a torch add: ~25 us of host time and a 2.5 us kernel per call, session 26).
+    pad, ends = torch.full((B,), 256, dtype=torch.int32, device=dev), seqlens + 256
     add("kvcache + cache_leftpad",
-        lambda: fa.flash_attn_with_kvcache(q, k_lp, v_lp, cache_seqlens=seqlens + 256, cache_leftpad=pad,
-                                           causal=True))
-    zero_pad = torch.zeros(B, dtype=torch.int32, device=dev)
+        lambda: fa.flash_attn_with_kvcache(q, k_lp, v_lp, cache_seqlens=ends, cache_leftpad=pad, causal=True))
     for page in (16, 64, 256, 1, 48):
         kp, vp, table = paged(page)
         add(f"paged KV, page {page}",
             lambda kp=kp, vp=vp, table=table: fa.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=seqlens,
                                                                       block_table=table, causal=True))
-        if page in (16, 64):  # with a (zero) left pad: the row-copy producer instead of TMA boxes
-            add(f"paged KV, page {page}, cache_leftpad",
+        if page in (16, 64):  # a left pad off the page grid: key tiles from the pad's box (session 25)
+            kp, vp, table = paged(page, pad=37)
+            pad37, ends37 = torch.full((B,), 37, dtype=torch.int32, device=dev), seqlens + 37
+            add(f"paged KV, page {page}, cache_leftpad 37",
                 lambda kp=kp, vp=vp, table=table: fa.flash_attn_with_kvcache(
-                    q, kp, vp, cache_seqlens=seqlens, cache_leftpad=zero_pad, block_table=table, causal=True))
+                    q, kp, vp, cache_seqlens=ends37, cache_leftpad=pad37, block_table=table, causal=True))
     # Append Sq new rows then attend (the cache holds Sk - Sq rows before the call).
     kn, vn = k[:, Sk - Sq:].clone(), v[:, Sk - Sq:].clone()
     before = seqlens - Sq
@@ -166,7 +169,7 @@ def main():
         vd = torch.randn(B, Sk, Hkv, dv, device=dev, dtype=dt, generator=g)
         fn = lambda qd=qd, kd=kd, vd=vd: fa.flash_attn_func(qd, kd, vd, causal=True)
         try:
-            t = device_ms(fn)
+            t = timed(fn)
             rows.append((f"head dim {d}/{dv} (FLOPs x{(d + dv) / (2 * D):.2f} of the featureless call)",
                          plan_of(fn), t))
         except Exception as e:
@@ -186,29 +189,36 @@ def main():
     bwd_base = {}
     for d in (128, 256):
         fn = fwd_bwd(d, d)
-        bwd_base[d] = device_ms(fn)
+        bwd_base[d] = timed(fn)
         rows.append((f"fwd+bwd featureless, head dim {d}", plan_of(fn), bwd_base[d], bwd_base[d]))
     for d, dv in ((96, 96), (192, 192), (192, 128)):
         ref = 128 if max(d, dv) <= 128 else 256
         name = f"fwd+bwd head dim {d}/{dv} (vs the D{ref} fwd+bwd; FLOPs x{(d + dv) / (2 * ref):.2f} of it)"
         try:
             fn = fwd_bwd(d, dv)
-            rows.append((name, plan_of(fn), device_ms(fn), bwd_base[ref]))
+            rows.append((name, plan_of(fn), timed(fn), bwd_base[ref]))
         except Exception as e:
             rows.append((name, "error: " + str(e).splitlines()[0][:80], None))
 
-    name = torch.cuda.get_device_name()
     cmd = "FLASHPORT_LOG=1 python " + " ".join(sys.argv)
     lines = ["# Fast-path coverage: which kernel runs each feature, and its speed", "",
-             f"- Command: `{cmd}`", f"- Device: {name}, torch {torch.__version__}",
+             f"- Command: `{cmd}`", f"- Device: {device_line('cuda')}",
              f"- Shape: B={B}, Sq={Sq} (a prefill chunk), keys={Sk}, Hq/Hkv={Hq}/{Hkv}, D=128, bf16, causal "
              f"(bottom-right); caches hold {cap} rows",
-             "- vs featureless = featureless time / this call's time (>= 0.9 is the issue's target on the "
-             "Hopper path); device time by CUDA events over back-to-back calls", "",
-             "| call | kernel (plan) | ms | vs featureless |", "|---|---|---|---|"]
-    for n, kern, t, *ref in rows:  # ref: the row's own featureless time (backward rows)
-        ratio = f"{(ref[0] if ref else t_base) / t:.2f}" if t else "-"
-        lines.append(f"| {n} | {kern} | {t:.3f} | {ratio} |" if t else f"| {n} | {kern} | - | - |")
+             "- µs per call: kernel (torch.profiler, every kernel of the call), CUDA-graph replay, eager "
+             "(synced per call), host (back-to-back calls); vs featureless = featureless kernel (graph) "
+             "time / this call's (>= 0.9 is the issue's target on the Hopper path)", "",
+             "| call | kernel (plan) | kernel us | graph us | eager us | host us | vs featureless: kernel (graph) |",
+             "|---|---|---|---|---|---|---|"]
+    for n, kern, t, *ref in rows:  # ref: the row's own featureless figures (backward rows)
+        if not t:
+            lines.append(f"| {n} | {kern} | - | - | - | - | - |")
+            continue
+        r = ref[0] if ref else t_base
+        graph = f"{t['graph']:.1f}" if t.get("graph") else "-"
+        g_ratio = f" ({r['graph'] / t['graph']:.2f})" if t.get("graph") and r.get("graph") else ""
+        lines.append(f"| {n} | {kern} | {t['kernel']:.1f} | {graph} | {t['eager']:.1f} | {t['host']:.1f} | "
+                     f"{r['kernel'] / t['kernel']:.2f}{g_ratio} |")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "gpu_coverage.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -178,7 +178,7 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, Nonce
       return gpuGetLastError();
     }
   }
-  if (rows)  // the candidate declines row copies with dropout
+  if (rows || prm.kv_key_align > 0)  // irregular pages (the candidate declines them with dropout)
     sm90::fwd_hopper_v3_kernel<D, Elem, false, true, BN><<<blocks, threads, smem, stream>>>(prm);
   else if (dropout)
     sm90::fwd_hopper_v3_kernel<D, Elem, true, false, BN><<<blocks, threads, smem, stream>>>(prm);

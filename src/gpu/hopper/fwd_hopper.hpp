@@ -228,7 +228,9 @@ inline bool kv_grouped_boxes(const Problem& p) { return kv_pool_in_groups(p) && 
 // A paged cache with a left pad read by TMA boxes: a box must lie inside one page, so sequence b's
 // key tiles start at cache row pad - pad % kv_key_align (a whole box) and the first pad %
 // kv_key_align keys of tile 0 are hidden (SeqScoreRules::start_keys_early; their V rows zeroed
-// like the rows past the keys). 0: tiles start at the first key (any other call).
+// like the rows past the keys). 0: tiles start at the first key (any other call). These calls run
+// the row-copy instance (fwd_hopper_v3.cuh kKvRows: the irregular paged calls), on its TMA path,
+// so that the plain instance's consumers keep the constant k_lo = 0.
 inline int32_t kv_key_align(const Problem& p) {
   const bool shifted = p.seq.kv_layout == KvLayout::Paged && p.seq.cache_leftpad != nullptr && !kv_by_rows(p);
   return shifted ? int32_t(kv_page_box_rows(p)) : 0;

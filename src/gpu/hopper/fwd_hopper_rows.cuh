@@ -126,6 +126,14 @@ struct HopperRows {
     clip_key_blocks_to_split(n_lo, n_hi, lk, BN, split, splits);
   }
 
+  // Key tile nb holds V rows outside the keys [rules.k_lo, lk): rows past the last key, or before a
+  // left pad's first (key_align > 0). A KV cache's rows there may hold anything (NaN; 0 * NaN is
+  // not 0), so those rows are zeroed before P V reads them (fwd_hopper_v3.cuh: warp 1 zeroes, the
+  // consumers wait for it on these tiles only). The k_lo test folds away where k_lo is 0.
+  __device__ __forceinline__ bool tile_has_rows_outside_keys(int nb) const {
+    return (rules.k_lo > 0 && rules.k_lo > nb * BN) || lk - nb * BN < BN;
+  }
+
 
   // Feature hooks, masking and the online softmax of tile nb (base 2): S becomes P (fp32), corr
   // the factor the running O must be scaled by; kDropout: the call's dropout (a.rules) on P.

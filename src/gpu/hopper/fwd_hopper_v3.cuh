@@ -85,9 +85,12 @@ namespace sm90 {
 // kDropout: the call has dropout (HopperRows applies it to P and scales O). Its own instance: the
 // consumer loop is register-bound, and a second copy of it in one function changed the plain
 // loop's allocation (more spills).
-// kKvRows: a paged cache with pages below the key tile (or a left pad, fwd_hopper.hpp kv_by_rows):
-// the producer warpgroup copies K/V rows with cp.async (its own instance: the copies need more
-// producer registers than the TMA issuer, HopperTileV3::producer_regs).
+// kKvRows: the instance of the irregular paged calls: pages below the key tile that TMA boxes
+// cannot tile (fwd_hopper.hpp kv_by_rows), whose K/V rows the producer warpgroup copies with
+// cp.async, and left-padded pages on TMA boxes (P.kv_key_align), whose key tiles start before the
+// first key. Both keep their cost off the plain instance: the copies need more producer code, and
+// the hidden keys of a left pad a runtime k_lo in the consumers' masks (SeqScoreRules::k_lo; in
+// the plain instance the constant 0).
 // kBlockN: the key tile, HopperTileV3::block_n(D), or kWideBlockN for D128's long unmasked calls
 // (fwd_hopper.hpp hopper_wide_tile: plain only).
 template <int D, typename Elem, bool kDropout, bool kKvRows, int kBlockN>
@@ -111,11 +114,12 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
   // the cache code (paged boxes, left pads, V zeroing), which would cost its producer spills.
   constexpr bool kCacheCode = BN == T::block_n(D);
   const bool zero_v = kCacheCode && P.zero_v_tail;
-  // Key tiles from a rounded-down left pad: paged calls on TMA boxes only (never the row copies).
-  const int key_align = kCacheCode && !kKvRows ? P.kv_key_align : 0;
+  // Key tiles from a rounded-down left pad (kKvRows instance, TMA boxes); else row copies there.
+  const int key_align = kKvRows ? P.kv_key_align : 0;
+  const bool rows_by_threads = kKvRows && key_align == 0;
   // Paged boxes across panels (5-d maps): the K/V slots hold the grouped layout, which is the
   // panel-major one at one panel.
-  const bool grouped = !kKvRows && BN == T::block_n(D) && P.kv_grouped;
+  const bool grouped = !rows_by_threads && BN == T::block_n(D) && P.kv_grouped;
   const KvTileLayout kv_layout =
       kPanels > 1 && grouped ? KvTileLayout{1024u, uint32_t(kPanels) * 1024u} : panel_major_layout<BN>();
 
@@ -162,12 +166,12 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
     mbar_init(empty_q, 4 * kConsumers);
     // The warps that read the walk's tile ids: every consumer warp and the producer warps that walk
     // besides warp 0 (which takes them): 1-3 copying rows, or warp 1 zeroing V tails.
-    const uint32_t walkers = 4 * kConsumers + (kKvRows ? 3u : zero_v ? 1u : 0u);
+    const uint32_t walkers = 4 * kConsumers + (rows_by_threads ? 3u : zero_v ? 1u : 0u);
     for (int s = 0; s < 2; ++s) {
       mbar_init(tile_full(s), 1);
       mbar_init(tile_empty(s), walkers);
     }
-    const uint32_t kv_arrivals = kKvRows ? 128u : 1u;  // the producer's threads, or the TMA issuer
+    const uint32_t kv_arrivals = rows_by_threads ? 128u : 1u;  // the producer's threads, or the TMA issuer
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       mbar_init(full_k(s), kv_arrivals);
@@ -237,7 +241,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
   if (wg == 0) {
     // ---- producer ----
     regs_dec<T::producer_regs(D, BN, kDropout)>();
-    if constexpr (kKvRows) {
+    if (rows_by_threads) {
       // Paged K/V with pages below the key tile (or a left pad): the warpgroup's 128 threads copy
       // with cp.async into the 128B-swizzled panels a TMA box would produce (row r, 16-byte chunk
       // c of panel p at p * (BN * 128) + r * 128 + ((c % 8) ^ (r % 8)) * 16). Warp w copies the
@@ -425,12 +429,11 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
       // Whole 128-byte rows: the swizzle permutes chunks within a row.
       uint32_t it = 0;
       for_each_tile_with_keys([&](const Rows& rows, int, int, int) {
-        // The tile's rows of keys: [lo, hi), tiles from the highest down.
-        int lo = rows.rules.k_lo - (rows.n_hi - 1) * BN, hi = rows.lk - (rows.n_hi - 1) * BN;
-        for (int t = rows.n_hi - rows.n_lo; t > 0; --t, ++it, lo += BN, hi += BN) {
+        for (int nb = rows.n_hi - 1; nb >= rows.n_lo; --nb, ++it) {  // the consumers' order
           const int s = int(it & (S - 1));
           mbar_wait(full_v(s), (it / S) & 1);
-          if (lo > 0 || hi < BN) {
+          if (rows.tile_has_rows_outside_keys(nb)) {
+            const int lo = rows.rules.k_lo - nb * BN, hi = rows.lk - nb * BN;  // the tile's key rows
             auto zero_rows = [&](int r0, int r1) {  // 16-byte chunks of rows [r0, r1) of each panel
               for (int p = 0; p < kPanels; ++p)
                 for (int c = lane; c < (r1 - r0) * 8; c += 32)
@@ -472,10 +475,10 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
       if (rows.empty()) continue;
       rows.clip_to_split(split, a.splits);
       const int n_hi = rows.n_hi, count = n_hi - rows.n_lo;
-      // KV-cache calls: the tiles with V rows outside the keys (the first, past them; the last,
-      // before a left pad) are read once warp 1 has zeroed those rows.
-      const bool zero_first = zero_v && rows.lk - (n_hi - 1) * BN < BN;
-      const bool zero_last = zero_v && rows.rules.k_lo > rows.n_lo * BN;
+      // KV-cache calls: the tiles with V rows outside the keys are read once warp 1 has zeroed
+      // those rows. Only the first tile (rows past the keys) and the last (before a left pad) can.
+      const bool zero_first = zero_v && rows.tile_has_rows_outside_keys(n_hi - 1);
+      const bool zero_last = zero_v && rows.tile_has_rows_outside_keys(rows.n_lo);
       auto wait_v = [&](int slot, uint32_t round, bool zeroed) {
         mbar_wait(full_v(slot), round & 1);
         if (zeroed) mbar_wait(v_ready(slot), round & 1);
@@ -543,7 +546,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
         }
         release(empty_q);  // every S of this work tile is done: the producer may load the next Q
         const int slot = int(it & (S - 1));
-        wait_v(slot, it / S, (count == 1 && zero_first) || zero_last);
+        wait_v(slot, it / S, zero_last);  // count 1: the first tile is the last
         my_turn();
         wg_fence();
         issue_pv(pa, slot);
