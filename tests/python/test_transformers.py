@@ -458,36 +458,61 @@ def test_generate_unpadded_batch_and_static_cache():
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_training_step_gradients(arch):
-    """One training step's gradients on a right-padded batch, against the baseline's."""
+    """One training step's gradients on a right-padded batch, judged by the fp64 model's against
+    the baseline's. The judge runs each sequence alone (the same loss: the mean over the batch's
+    tokens), because its eager attention turns a padded row that a sliding window leaves without
+    keys into NaN, which reaches the gradients through 0 x NaN."""
     models = _models(arch)
-    mask = _padding([10, 7, 3], 10, "right")
+    lengths = [10, 7, 3]
+    mask = _padding(lengths, 10, "right")
     ids = _ids(3, 10) * mask
     labels = ids.masked_fill(mask == 0, -100)
-    inputs = {k: v.to(_device()) for k, v in
-              dict(input_ids=ids, attention_mask=mask, labels=labels).items()}
-    ours = _param_grads(models[NAME], lambda: models[NAME](**inputs).loss)
-    base = _param_grads(models["baseline"], lambda: models["baseline"](**inputs).loss)
-    assert ours.keys() == base.keys()
+    inputs = {k: v.to(_device()) for k, v in dict(input_ids=ids, attention_mask=mask, labels=labels).items()}
+    ours = _param_grads(models[NAME], lambda: _lm_loss(models[NAME], **inputs))
+    base = _param_grads(models["baseline"], lambda: _lm_loss(models["baseline"], **inputs))
+
+    def judge_loss():
+        each = [_sequence_loss(models["judge"](input_ids=ids[b:b + 1, :n]).logits, ids[b:b + 1, :n])
+                for b, n in enumerate(lengths)]
+        return sum(each) / sum(n - 1 for n in lengths)
+
+    judge = _param_grads(models["judge"], judge_loss)
     if arch == "gpt_oss":
         assert any(n.endswith("sinks") for n in ours)
-    _assert_grads_close(ours, base)
+    _assert_grads_no_worse(ours, base, judge)
 
 
-def _assert_grads_close(ours, base):
-    """Every parameter's gradient within a few ulps of the largest gradient entry of the model
-    (a tensor such as a router bias sums cancelling terms: its own size says nothing of its
-    rounding)."""
-    assert ours.keys() == base.keys()
-    scale = max(g.abs().max().item() for g in base.values())
-    tol = 50 * torch.finfo(_dtype()).eps * scale
-    for name in base:
+def _assert_grads_no_worse(ours, base, judge):
+    """The gradients' largest error against the fp64 judge within a small factor of the
+    baseline's own, plus a floor of a few ulps of the model's largest gradient entry (errors are
+    measured against that size: a tensor such as a router bias sums cancelling terms, its own
+    size says nothing of its rounding). Comparing ours with the baseline directly was flaky: each
+    is ~15-40 ulps of that size off the judge (session 26, gpt_oss over 8 inputs), so the two
+    can differ by more than a bound that tight without either being wrong."""
+    assert ours.keys() == base.keys() == judge.keys()
+    for name in ours:
         assert torch.isfinite(ours[name]).all(), name
-        assert (ours[name] - base[name]).abs().max().item() <= tol, name
+    err = max((ours[n] - judge[n]).abs().max().item() for n in judge)
+    base_err = max((base[n] - judge[n]).abs().max().item() for n in judge)
+    _assert_no_worse(err, base_err, torch.cat([g.flatten() for g in judge.values()]))
+
+
+def _loss_logits(logits):
+    """Logits for a loss: fp32, or fp64 kept (the judge's; transformers' own loss casts to fp32,
+    where the judge would lose its precision)."""
+    return logits if logits.dtype == torch.float64 else logits.float()
+
+
+def _lm_loss(model, input_ids, attention_mask, labels):
+    """transformers' causal LM loss (next-token cross entropy, -100 ignored, mean over tokens)."""
+    logits = _loss_logits(model(input_ids=input_ids, attention_mask=attention_mask).logits)
+    return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(),
+                                             ignore_index=-100)
 
 
 def _sequence_loss(logits, ids):
     """Next-token loss within one sequence (summed), so packing cannot leak across sequences."""
-    return torch.nn.functional.cross_entropy(logits[0, :-1].float(), ids[0, 1:], reduction="sum")
+    return torch.nn.functional.cross_entropy(_loss_logits(logits[0, :-1]), ids[0, 1:], reduction="sum")
 
 
 def _param_grads(model, loss_fn):
@@ -514,13 +539,13 @@ def test_training_step_packed_gradients(arch):
         logits = models[NAME](input_ids=ids, position_ids=position_ids).logits
         return sum(_sequence_loss(logits[:, a:e], ids[:, a:e]) for a, e in spans)
 
-    def each_loss():
-        return sum(_sequence_loss(models["baseline"](input_ids=ids[:, a:e]).logits, ids[:, a:e])
-                   for a, e in spans)
+    def each_loss(model, ids):
+        return sum(_sequence_loss(model(input_ids=ids[:, a:e]).logits, ids[:, a:e]) for a, e in spans)
 
     ours = _param_grads(models[NAME], packed_loss)
-    base = _param_grads(models["baseline"], each_loss)
-    _assert_grads_close(ours, base)
+    base = _param_grads(models["baseline"], lambda: each_loss(models["baseline"], ids))
+    judge = _param_grads(models["judge"], lambda: each_loss(models["judge"], ids.cpu()))
+    _assert_grads_no_worse(ours, base, judge)
 
 
 def test_dropout_in_training_only():
