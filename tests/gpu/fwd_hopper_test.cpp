@@ -881,9 +881,8 @@ TEST(HopperFwdPlan, PagedProducerChoice) {
 // down to a box, the keys before the pad hidden and their V rows zeroed (the pad rows hold NaN).
 // Pads below, at and past a box and a tile, 0, and equal to seqused_k (no keys); every head-dim
 // instance with boxes per page (16, 48: 16-row boxes of a 128-key tile, row copies at D64; 64;
-// 256: whole tiles),
-// GQA, bottom-right and top-left causal, windows, softcap + ALiBi, sinks, split-KV, append +
-// rotary after the pad, a call whose keys fit in one tile with the pad.
+// 256: whole tiles), GQA, bottom-right and top-left causal, windows, softcap + ALiBi, sinks,
+// split-KV, append + rotary after the pad, a call whose keys fit in one tile with the pad.
 TEST(CudaHopperFwd, KvCachePagedLeftPadBoxes) {
   SKIP_WITHOUT_GPU();
   int n = 0;

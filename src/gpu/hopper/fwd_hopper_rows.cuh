@@ -134,7 +134,6 @@ struct HopperRows {
     return (rules.k_lo > 0 && rules.k_lo > nb * BN) || lk - nb * BN < BN;
   }
 
-
   // Feature hooks, masking and the online softmax of tile nb (base 2): S becomes P (fp32), corr
   // the factor the running O must be scaled by; kDropout: the call's dropout (a.rules) on P.
   template <bool kDropout = false>
