@@ -100,6 +100,14 @@ struct DeviceBwd {
     up(sinks, c.sinks, views.sinks), up(rng, c.rng, views.rng);
     up(dout, bc.dout, dout_v);
     dq_h = c.q, dk_h = c.k, dv_h = c.v;
+    if (c.c.grads_unaligned) {
+      auto rows_plus2 = [](const HostTensor& t) {
+        std::vector<int64_t> pad(size_t(t.ndim()), 0);
+        pad.back() = 2;
+        return HostTensor::padded(t.dtype(), t.shape(), pad);
+      };
+      dk_h = rows_plus2(c.k), dv_h = rows_plus2(c.v);
+    }
     dq_h.fill_poison(), dk_h.fill_poison(), dv_h.fill_poison();
     up(dq, dq_h, dq_v), up(dk, dk_h, dk_v), up(dv, dv_h, dv_v);
     if (!c.sinks.empty()) {

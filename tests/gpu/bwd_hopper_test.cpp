@@ -336,6 +336,26 @@ TEST(CudaHopperBwd, StridedLayouts) {
     }
 }
 
+// dK and dV leave through shared memory in 16-byte row chunks where their rows allow it; rows of
+// 4-byte strides (dk, dv in their own padded layout) take the stores from the registers. Both
+// against the reference at every instance: batched causal with GQA, varlen (an empty sequence,
+// key counts ending mid-block) and seqused_k (rows past it get dK = dV = 0).
+TEST(CudaHopperBwd, GradientRowAlignments) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t d : {64, 128, 256})
+    for (bool unaligned : {false, true})
+      for (int layout = 0; layout < 3; ++layout) {
+        Case c;
+        c.dtype = rand_dtype();
+        c.batch = 3, c.hq = 4, c.hkv = 2, c.d = d, c.dv = d, c.sq = 200, c.sk = 173;
+        c.causal = true;
+        if (layout == 1) c.varlen = true, c.lq = {130, 0, 200}, c.lk = {173, 64, 91}, c.causal = false;
+        if (layout == 2) c.cache = true, c.sq = 20, c.sk = 300;
+        c.grads_unaligned = unaligned;
+        check_hopper_bwd(c, true);
+      }
+}
+
 // Head dims other than the instances' 64/128/256 run padded inside the next instance (the copies
 // zero-fill the columns past D and Dv, the dK/dV/dQ stores skip them), and Dq != Dv both ways
 // (192/128 as DeepSeek-V3 prefill): awkward lengths, causal in both alignments, windows, GQA,

@@ -119,6 +119,8 @@ struct Case {
   float softcap = 0.0f, dropout = 0.0f, scale = NAN;
   bool alibi = false, alibi_per_batch = false, sinks = false, lse = true, strided = false;
   bool strided_aligned = false;  // with strided: out (the backward's dout) rows padded by 8 elements, 16-byte strides
+  // Backward: dk, dv in their own layout, rows padded by 2 elements (4-byte, not 16-byte, strides).
+  bool grads_unaligned = false;
   int32_t splits = 1;
   // KV cache: contiguous (optionally cache_batch_idx) or paged; seqused_k per sequence; append.
   bool cache = false, paged = false, batch_idx = false;
@@ -149,6 +151,7 @@ struct Case {
     if (sinks) s += " sinks";
     if (dropout > 0) s += " dropout=" + std::to_string(dropout) + (rng_on_device ? "(rng on device)" : "");
     if (strided) s += strided_aligned ? " strided(16-byte)" : " strided";
+    if (grads_unaligned) s += " dk/dv-rows+2";
     if (splits != 1) s += " splits=" + std::to_string(splits);
     if (cache) s += paged ? " paged(ps=" + std::to_string(page_size) + ")" : " cache";
     if (page_gap_rows > 0) s += " page_gap=" + std::to_string(page_gap_rows);

@@ -38,6 +38,9 @@
 //   D128: a warpgroup whose 64 keys no row of the step sees (the causal diagonal's first step, a
 //   window's edges) runs the step without its products and elementwise phase: turns, zeros as its
 //   dS^T half, its part of dQ (+2.5-3.5% at S1k causal: gpu_backward.md, session 24).
+//   After the walk, dK and dV leave through shared memory (the Q ring, free then) in whole 16-byte
+//   row chunks (store_kv_grad_staged; D256 stages in K's tile): +3.5-7% at S1k over stores from the
+//   accumulator layout, whose warp stores cover 8 rows with 16 bytes each (gpu_backward.md, session 27).
 // D256 (bwd_hopper_d256_kernel): the same producer roles and ring (HopperBwdTileD256), 64-key
 // blocks; one MMA warpgroup computes S^T, P^T and dV, the other dP^T, dS^T and dK (P^T handed over
 // in fp32 through shared memory), both half of dQ's columns (bwd_hopper.hpp); a step's dQ is staged
@@ -58,6 +61,7 @@
 #include "gpu/common/dropout_lanes.cuh"
 #include "gpu/hopper/fwd_hopper_tma.cuh"
 #include "gpu/hopper/hopper_smem.hpp"
+#include "gpu/hopper/hopper_store.cuh"
 #include "gpu/hopper/tma_maps.hpp"
 #include "gpu/common/kernel_info.cuh"
 #include "gpu/common/tile_io.cuh"
@@ -208,6 +212,23 @@ __device__ __forceinline__ void store_kv_grad(const BwdArgs& a, int b, int kvh, 
   if (a.kv_out_vec_ok) store_rows(std::true_type{});
   else store_rows(std::false_type{});
 }
+// The same rows through shared memory, in whole 16-byte row chunks (store_tile_staged; needs
+// a.kv_out_vec16_ok): this warpgroup's 64 keys from key_row0, staged at `stage` (64 rows of kRowBytes).
+template <bool kIsDk, int kRowBytes, typename Elem, int kPanels>
+__device__ __forceinline__ void store_kv_grad_staged(const BwdArgs& a, int b, int kvh, int lk, int key_row0,
+                                                     const float (&acc)[kPanels][32], const OutStage& stage) {
+  const auto& addr = kIsDk ? a.dk_addr : a.dv_addr;
+  const bool packed = addr.layout == KvLayout::Packed;
+  const int rows = (a.k_rows_cap > 0 ? static_cast<int>(a.k_rows_cap) : lk) - key_row0;  // the rest: not stored
+  using T = typename Elem::T;
+  T* row0 = reinterpret_cast<T*>(kIsDk ? a.dk_ptr : a.dv_ptr) +
+            (packed ? (a.seq.k_start(b) + key_row0) * addr.s0 : int64_t(b) * addr.s0 + int64_t(key_row0) * addr.s1) +
+            int64_t(kvh) * addr.s2;
+  const float scale = kIsDk ? a.scale : 1.0f;
+  const float inv[2] = {scale, scale};
+  store_tile_staged<Elem, kRowBytes>(acc, inv, row0, packed ? addr.s0 : addr.s1, 0, rows, kIsDk ? a.d : a.dv, stage);
+}
+
 template <int kPanels, typename Elem>
 __device__ __forceinline__ void store_dk_dv(const BwdArgs& a, int b, int kvh, int lk, int key0, int panel0,
                                             int col_base, const float (&dk_acc)[kPanels][32],
@@ -584,7 +605,10 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
   //   dS^T stored w: w's half is in shared memory (the other syncs before its dQ).
   //   dS^T free w: w's dQ has read the step's dS^T (the other syncs before storing the next).
   // and dQ staging buffer full / empty, one each per buffer: the MMA side and the writer warp.
+  // After the walk: both MMA warpgroups are done (walk done), and each one's staging tile for dK, dV
+  // (stage w).
   constexpr int kBarTurn = 1, kBarDsStored = 3, kBarDsFree = 5, kBarDqFull = 7, kBarDqEmpty = 9;
+  constexpr int kBarWalkDone = 11, kBarStage = 12;
   constexpr int kMmaThreads = 256, kDqSyncThreads = kMmaThreads + 32;
 
   extern __shared__ uint8_t smem_raw[];
@@ -871,7 +895,18 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
   }
 
   // ---- epilogue ---------------------------------------------------------------------------------
-  store_dk_dv<kPanels, Elem>(a, b, kvh, lk, n0 + key_loc0, 0, col_base, dk_acc, dv_acc);
+  // dK and dV through shared memory (store_kv_grad_staged): warpgroup w stages its 64 keys' rows
+  // in half of the Q ring (64 x D x 2 bytes of its 2 x BM x D x 2), which no product reads once
+  // both warpgroups have left the walk and no loader writes after it.
+  static_assert(2 * 64 <= kStages * BM, "two 64-row staging tiles in the Q ring");
+  if (a.kv_out_vec16_ok) {
+    named_sync<kMmaThreads>(kBarWalkDone);
+    const OutStage stage{sQ_u32 + uint32_t(mwg) * uint32_t(64 * D * 2), kBarStage + mwg};
+    store_kv_grad_staged<true, D * 2, Elem>(a, b, kvh, lk, n0 + mwg * 64, dk_acc, stage);
+    store_kv_grad_staged<false, D * 2, Elem>(a, b, kvh, lk, n0 + mwg * 64, dv_acc, stage);
+  } else {
+    store_dk_dv<kPanels, Elem>(a, b, kvh, lk, n0 + key_loc0, 0, col_base, dk_acc, dv_acc);
+  }
 #else
   if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0)
     printf("flashport: the Hopper backward kernel needs sm_90a\n");
@@ -926,7 +961,9 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
   // syncs before issuing dP^T, so each tensor core runs S^T first and P^T is made while dP^T runs
   // (the score side's next arrival follows the stage-read sync: never a generation ahead).
   // Ids: dQ staged takes 4 and 5 (one per ring stage), the handoff 7 and 8 (one per query half).
+  // After the walk: both MMA warpgroups done (walk done) and each one's dK / dV staging tile (stage w).
   constexpr int kBarDsReady = 2, kBarStageRead = 3, kBarDqFull = 4, kBarScoresIssued = 6, kBarHandoff = 7;
+  constexpr int kBarWalkDone = 9, kBarStage = 10;
   constexpr int kMmaThreads = 256, kDqSyncThreads = kMmaThreads + 32;
 
   extern __shared__ uint8_t smem_raw[];
@@ -1179,8 +1216,19 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
   }
 
   // ---- epilogue: dV (score side) or dK (gradient side), every column ----------------------------
-  if (score_side) store_kv_grad<false, kPanels, Elem>(a, b, kvh, lk, n0 + key_loc0, 0, col_base, kv_acc);
-  else store_kv_grad<true, kPanels, Elem>(a, b, kvh, lk, n0 + key_loc0, 0, col_base, kv_acc);
+  // Through shared memory where the rows allow (store_kv_grad_staged): warpgroup w stages 128
+  // columns a pass in half of K's tile, which no product reads once both have left the walk (the
+  // Q ring's stages may still hold a dQ tile the copy engine reads).
+  if (a.kv_out_vec16_ok) {
+    named_sync<kMmaThreads>(kBarWalkDone);
+    const OutStage stage{sK_u32 + uint32_t(mwg) * uint32_t(64 * 256), kBarStage + mwg};
+    if (score_side) store_kv_grad_staged<false, 256, Elem>(a, b, kvh, lk, n0, kv_acc, stage);
+    else store_kv_grad_staged<true, 256, Elem>(a, b, kvh, lk, n0, kv_acc, stage);
+  } else if (score_side) {
+    store_kv_grad<false, kPanels, Elem>(a, b, kvh, lk, n0 + key_loc0, 0, col_base, kv_acc);
+  } else {
+    store_kv_grad<true, kPanels, Elem>(a, b, kvh, lk, n0 + key_loc0, 0, col_base, kv_acc);
+  }
 #else
   if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0)
     printf("flashport: the Hopper backward kernel needs sm_90a\n");

@@ -117,6 +117,7 @@ struct BwdArgs {
   bool bf16 = false;
   bool vec_ok = false;      // 16-byte aligned rows/strides of q, k, v, dout: cp.async path
   bool kv_out_vec_ok = false;  // 4-byte aligned pairs in dk, dv
+  bool kv_out_vec16_ok = false;  // 16-byte aligned rows in dk, dv (the Hopper backward's staged dK, dV stores)
   bool deterministic = false;
   float scale = 1.0f, scale_log2 = 0.0f, softcap_in = 0.0f, softcap_out = 0.0f;
   // Workspace: lse2 [Hq][total_rows], dsum [Hq][total_rows], dq_acc [Hq][total_rows][dacc],
@@ -208,6 +209,10 @@ inline BwdArgs bwd_common_args(const BwdProblem& bp, const BwdWorkspace& w, void
   a.kv_out_vec_ok = (reinterpret_cast<uintptr_t>(a.dk_ptr) & 3) == 0 && (reinterpret_cast<uintptr_t>(a.dv_ptr) & 3) == 0 &&
                     even(bp.dk.s0) && even(bp.dk.s1) && even(bp.dk.s2) && even(bp.dv.s0) &&
                     even(bp.dv.s1) && even(bp.dv.s2);
+  auto mult8 = [](int64_t x) { return x % 8 == 0; };
+  a.kv_out_vec16_ok = (reinterpret_cast<uintptr_t>(a.dk_ptr) & 15) == 0 && (reinterpret_cast<uintptr_t>(a.dv_ptr) & 15) == 0 &&
+                      mult8(bp.dk.s0) && mult8(bp.dk.s1) && mult8(bp.dk.s2) && mult8(bp.dv.s0) && mult8(bp.dv.s1) &&
+                      mult8(bp.dv.s2);
   a.scale = p.rules.scale;
   a.scale_log2 = p.rules.scale * kLog2e;
   if (p.rules.softcap > 0.0f) {
