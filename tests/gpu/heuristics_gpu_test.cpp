@@ -1,9 +1,15 @@
-// The GPU planner's pure pieces (no device needed): tile table invariants and the split-count
-// decisions the CUDA backend makes for the benchmark shapes on an H100-sized machine.
+// The GPU planner's pure pieces (no device needed): tile table invariants, the split-count
+// decisions the CUDA backend makes for the benchmark shapes on an H100-sized machine, and the
+// work order of calls whose items differ in cost (work_order.hpp).
 #include <gtest/gtest.h>
 
 #include "core/heuristics.hpp"
 #include "gpu/common/tile_config.hpp"
+#include "gpu/common/work_order.hpp"
+
+#include <algorithm>
+#include <queue>
+#include <vector>
 
 namespace {
 
@@ -40,6 +46,67 @@ TEST(GpuSplitHeuristic, BenchmarkShapes) {
   // Forced and off.
   EXPECT_EQ(resolve_num_splits(1, 8, 128, 132, kMaxSplits), 1);
   EXPECT_EQ(resolve_num_splits(300, 8, 128, 132, kMaxSplits), 128);
+}
+
+// TailOrder visits every (unit, item) exactly once, keeps unit-major order before the tail and
+// runs the tail item-major (every tail unit's heaviest item before any second one).
+TEST(WorkOrder, TailOrderIsAPermutation) {
+  for (int per_unit : {1, 2, 8, 16})
+    for (int units : {1, 3, 64, 257})
+      for (int tail : {0, 1, 5, units}) {
+        if (tail > units) continue;
+        const TailOrder order{per_unit, units, tail};
+        std::vector<int> seen(size_t(per_unit) * units, 0);
+        int last_unit = -1, last_item = -1;
+        for (int w = 0; w < per_unit * units; ++w) {
+          int unit = -1, item = -1;
+          order.at(w, unit, item);
+          ASSERT_TRUE(unit >= 0 && unit < units && item >= 0 && item < per_unit) << w;
+          ++seen[size_t(unit) * per_unit + item];
+          if (unit >= units - tail) {
+            EXPECT_GE(item, last_unit >= units - tail ? last_item : 0) << "tail: item-major";
+          } else {
+            EXPECT_EQ(w, unit * per_unit + item) << "before the tail: unit-major";
+          }
+          last_unit = unit, last_item = item;
+        }
+        EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
+      }
+  EXPECT_EQ(tail_units_for(256, 8, 132, false), 0) << "equal items keep their order";
+  EXPECT_EQ(tail_units_for(256, 8, 132, true), 30);  // ceil(2 x 132 / 9)
+  EXPECT_EQ(tail_units_for(4, 8, 132, true), 4);     // capped at the units
+}
+
+// What the tail is for: list scheduling (free slots take the next item, as the hardware's block
+// dispatch and the forward's dynamic walk do) of a causal call's items, unit k's item i costing
+// per_unit - i, ends within 2.5% of the ideal time with the tail, at least 1.5 points closer than
+// without it.
+TEST(WorkOrder, TailShortensCausalSchedules) {
+  auto makespan = [](const TailOrder& order, int slots) {
+    std::priority_queue<double, std::vector<double>, std::greater<double>> free_at;
+    for (int s = 0; s < slots; ++s) free_at.push(0.0);
+    double end = 0.0, total = 0.0;
+    for (int w = 0; w < order.per_unit * order.units; ++w) {
+      int unit, item;
+      order.at(w, unit, item);
+      const double cost = order.per_unit - item + 0.5;  // + a per-item overhead
+      const double t = free_at.top() + cost;
+      free_at.pop();
+      free_at.push(t);
+      end = std::max(end, t);
+      total += cost;
+    }
+    return total / slots / end;  // 1: no slot idles before the end
+  };
+  const int slots = 132;
+  for (auto [per_unit, units] : {std::pair{8, 256}, std::pair{16, 256}, std::pair{32, 64}}) {
+    SCOPED_TRACE(std::to_string(per_unit) + " items x " + std::to_string(units) + " units");
+    const TailOrder plain{per_unit, units, 0};
+    const TailOrder tail{per_unit, units, tail_units_for(units, per_unit, slots, true)};
+    const double without = makespan(plain, slots), with = makespan(tail, slots);
+    EXPECT_GT(with, 0.975);
+    EXPECT_GT(with - without, 0.015) << without << " -> " << with;
+  }
 }
 
 }  // namespace

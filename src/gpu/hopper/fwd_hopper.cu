@@ -162,11 +162,15 @@ gpuError_t launch_hopper_fwd(const Problem& p, const FwdArgs& a, int grid, Nonce
   prm.kv_grouped = kv_grouped_boxes(p);
   const bool rows = kv_by_rows(p);
   prm.zero_v_tail = is_kv_cache_call(p) && !rows;  // the row copies zero-fill
-  prm.m_blocks = int32_t(m_blocks);
   // Work tiles: query block x split x head x sequence (the candidate bounds them); one block
-  // each, or the plan's persistent grid walking them.
-  prm.work_tiles = int32_t(m_blocks * p.hq * p.seq.batch * std::max(a.splits, 1));
+  // each, or the plan's persistent grid walking them. Tiles of unequal cost (causal, windows,
+  // varlen, caches, splits) end on the last units' light query blocks (TailOrder).
+  const int64_t units = p.hq * p.seq.batch * std::max(a.splits, 1);
+  prm.work_tiles = int32_t(m_blocks * units);
   const unsigned blocks = grid > 0 && grid < prm.work_tiles ? unsigned(grid) : unsigned(prm.work_tiles);
+  prm.order = TailOrder{int32_t(m_blocks), int32_t(units), 0};
+  if (int64_t(blocks) < prm.work_tiles)
+    prm.order.tail_units = tail_units_for(units, m_blocks, blocks, a.splits > 1 || !equal_cost_tiles(p));
   prm.tile_walk = walk;  // no memset: block 0 starts the walk (NonceCounter)
   constexpr int BN = HopperTileV3::block_n(D);
   const int threads = HopperTileV3::threads(D, dropout), smem = HopperTileV3::smem_bytes(D, BN, dropout);

@@ -44,6 +44,7 @@
 #include <type_traits>
 
 #include "gpu/common/nonce_counter.cuh"
+#include "gpu/common/work_order.hpp"
 #include "gpu/hopper/fwd_hopper.hpp"
 #include "gpu/hopper/fwd_hopper_rows.cuh"
 #include "gpu/hopper/fwd_hopper_tma.cuh"
@@ -57,8 +58,10 @@ namespace flashport::gpu {
 struct HopperV3Params {
   FwdArgs a;
   CUtensorMap tq, tk, tv;  // 4-d (col, row, head, batch) views of q, k, v; paged k/v: (col, row in page, head, page)
-  int32_t m_blocks = 0;    // query blocks per (head, sequence): ceil(Sq / BM)
-  int32_t work_tiles = 0;  // m_blocks x splits x Hq x B; block i takes tile i first, then walks (tile_walk)
+  // Work tile w -> (split x head x sequence unit, query block rank): units of ceil(Sq / BM) query
+  // blocks, the last tail_units of them interleaved (gpu/common/work_order.hpp).
+  TailOrder order;
+  int32_t work_tiles = 0;  // query blocks x splits x Hq x B; block i takes tile i first, then walks (tile_walk)
   int32_t kv_box_rows = 0; // rows of one K/V box: the key tile, or the largest run dividing page and tile
   // Paged K/V read as 8-row groups of the whole pool (fwd_hopper.hpp kv_grouped_boxes): tk, tv are
   // 5-d (col, row in group, panel, head, group) and one box spans every panel of its rows; the ring
@@ -150,10 +153,13 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
   // blocks in flight share a few heads' K/V in L2; inside a head the heaviest (causal: last)
   // query blocks first. (Query-block-major order -- each block in flight on its own head --
   // measured 0.61-0.96x of this order on the H100, worst at S = 1k: gpu_hopper_v3.md, run 2.)
-  // Split-KV: the split index sits between the query block and the head.
+  // Split-KV: the split index sits between the query block and the head. Calls of unequal tiles
+  // run their last units query block by query block (P.order, work_order.hpp), so they end on
+  // light tiles.
   auto decode = [&](int w, int& mb, int& head, int& b, int& split) {
-    const int hsb = w / P.m_blocks, mb_rev = w - hsb * P.m_blocks;
-    mb = P.m_blocks - 1 - mb_rev;  // HopperRows places query block mb in its sequence
+    int hsb, mb_rev;
+    P.order.at(w, hsb, mb_rev);
+    mb = P.order.per_unit - 1 - mb_rev;  // HopperRows places query block mb in its sequence
     const int hb = hsb / a.splits;
     split = hsb - hb * a.splits;
     head = hb % a.hq;
