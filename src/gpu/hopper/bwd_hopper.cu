@@ -179,10 +179,16 @@ __device__ __forceinline__ void load_kv_block(const BwdArgs& a, int b, int kvh, 
 // panels [panel0, panel0 + kPanels); rows past Lk of a batched tensor get 0. Only the call's D
 // columns of dK and Dv columns of dV are stored: a padded instance's others hold zeros (head dims
 // are multiples of 8, so an 8-column chunk is all in or all out).
+// Rows of dK / dV the epilogue stores: the sequence's keys, or (batched, k_rows_cap) every row of
+// the tensor's sequence, those past Lk as zeros.
+__device__ __forceinline__ int kv_grad_row_limit(const BwdArgs& a, int lk) {
+  return a.k_rows_cap > 0 ? static_cast<int>(a.k_rows_cap) : lk;
+}
+
 template <bool kIsDk, int kPanels, typename Elem>
 __device__ __forceinline__ void store_kv_grad(const BwdArgs& a, int b, int kvh, int lk, int key0, int panel0,
                                               int col_base, const float (&acc)[kPanels][32]) {
-  const int row_limit = a.k_rows_cap > 0 ? static_cast<int>(a.k_rows_cap) : lk;
+  const int row_limit = kv_grad_row_limit(a, lk);
   using T = typename Elem::T;
   const auto& addr = kIsDk ? a.dk_addr : a.dv_addr;
   const int cols = kIsDk ? a.d : a.dv;
@@ -219,7 +225,7 @@ __device__ __forceinline__ void store_kv_grad_staged(const BwdArgs& a, int b, in
                                                      const float (&acc)[kPanels][32], const OutStage& stage) {
   const auto& addr = kIsDk ? a.dk_addr : a.dv_addr;
   const bool packed = addr.layout == KvLayout::Packed;
-  const int rows = (a.k_rows_cap > 0 ? static_cast<int>(a.k_rows_cap) : lk) - key_row0;  // the rest: not stored
+  const int rows = kv_grad_row_limit(a, lk) - key_row0;  // the rest: not stored
   using T = typename Elem::T;
   T* row0 = reinterpret_cast<T*>(kIsDk ? a.dk_ptr : a.dv_ptr) +
             (packed ? (a.seq.k_start(b) + key_row0) * addr.s0 : int64_t(b) * addr.s0 + int64_t(key_row0) * addr.s1) +

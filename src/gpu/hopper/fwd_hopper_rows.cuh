@@ -218,9 +218,10 @@ struct HopperRows {
   // Finish the row sums, add the sink (split 0 only), normalise, store O (and the LSE, natural
   // log); with split-KV (a.splits > 1) the normalised fp32 partial and its LSE go to the workspace
   // (ws_o [split][row][dv], ws_lse [split][row], row = (b Hq + head) Sq + i) for the combine.
-  // kDropout: O also scaled by 1 / (keep rate) (drop_packed zeroed the dropped P). O goes through this
-  // warpgroup's staging tile (store_tile_staged, hopper_store.cuh) where 16-byte stores are
-  // allowed, else straight from the registers (store_direct). Every thread of the warpgroup calls it (named barriers).
+  // kDropout: O also scaled by 1 / (keep rate) (drop_packed zeroed the dropped P). O goes through
+  // this warpgroup's staging tile (store_tile_staged, hopper_store.cuh) where 16-byte stores are
+  // allowed, else straight from the registers (store_direct). Every thread of the warpgroup calls
+  // it (named barriers).
   template <typename Elem, int kPanels, bool kDropout = false>
   __device__ __forceinline__ void epilogue(const float (&o)[kPanels][32], int split, const OutStage& stage) {
     const int lane = threadIdx.x & 31;

@@ -42,12 +42,12 @@ __device__ __forceinline__ void st_global_16(void* ptr, const uint4& v) {
 }
 
 // This warpgroup's 64 x (kPanels * 64) accumulator tile o (row hf of a thread scaled by inv[hf]),
-// as Out (Elem::T or fp32), to rows dst + r * row_stride for row_lo <= r < rows, columns < cols, through the
-// warpgroup's staging tile: the fragments go in (stmatrix for 16-bit, 8-byte stores for fp32),
-// then each thread stores whole 16-byte chunks of rows, so a warp's stores cover complete row
-// segments. Staged rows hold kPassCols columns: as many whole panels as kRowBytes holds
-// when they divide the tile's panels, else one (D192 16-bit: three passes of 64 columns); wider O
-// goes in passes. 16-byte chunk c of staged row r sits at chunk c ^ (r % 8): the fragment writes
+// as Out (Elem::T or fp32), to rows dst + r * row_stride for row_lo <= r < rows, columns < cols,
+// through the warpgroup's staging tile: the fragments go in (stmatrix for 16-bit, 8-byte stores for
+// fp32), then each thread stores whole 16-byte chunks of rows, so a warp's stores cover complete
+// row segments. Staged rows hold kPassCols columns: as many whole panels as kRowBytes holds when
+// they divide the tile's panels, else one (D192 16-bit: three passes of 64 columns); wider tiles
+// go in passes. 16-byte chunk c of staged row r sits at chunk c ^ (r % 8): the fragment writes
 // (8 rows at one chunk) and the row reads (8 chunks of one row) hit every bank once per 128 bytes.
 // Needs dst and row_stride 16-byte aligned and cols a multiple of a chunk.
 template <typename Elem, int kRowBytes, typename Out, int kPanels>

@@ -21,6 +21,7 @@
 #include "core/problem.hpp"
 #include "core/status.hpp"
 #include "gpu/common/gpu_target.hpp"
+#include "gpu/common/kernel_args.hpp"
 #include "gpu/common/kernel_info.hpp"
 #include "gpu/common/vendor.hpp"
 
@@ -209,10 +210,7 @@ inline BwdArgs bwd_common_args(const BwdProblem& bp, const BwdWorkspace& w, void
   a.kv_out_vec_ok = (reinterpret_cast<uintptr_t>(a.dk_ptr) & 3) == 0 && (reinterpret_cast<uintptr_t>(a.dv_ptr) & 3) == 0 &&
                     even(bp.dk.s0) && even(bp.dk.s1) && even(bp.dk.s2) && even(bp.dv.s0) &&
                     even(bp.dv.s1) && even(bp.dv.s2);
-  auto mult8 = [](int64_t x) { return x % 8 == 0; };
-  a.kv_out_vec16_ok = (reinterpret_cast<uintptr_t>(a.dk_ptr) & 15) == 0 && (reinterpret_cast<uintptr_t>(a.dv_ptr) & 15) == 0 &&
-                      mult8(bp.dk.s0) && mult8(bp.dk.s1) && mult8(bp.dk.s2) && mult8(bp.dv.s0) && mult8(bp.dv.s1) &&
-                      mult8(bp.dv.s2);
+  a.kv_out_vec16_ok = rows_aligned16(a.dk_ptr, 2, bp.dk) && rows_aligned16(a.dv_ptr, 2, bp.dv);
   a.scale = p.rules.scale;
   a.scale_log2 = p.rules.scale * kLog2e;
   if (p.rules.softcap > 0.0f) {
