@@ -326,6 +326,44 @@ TEST(CudaHopperFwd, RightEdgedCallsEndBlocksAtLastRow) {
   }
 }
 
+// Consumer warpgroups compute only the key tiles their own 64 rows see and pass the block's others
+// (fwd_hopper_v3.cuh kOwnTiles: D64's three consumers, 192 rows over 128-key tiles; D192's and
+// D256's ping-pong pair, 128 rows over 96 and 64 keys, which hand on their turns for the passed
+// tiles): tiles above a warpgroup's rows (causal: the last rows' tile is hidden from the first
+// rows), below them (a left window), all of them (rows without keys in the middle of a sequence,
+// or above it: then Q is passed too), in a dynamic walk over many tiles, with split-KV, and over a
+// KV cache whose unused rows are NaN (V tails zeroed by the producer).
+TEST(CudaHopperFwd, ConsumersPassTilesTheirRowsDoNotSee) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t d : {64, 192, 256}) {
+    Case c;
+    c.dtype = rand_dtype();
+    c.batch = 2, c.hq = 2, c.hkv = 1, c.d = d, c.dv = d, c.sq = 1024, c.sk = 1024, c.causal = true;
+    check_hopper(c, true);
+    c.batch = 6, c.hq = 16, c.hkv = 4;  // 576 to 768 work tiles: the dynamic walk
+    check_hopper(c, true);
+    c.batch = 2, c.hq = 2, c.hkv = 2, c.sq = 700, c.sk = 200;  // rows 0..499 see no key
+    check_hopper(c, true);
+    c.causal = false, c.wl = 0, c.wr = 0, c.sq = c.sk = 600, c.splits = 3;  // the diagonal alone
+    check_hopper(c, true);
+    c.wl = 40, c.wr = -1, c.splits = 1;  // a left window: a warpgroup's last tiles are hidden from it
+    check_hopper(c, true);
+    c.wl = 20, c.wr = 30, c.top_left = true;
+    check_hopper(c, true);
+    c.wl = c.wr = -1, c.top_left = false, c.causal = true, c.varlen = true, c.batch = 10;
+    c.lq = {1, 63, 64, 65, 127, 128, 129, 191, 193, 385}, c.lk = {1, 63, 64, 65, 127, 128, 129, 191, 193, 385};
+    check_hopper(c, true);
+    Case k;
+    k.dtype = rand_dtype();
+    k.cache = true, k.nan_unused_cache = true;
+    k.batch = 3, k.hq = 4, k.hkv = 2, k.d = d, k.dv = d, k.sq = 400, k.sk = 900;
+    k.seqused = {900, 450, 629};
+    k.leftpad = {0, 37, 500};
+    k.wl = 60, k.wr = 0;
+    check_hopper(k, true);
+  }
+}
+
 // The persistent grids under CUDA-graph replay (every replay walks every tile again; the dynamic
 // walk is restarted by each replay's block 0: NonceCounter).
 TEST(CudaHopperFwd, PersistentGridGraphReplay) {

@@ -95,6 +95,26 @@ struct HopperRows {
     clip_key_blocks_to_split(n_lo, n_hi, lk, BN, split, splits);
   }
 
+  // A consumer warpgroup's own rows [m0 + first, + count): [n_lo, n_hi) narrows to the key tiles
+  // of the block's range that some of them see (empty, n_lo = n_hi, when none do), lead and trail
+  // count the block's tiles above and below, and the mask test narrows to the rows (i_min, i_max;
+  // the block's stay when the rows lie outside the sequence). Call after clip_to_split, on a
+  // block with keys.
+  __device__ __forceinline__ void narrow_to_rows(int first, int count, int& lead, int& trail) {
+    const int first_row = max(m0 + first, 0), last_row = min(m0 + first + count, lq) - 1;
+    int lo = n_hi, hi = n_hi;  // none: every tile leads
+    if (first_row <= last_row) {
+      i_min = first_row, i_max = last_row;
+      const int key_lo = rules.vis_lo(i_min), key_hi = rules.vis_hi(i_max);
+      if (key_hi > key_lo) {
+        lo = min(max(n_lo, key_lo / BN), n_hi);
+        hi = max(min(n_hi, (key_hi + BN - 1) / BN), lo);
+      }
+    }
+    lead = n_hi - hi, trail = lo - n_lo;
+    n_lo = lo, n_hi = hi;
+  }
+
   // Key tile nb holds V rows outside the keys [rules.k_lo, lk): rows past the last key, or before a
   // left pad's first (key_align > 0). A KV cache's rows there may hold anything (NaN; 0 * NaN is
   // not 0), so those rows are zeroed before P V reads them (fwd_hopper_v3.cuh: warp 1 zeroes, the

@@ -23,6 +23,9 @@
 //     two named barriers). Three consumers (D64) share the tensor cores without turns.
 //   K and V have separate rings: K(t) frees as soon as S(t) is done, V(t) after P V(t), so the
 //   producer refills each a whole step ahead of its use with 2 slots.
+//   Where a block's rows span more than a key tile (D64, D192, D256: kOwnTiles), each consumer
+//     computes only the key tiles its own 64 rows see and passes the others (their slots freed
+//     once landed, its ping-pong turn handed on at once).
 //   Epilogue: each consumer writes its 64 rows of O into its own shared staging tile and stores
 //   them as whole 16-byte row chunks (HopperRows::epilogue; coalesced, unlike the accumulator
 //   layout's half-sector stores), so the Q buffer frees as before, after the last S.
@@ -104,6 +107,10 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
   constexpr int BM = T::block_m(D, kDropout), BN = kBlockN, S = T::stages(D);
   constexpr int kConsumers = T::consumers(D, kDropout);
   constexpr bool kPingPong = kConsumers == 2;  // two consumers take turns at the tensor cores
+  // Each consumer warpgroup computes only the key tiles its own rows see: where a block's rows
+  // span more than one key tile's width (D64's 192 rows over 128 keys, 128 rows over D192's 96 or
+  // D256's 64), a causal block's first rows do not see its last tile.
+  constexpr bool kOwnTiles = BM > BN;
   constexpr int kPanels = D / 64;
   constexpr bool kBf16 = Elem::kIsBf16;
   constexpr uint32_t kTileBytes = uint32_t(BN) * D * 2;
@@ -460,7 +467,12 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
   } else {
     // ---- consumers ----
     regs_inc<T::consumer_regs(D, BN, kDropout)>();
-    const int cwg = wg - 1;
+    // kOwnTiles: broadcast from lane 0, so the compiler knows the warpgroup index is warp-uniform,
+    // and so is everything derived from it (each warpgroup's own key range moves the ring position
+    // `it`, which must stay in uniform registers: held per thread, it cost the D64 loop 18 spilled
+    // words). The other instances keep their code: D128 with the broadcast and the first arrive
+    // below moved ran its causal calls 2-3% slower on the H200 (both A/B orders).
+    const int cwg = kOwnTiles ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1;
     const int my_bar = 1 + cwg, other_bar = 2 - cwg;
     auto my_turn = [&] {
       if constexpr (kPingPong) named_sync<256>(my_bar);
@@ -480,7 +492,45 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
       Rows rows(a, b, head, mb, BM, row_loc, key_align);
       if (rows.empty()) continue;
       rows.clip_to_split(split, a.splits);
+      // This warpgroup's own key tiles: those some of its 64 rows see (kOwnTiles); it passes the
+      // block's others, `lead` above them and `trail` below. With 64-key tiles under 128-row
+      // blocks (D256; D192's 96) a causal block's last tile is hidden from its first 64 rows, as
+      // with D64's 192 rows over 128-key tiles (9 of 81 tiles at S = 1k). The mask test narrows
+      // to the warpgroup's rows too. D128 (blocks of whole key tiles) keeps the block's range.
+      const int block_tiles = rows.n_hi - rows.n_lo;
+      int lead = 0, trail = 0;
+      if constexpr (kOwnTiles) rows.narrow_to_rows(cwg * 64, 64, lead, trail);
       const int n_hi = rows.n_hi, count = n_hi - rows.n_lo;
+      // A tile this warpgroup passes: its turn at the tensor cores handed on at once (ping-pong;
+      // `final_turn`: the work tile's last, where consumer 1 arrives on nothing), then its slots
+      // freed once landed (the wait keeps each arrival in its barrier's phase).
+      auto pass_tile = [&](bool final_turn) {
+        my_turn();
+        if (!(cwg == 1 && final_turn)) your_turn();
+        const int slot = int(it & (S - 1));
+        const uint32_t round = (it / S) & 1;
+        mbar_wait(full_k(slot), round);
+        release(empty_k(slot));
+        mbar_wait(full_v(slot), round);
+        release(empty_v(slot));
+        ++it;
+      };
+      // Ping-pong, per work tile: consumer c waits on named barrier 1 + c (its turn at the tensor
+      // cores) and, once its GEMMs are issued, arrives on the other's. Consumer 0 goes first. Both
+      // take block_tiles + 1 turns (count + 1 with GEMMs, one per passed tile, one more without
+      // GEMMs when count = 0); consumer 1 skips its last arrive, so every barrier generation of
+      // the tile completes inside it.
+      if (kOwnTiles && kPingPong && cwg == 1 && block_tiles > 0) named_arrive<256>(1);
+      for (int i = 0; i < lead; ++i) pass_tile(false);
+      if (kOwnTiles && block_tiles > 0 && count <= 0) {  // no row sees a key of the block's range
+        if constexpr (kPingPong) {
+          my_turn();
+          if (!(cwg == 1 && trail == 0)) your_turn();
+        }
+        mbar_wait(full_q, qr & 1);
+        release(empty_q);
+        ++qr;
+      }
       // KV-cache calls: the tiles with V rows outside the keys are read once warp 1 has zeroed
       // those rows. Only the first tile (rows past the keys) and the last (before a left pad) can.
       const bool zero_first = zero_v && rows.tile_has_rows_outside_keys(n_hi - 1);
@@ -496,12 +546,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
         for (int e = 0; e < 32; ++e) o_acc[p][e] = 0.0f;
 
       if (count > 0) {
-        // Ping-pong, per work tile: consumer c waits on named barrier 1 + c (its turn at the
-        // tensor cores) and, once its GEMMs are issued, arrives on the other's. Consumer 0 goes
-        // first. Both issue count + 1 GEMM batches; consumer 1 skips its last arrive, so every
-        // barrier generation of the tile completes inside it.
-        if (kPingPong && cwg == 1) named_arrive<256>(1);
-
+        if (!kOwnTiles && kPingPong && cwg == 1) named_arrive<256>(1);  // the first turn's, as above
         auto issue_s = [&](float (&s)[BN / 2], int slot) {
           issue_qk<D, BM, BN, kBf16>(s, sQ + cwg * (64 * 128), sK + slot * kTileBytes, kv_layout);
         };
@@ -556,7 +601,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
         my_turn();
         wg_fence();
         issue_pv(pa, slot);
-        if (kPingPong && cwg == 0) named_arrive<256>(other_bar);
+        if (kPingPong && (cwg == 0 || trail > 0)) named_arrive<256>(other_bar);
         wg_wait<0>();
 #pragma unroll
         for (int p = 0; p < kPanels; ++p) fence_regs(o_acc[p]);
@@ -564,6 +609,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
         ++it;
         ++qr;
       }
+      for (int i = 0; i < trail; ++i) pass_tile(i + 1 == trail);
       // Named barriers 3.. (1 and 2 are the ping-pong turns): one per consumer's staging tile.
       const sm90::OutStage stage{sO + uint32_t(cwg) * uint32_t(T::out_stage_bytes(D, kDropout) / kConsumers), 3 + cwg};
       rows.template epilogue<Elem, kPanels, kDropout>(o_acc, split, stage);
