@@ -74,15 +74,19 @@ struct HopperRows {
     m0 = mb * block_rows - shift;
     i_min = m0 > 0 ? m0 : 0;
     i_max = (m0 + block_rows < lq ? m0 + block_rows : lq) - 1;
-    const int key_lo = S.vis_lo(i_min), key_hi = S.vis_hi(i_max);
-    n_lo = key_lo / BN;
-    n_hi = key_hi > key_lo ? (key_hi + BN - 1) / BN : n_lo;
+    tiles_seen_by(i_min, i_max, n_lo, n_hi);
     col_base = (threadIdx.x & 3) * 2;
     transformed = S.softcapped() || S.alibi() || !(*S.scale > 0.0f);
     mul = transformed ? 1.0f : *S.scale;
     slope = R.alibi ? -R.alibi_slope(b, head) * kLog2e : 0.0f;
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.0f;
+  }
+  // The key tiles [lo, hi) that rows [i_first, i_last] see (hi = lo: none).
+  __device__ __forceinline__ void tiles_seen_by(int i_first, int i_last, int& lo, int& hi) const {
+    const int key_lo = rules.vis_lo(i_first), key_hi = rules.vis_hi(i_last);
+    lo = key_lo / BN;
+    hi = key_hi > key_lo ? (key_hi + BN - 1) / BN : lo;
   }
   // The block has no query rows: nothing to compute, nothing to store.
   __device__ __forceinline__ bool empty() const { return m0 >= lq; }
@@ -105,10 +109,11 @@ struct HopperRows {
     int lo = n_hi, hi = n_hi;  // none: every tile leads
     if (first_row <= last_row) {
       i_min = first_row, i_max = last_row;
-      const int key_lo = rules.vis_lo(i_min), key_hi = rules.vis_hi(i_max);
-      if (key_hi > key_lo) {
-        lo = min(max(n_lo, key_lo / BN), n_hi);
-        hi = max(min(n_hi, (key_hi + BN - 1) / BN), lo);
+      int seen_lo, seen_hi;
+      tiles_seen_by(i_min, i_max, seen_lo, seen_hi);
+      if (seen_hi > seen_lo) {
+        lo = min(max(n_lo, seen_lo), n_hi);
+        hi = max(min(n_hi, seen_hi), lo);
       }
     }
     lead = n_hi - hi, trail = lo - n_lo;

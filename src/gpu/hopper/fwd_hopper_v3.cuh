@@ -501,12 +501,16 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
       int lead = 0, trail = 0;
       if constexpr (kOwnTiles) rows.narrow_to_rows(cwg * 64, 64, lead, trail);
       const int n_hi = rows.n_hi, count = n_hi - rows.n_lo;
-      // A tile this warpgroup passes: its turn at the tensor cores handed on at once (ping-pong;
-      // `final_turn`: the work tile's last, where consumer 1 arrives on nothing), then its slots
-      // freed once landed (the wait keeps each arrival in its barrier's phase).
-      auto pass_tile = [&](bool final_turn) {
+      // A ping-pong turn without GEMMs, handed on at once; `final_turn`: the work tile's last,
+      // where consumer 1 arrives on nothing.
+      auto turn_without_gemms = [&](bool final_turn) {
         my_turn();
         if (!(cwg == 1 && final_turn)) your_turn();
+      };
+      // A tile this warpgroup passes: its turn, then its slots freed once landed (the wait keeps
+      // each arrival in its barrier's phase).
+      auto pass_tile = [&](bool final_turn) {
+        turn_without_gemms(final_turn);
         const int slot = int(it & (S - 1));
         const uint32_t round = (it / S) & 1;
         mbar_wait(full_k(slot), round);
@@ -523,10 +527,7 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
       if (kOwnTiles && kPingPong && cwg == 1 && block_tiles > 0) named_arrive<256>(1);
       for (int i = 0; i < lead; ++i) pass_tile(false);
       if (kOwnTiles && block_tiles > 0 && count <= 0) {  // no row sees a key of the block's range
-        if constexpr (kPingPong) {
-          my_turn();
-          if (!(cwg == 1 && trail == 0)) your_turn();
-        }
+        turn_without_gemms(trail == 0);
         mbar_wait(full_q, qr & 1);
         release(empty_q);
         ++qr;
