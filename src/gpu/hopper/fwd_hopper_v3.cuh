@@ -535,16 +535,19 @@ __global__ void __launch_bounds__(HopperTileV3::threads(D, kDropout), 1)
       // KV-cache calls: the tiles with V rows outside the keys are read once warp 1 has zeroed
       // those rows. Only the first tile (rows past the keys) and the last (before a left pad) can.
       // Every tile waits for full_v first: its completion for round r needs warp 1's arrivals of
-      // round r - 1 (empty_v), so a v_ready wait after it is within one phase. The second wait
-      // takes a selected barrier (v_ready, or full_v again: already complete; the wide tile runs
-      // no cache call and has none) instead of a branch around it: with the branch, ptxas
-      // scheduled the D64 dropout loop's Philox calls apart from the softmax's exponentials
-      // instead of interleaved with them (11-19% slower: bench/results/gpu_dropout.md, session 29).
+      // round r - 1 (empty_v), so a v_ready wait after it is within one phase. Then the zeroed
+      // tiles wait for v_ready: behind a branch, except in the dropout instances, where the
+      // second wait takes a selected barrier (v_ready, or full_v again: already complete). The
+      // branch made ptxas schedule the D64 dropout loop's Philox calls apart from the softmax's
+      // exponentials instead of interleaved with them (9-18% slower), and the selected barrier's
+      // extra wait made the plain D128 128-key instance 1-4% slower and the KV-cache calls 1-3%
+      // (both A/B orders: bench/results/gpu_dropout.md and gpu_forward.md, sessions 29-30).
       const bool zero_first = zero_v && rows.tile_has_rows_outside_keys(n_hi - 1);
       const bool zero_last = zero_v && rows.tile_has_rows_outside_keys(rows.n_lo);
       auto wait_v = [&](int slot, uint32_t round, bool zeroed) {
         mbar_wait(full_v(slot), round & 1);
-        if constexpr (kCacheCode) mbar_wait(zeroed ? v_ready(slot) : full_v(slot), round & 1);
+        if constexpr (kCacheCode && kDropout) mbar_wait(zeroed ? v_ready(slot) : full_v(slot), round & 1);
+        else if (zeroed) mbar_wait(v_ready(slot), round & 1);
       };
       float o_acc[kPanels][32];
 #pragma unroll
