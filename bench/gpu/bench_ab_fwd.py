@@ -29,6 +29,12 @@ ran 10-25% slower than the API benchmark's profiler figure):
 
     python3 bench/gpu/bench_ab_fwd.py A.so B.so bwd:64,128,256
 
+float32 (the fp32 kernels, src/gpu/f32; the peer is SDPA's memory-efficient backend, CUTLASS
+3xTF32; S in {1k, 4k}): the forward grid (then three decode-shaped calls) and the backward:
+
+    python3 bench/gpu/bench_ab_fwd.py A.so B.so f32[:64,128,256]
+    python3 bench/gpu/bench_ab_fwd.py A.so B.so bwd-f32[:64,128,256]
+
 The backward's kernels one by one (B's fpb_bwd and cuDNN's backward; A is loaded, not run):
 
     python3 bench/gpu/bench_ab_fwd.py A.so B.so bwd-kernels:64,128
@@ -95,20 +101,33 @@ def profiled_us(fn, calls=20):
     return sum(us for _, us, _ in profiled_kernels(fn, calls))
 
 
+def peer_backend(dropout_p, dtype):
+    """The peer of a point: cuDNN; SDPA flash with dropout; SDPA memory-efficient for fp32 (cuDNN and
+    flash take no fp32)."""
+    if dtype == torch.float32:
+        return SDPBackend.EFFICIENT_ATTENTION
+    return SDPBackend.FLASH_ATTENTION if dropout_p else SDPBackend.CUDNN_ATTENTION
+
+
+def peer_name(dropout_p, dtype):
+    if dtype == torch.float32:
+        return "SDPA efficient (fp32)"
+    return "SDPA flash (dropout)" if dropout_p else "cuDNN"
+
+
 class BwdPoint:
     """One backward grid point: bf16 inputs, out and lse from lib's forward, and the peer's backward
     (SDPA through autograd: cuDNN, or SDPA flash with dropout)."""
 
-    def __init__(self, lib, d, s, b, h, causal, dropout_p=0.0):
-        self.q, self.k, self.v, self.dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+    def __init__(self, lib, d, s, b, h, causal, dropout_p=0.0, dtype=torch.bfloat16):
+        self.q, self.k, self.v, self.dout = (torch.randn(b, s, h, d, device="cuda", dtype=dtype)
                                              for _ in range(4))
         self.out = torch.empty_like(self.q)
         self.lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
         bf.Flashport(lib).prepare(self.q, self.k, self.v, self.out, causal, 1, self.lse)()
         self.causal = causal
         self.qkv_t = [x.transpose(1, 2).detach().requires_grad_() for x in (self.q, self.k, self.v)]
-        backend = SDPBackend.FLASH_ATTENTION if dropout_p else SDPBackend.CUDNN_ATTENTION
-        with bf.sdpa_kernel(backend):
+        with bf.sdpa_kernel(peer_backend(dropout_p, dtype)):
             self.ref_out = torch.nn.functional.scaled_dot_product_attention(
                 *self.qkv_t, is_causal=causal, dropout_p=dropout_p)
         self.do_t = self.dout.transpose(1, 2)
@@ -191,7 +210,7 @@ class FlashportCache:
         self.ptrs = [t.data_ptr() for t in (q, kc, vc, self.out, seqlens)] + \
             [table.data_ptr() if table is not None else None]
         self.bt_cols = table.shape[1] if table is not None else 0
-        self.dtype = 1 if q.dtype == torch.bfloat16 else 0
+        self.dtype = bf.dtype_code(q.dtype)
         need = ctypes.c_size_t(0)
         kern = ctypes.create_string_buffer(96)
         self.set_leftpad()
@@ -333,10 +352,14 @@ def main_append(lib_a, lib_b, D=128):
         lib.fpb_set_append(None, None, 0, None, None, 0, 0, 0, 1)
 
 
-def grid_points(dims):
-    """The grid's (D, S, B, H, causal): B*S = 16k, H*D = 2048, S in {1k, 4k, 16k}."""
+GRID_SEQS = (1024, 4096, 16384)
+F32_SEQS = (1024, 4096)  # fp32 runs ~10x longer a call: the grid without S16k
+
+
+def grid_points(dims, seqs=GRID_SEQS):
+    """The grid's (D, S, B, H, causal): B*S = 16k, H*D = 2048, S in seqs."""
     for d in dims:
-        for s in (1024, 4096, 16384):
+        for s in seqs:
             for causal in (False, True):
                 yield d, s, 16384 // s, 2048 // d, causal
 
@@ -354,7 +377,7 @@ class FlashportBwd:
             st += list(t.stride())
         self.strides = (ctypes.c_int64 * 32)(*st)
         self.ptrs = [t.data_ptr() for t in (q, k, v, out, lse, dout, *self.grads)]
-        self.dtype = 1 if q.dtype == torch.bfloat16 else 0
+        self.dtype = bf.dtype_code(q.dtype)
         self.flags = [int(causal), int(deterministic)]
         need = ctypes.c_size_t(0)
         kern = ctypes.create_string_buffer(96)
@@ -372,19 +395,19 @@ class FlashportBwd:
             raise RuntimeError(self.lib.fpb_last_error().decode())
 
 
-def main_bwd(lib_a, lib_b, dims, dropout_p):
+def main_bwd(lib_a, lib_b, dims, dropout_p, dtype=torch.bfloat16):
     """Backward A/B over the grid (see the module docstring); also checks A's grads against B's."""
-    peer = "SDPA flash (dropout)" if dropout_p else "cuDNN"
+    peer = peer_name(dropout_p, dtype)
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; dropout p = {dropout_p}")
-    print("Backward (preprocess + main loop + dQ conversion), bf16, B*S = 16k, H*D = 2048; TFLOPS = "
+    print(f"Backward (preprocess + main loop + dQ conversion), {str(dtype)[6:]}, B*S = 16k, H*D = 2048; TFLOPS = "
           "2.5 x forward FLOPs / median time; det = deterministic dQ.")
     print("prof: the same ratio from torch.profiler's device time per call (kernels only, no gaps between "
           "them), the benchmark of record's clock.")
     print(f"| D | S | causal | A TF | B TF | {peer} TF | B/A (>1: B faster) | A/peer | B/peer | A/peer prof | "
           "B/peer prof | B det/A det | A det/A | max rel diff A-B | kernel A |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for d, s, b, h, causal in grid_points(dims):
-        pt = BwdPoint(lib_b, d, s, b, h, causal, dropout_p)
+    for d, s, b, h, causal in grid_points(dims, F32_SEQS if dtype == torch.float32 else GRID_SEQS):
+        pt = BwdPoint(lib_b, d, s, b, h, causal, dropout_p, dtype)
         fa, fb = pt.flashport(lib_a), pt.flashport(lib_b)
         fad, fbd = pt.flashport(lib_a, True), pt.flashport(lib_b, True)
         peer_bwd = pt.peer_bwd
@@ -407,18 +430,19 @@ def main_bwd(lib_a, lib_b, dims, dropout_p):
         torch.cuda.empty_cache()
 
 
-def main_grid(lib_a, lib_b, dims, dropout_p):
-    """The forward grid (grid_points) of two builds interleaved with cuDNN (or SDPA flash with dropout)."""
-    peer = "SDPA flash (dropout)" if dropout_p else "cuDNN"
-    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; dropout p = {dropout_p}")
+def main_grid(lib_a, lib_b, dims, dropout_p, dtype=torch.bfloat16):
+    """The forward grid (grid_points) of two builds interleaved with cuDNN (or SDPA flash with dropout,
+    SDPA memory-efficient in fp32)."""
+    peer = peer_name(dropout_p, dtype)
+    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; dropout p = {dropout_p}; "
+          f"{str(dtype)[6:]}")
     print(f"| D | S | causal | A TF | B TF | {peer} TF | B/A (>1: B faster) | A/peer | B/peer | kernel A |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for d, s, b, h, causal in grid_points(dims):
-        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    for d, s, b, h, causal in grid_points(dims, F32_SEQS if dtype == torch.float32 else GRID_SEQS):
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dtype) for _ in range(3))
         fa = bf.Flashport(lib_a).prepare(q, k, v, torch.empty_like(q), causal, 1)
         fb = bf.Flashport(lib_b).prepare(q, k, v, torch.empty_like(q), causal, 1)
-        cudnn = (bf.sdpa_fn(SDPBackend.FLASH_ATTENTION, q, k, v, causal, False, dropout_p) if dropout_p
-                 else bf.sdpa_fn(SDPBackend.CUDNN_ATTENTION, q, k, v, causal, False))
+        cudnn = bf.sdpa_fn(peer_backend(dropout_p, dtype), q, k, v, causal, False, dropout_p)
         times = {"A": [], "B": [], "C": []}
         for _ in range(5):
             for name, fn in (("A", fa), ("B", fb), ("C", cudnn)):
@@ -430,8 +454,33 @@ def main_grid(lib_a, lib_b, dims, dropout_p):
               flush=True)
 
 
+def main_f32_decode(lib_a, lib_b):
+    """fp32 decode-shaped calls (Sq = 1, Hq/Hkv = 32/8, D = 128, the split count of each build's
+    heuristic) of two builds interleaved with SDPA's memory-efficient backend: us per call."""
+    print("fp32 decode: Sq 1, Hq/Hkv 32/8, D128, K/V [B, Sk, Hkv, D], splits by each build's heuristic "
+          "(the peer's K/V repeated to 32 heads); us per call (CUDA events, medians of 5 rounds)")
+    print("| B | Sk | A us | B us | SDPA efficient us | A/B (>1: B faster) | efficient/B | splits A, B | kernel B |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for b, sk in ((1, 8192), (8, 8192), (1, 65536)):
+        q = torch.randn(b, 1, 32, 128, device="cuda", dtype=torch.float32)
+        k, v = (torch.randn(b, sk, 8, 128, device="cuda", dtype=torch.float32) for _ in range(2))
+        fa = bf.Flashport(lib_a).prepare(q, k, v, torch.empty_like(q), False, 0)
+        fb = bf.Flashport(lib_b).prepare(q, k, v, torch.empty_like(q), False, 0)
+        # The peer on K/V repeated to 32 heads (its GQA support varies by torch version).
+        peer = bf.sdpa_fn(SDPBackend.EFFICIENT_ATTENTION, q, k.repeat_interleave(4, dim=2),
+                          v.repeat_interleave(4, dim=2), False, False)
+        times = {"A": [], "B": [], "C": []}
+        for _ in range(5):
+            for name, fn in (("A", fa), ("B", fb), ("C", peer)):
+                times[name].append(bf.time_ms(fn, warmup=2, reps=10))
+        us = {n: statistics.median(t) * 1e3 for n, t in times.items()}
+        print(f"| {b} | {sk} | {us['A']:.1f} | {us['B']:.1f} | {us['C']:.1f} | {us['A'] / us['B']:.3f} | "
+              f"{us['C'] / us['B']:.2f} | {fa.used_splits}, {fb.used_splits} | {fb.kernel} |", flush=True)
+
+
 # Head dims of a mode given without ":DIMS" (a bare list of dims is the forward grid).
 DEFAULT_DIMS = {"grid": "64,128,256", "dropout": "64,128,256", "bwd": "64,128,256", "bwd-dropout": "64,128,256",
+                "f32": "64,128,256", "bwd-f32": "64,128,256",
                 "bwd-kernels": "64,128",
                 "cache": "128", "cache-chunk": "128", "append": "128", "decode": "128"}
 
@@ -458,6 +507,11 @@ def main():
         for d in dims:
             main_append(lib_a, lib_b, d)
         return
+    if mode == "f32":
+        main_grid(lib_a, lib_b, dims, 0.0, torch.float32)
+        return main_f32_decode(lib_a, lib_b)
+    if mode == "bwd-f32":
+        return main_bwd(lib_a, lib_b, dims, 0.0, torch.float32)
     dropout_p = 0.1 if mode in ("dropout", "bwd-dropout") else 0.0
     if dropout_p or mode == "bwd":
         for lib in (lib_a, lib_b):

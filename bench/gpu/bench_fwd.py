@@ -48,6 +48,11 @@ def load_lib(path):
     return lib
 
 
+def dtype_code(t):
+    """fpbench's dtype argument: 0 fp16, 1 bf16, 2 fp32."""
+    return {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}[t]
+
+
 class Flashport:
     def __init__(self, lib):
         self.lib = lib
@@ -62,7 +67,7 @@ class Flashport:
             st += list(t.stride())
         self.strides = (ctypes.c_int64 * 16)(*st)
         self.ptrs = [t.data_ptr() for t in (q, k, v, out)] + [lse.data_ptr() if lse is not None else None]
-        self.dtype = 1 if q.dtype == torch.bfloat16 else 0
+        self.dtype = dtype_code(q.dtype)
         self.causal, self.splits = int(causal), num_splits
         need = ctypes.c_size_t(0)
         used = ctypes.c_int(0)

@@ -34,12 +34,12 @@ struct AppendSetting {
 void* g_leftpad = nullptr;
 
 // The forward call of dims (B, Sq, Sk, Hq, Hkv, D, Dv) over BSHD q, k, v, out (strides: 4 each,
-// elements; lse [B, Hq, Sq] fp32 or null), dtype 0 fp16 / 1 bf16, torch's top-left causal.
+// elements; lse [B, Hq, Sq] fp32 or null), dtype 0 fp16 / 1 bf16 / 2 fp32, torch's top-left causal.
 void forward_params(fp_attn_params* p, const int64_t* dims, const int64_t* strides, void* q, void* k, void* v,
                     void* out, void* lse, int dtype, int causal, void* stream) {
   const int64_t B = dims[0], Sq = dims[1], Sk = dims[2], Hq = dims[3], Hkv = dims[4], D = dims[5],
                 Dv = dims[6];
-  const fp_dtype t = dtype == 1 ? FP_BF16 : FP_F16;
+  const fp_dtype t = dtype == 2 ? FP_F32 : dtype == 1 ? FP_BF16 : FP_F16;
   fp_attn_params_init(p);
   const int64_t qs[4] = {B, Sq, Hq, D}, ks[4] = {B, Sk, Hkv, D}, vs[4] = {B, Sk, Hkv, Dv},
                 os[4] = {B, Sq, Hq, Dv};
@@ -86,7 +86,7 @@ void fpb_set_append(void* k_new, void* v_new, int64_t snew, void* cos, void* sin
 }
 void fpb_set_leftpad(void* pad) { g_leftpad = pad; }
 
-// dims: B, Sq, Sk, Hq, Hkv, D, Dv. strides: q, k, v, out (4 each, elements). dtype: 0 fp16, 1 bf16.
+// dims: B, Sq, Sk, Hq, Hkv, D, Dv. strides: q, k, v, out (4 each, elements). dtype: 0 fp16, 1 bf16, 2 fp32.
 // Returns fp_status; on FP_ERR_WORKSPACE (or ws == null) *ws_needed says how much to pass.
 int fpb_fwd(const int64_t* dims, const int64_t* strides, void* q, void* k, void* v, void* out,
             void* lse, int dtype, int causal, int num_splits, void* ws, size_t ws_bytes,
