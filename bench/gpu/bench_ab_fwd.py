@@ -116,8 +116,8 @@ def peer_name(dropout_p, dtype):
 
 
 class BwdPoint:
-    """One backward grid point: bf16 inputs, out and lse from lib's forward, and the peer's backward
-    (SDPA through autograd: cuDNN, or SDPA flash with dropout)."""
+    """One backward grid point: bf16 (or fp32) inputs, out and lse from lib's forward, and the peer's
+    backward (SDPA through autograd: cuDNN, SDPA flash with dropout, SDPA memory-efficient in fp32)."""
 
     def __init__(self, lib, d, s, b, h, causal, dropout_p=0.0, dtype=torch.bfloat16):
         self.q, self.k, self.v, self.dout = (torch.randn(b, s, h, d, device="cuda", dtype=dtype)
@@ -442,10 +442,10 @@ def main_grid(lib_a, lib_b, dims, dropout_p, dtype=torch.bfloat16):
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dtype) for _ in range(3))
         fa = bf.Flashport(lib_a).prepare(q, k, v, torch.empty_like(q), causal, 1)
         fb = bf.Flashport(lib_b).prepare(q, k, v, torch.empty_like(q), causal, 1)
-        cudnn = bf.sdpa_fn(peer_backend(dropout_p, dtype), q, k, v, causal, False, dropout_p)
+        peer_fn = bf.sdpa_fn(peer_backend(dropout_p, dtype), q, k, v, causal, False, dropout_p)
         times = {"A": [], "B": [], "C": []}
         for _ in range(5):
-            for name, fn in (("A", fa), ("B", fb), ("C", cudnn)):
+            for name, fn in (("A", fa), ("B", fb), ("C", peer_fn)):
                 times[name].append(bf.time_ms(fn, warmup=2, reps=10))
         flops = 4 * b * h * s * s * d / (2 if causal else 1)
         tf = {n: flops / (statistics.median(t) * 1e-3) / 1e12 for n, t in times.items()}
