@@ -101,18 +101,24 @@ def profiled_us(fn, calls=20):
     return sum(us for _, us, _ in profiled_kernels(fn, calls))
 
 
-def peer_backend(dropout_p, dtype):
-    """The peer of a point: cuDNN; SDPA flash with dropout; SDPA memory-efficient for fp32 (cuDNN and
-    flash take no fp32)."""
+def peer_of(dropout_p, dtype):
+    """The peer of a point, (SDPA backend, name): cuDNN; SDPA flash with dropout; SDPA memory-efficient
+    for fp32 (cuDNN and flash take no fp32)."""
     if dtype == torch.float32:
-        return SDPBackend.EFFICIENT_ATTENTION
-    return SDPBackend.FLASH_ATTENTION if dropout_p else SDPBackend.CUDNN_ATTENTION
+        return SDPBackend.EFFICIENT_ATTENTION, "SDPA efficient (fp32)"
+    if dropout_p:
+        return SDPBackend.FLASH_ATTENTION, "SDPA flash (dropout)"
+    return SDPBackend.CUDNN_ATTENTION, "cuDNN"
 
 
-def peer_name(dropout_p, dtype):
-    if dtype == torch.float32:
-        return "SDPA efficient (fp32)"
-    return "SDPA flash (dropout)" if dropout_p else "cuDNN"
+def interleaved_medians(fns, timer=lambda fn: bf.time_ms(fn, warmup=2, reps=10), rounds=5):
+    """Medians of `rounds` rounds of the named calls fns {name: fn}, timed in turn by timer (ms by
+    default) within each round, so drift over the run lands on every call alike."""
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(timer(fn))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 class BwdPoint:
@@ -127,7 +133,7 @@ class BwdPoint:
         bf.Flashport(lib).prepare(self.q, self.k, self.v, self.out, causal, 1, self.lse)()
         self.causal = causal
         self.qkv_t = [x.transpose(1, 2).detach().requires_grad_() for x in (self.q, self.k, self.v)]
-        with bf.sdpa_kernel(peer_backend(dropout_p, dtype)):
+        with bf.sdpa_kernel(peer_of(dropout_p, dtype)[0]):
             self.ref_out = torch.nn.functional.scaled_dot_product_attention(
                 *self.qkv_t, is_causal=causal, dropout_p=dropout_p)
         self.do_t = self.dout.transpose(1, 2)
@@ -176,11 +182,7 @@ def main_decode(lib_a, lib_b):
             fa = bf.Flashport(lib_a).prepare(q, k, v, out_a, False, 0)
             fb = bf.Flashport(lib_b).prepare(q, k, v, out_b, False, 0)
             cudnn = bf.sdpa_fn(SDPBackend.CUDNN_ATTENTION, q, k, v, False, True)
-            times = {"A": [], "B": [], "C": []}
-            for _ in range(5):
-                for name, fn in (("A", fa), ("B", fb), ("C", cudnn)):
-                    times[name].append(bf.time_graph_ms(fn) * 1e3)
-            t = {n: statistics.median(x) for n, x in times.items()}
+            t = interleaved_medians({"A": fa, "B": fb, "C": cudnn}, lambda fn: bf.time_graph_ms(fn) * 1e3)
             prof = {n: profiled_us(fn) for n, fn in (("A", fa), ("B", fb), ("C", cudnn))}
             fa(), fb()
             # B's error on the first two sequences (an fp32 reference of B64 Sk64k would take 64 GiB).
@@ -239,11 +241,7 @@ def time_cache_pair(lib_a, lib_b, q, k, v, seqlens, table, leftpad=None):
     difference of their outputs, and the two calls."""
     fa = FlashportCache(lib_a, q, k, v, seqlens, table, leftpad)
     fb = FlashportCache(lib_b, q, k, v, seqlens, table, leftpad)
-    times = {"A": [], "B": []}
-    for _ in range(5):
-        for n, fn in (("A", fa), ("B", fb)):
-            times[n].append(bf.time_graph_ms(fn) * 1e3)
-    t = {n: statistics.median(x) for n, x in times.items()}
+    t = interleaved_medians({"A": fa, "B": fb}, lambda fn: bf.time_graph_ms(fn) * 1e3)
     fa(), fb()
     torch.cuda.synchronize()
     diff = ((fa.out - fb.out).float().norm() / fb.out.float().norm()).item()
@@ -352,14 +350,11 @@ def main_append(lib_a, lib_b, D=128):
         lib.fpb_set_append(None, None, 0, None, None, 0, 0, 0, 1)
 
 
-GRID_SEQS = (1024, 4096, 16384)
-F32_SEQS = (1024, 4096)  # fp32 runs ~10x longer a call: the grid without S16k
-
-
-def grid_points(dims, seqs=GRID_SEQS):
-    """The grid's (D, S, B, H, causal): B*S = 16k, H*D = 2048, S in seqs."""
+def grid_points(dims, dtype=torch.bfloat16):
+    """The grid's (D, S, B, H, causal): B*S = 16k, H*D = 2048, S in {1k, 4k, 16k} (fp32, whose calls
+    run ~10x longer: {1k, 4k})."""
     for d in dims:
-        for s in seqs:
+        for s in (1024, 4096) if dtype == torch.float32 else (1024, 4096, 16384):
             for causal in (False, True):
                 yield d, s, 16384 // s, 2048 // d, causal
 
@@ -397,7 +392,7 @@ class FlashportBwd:
 
 def main_bwd(lib_a, lib_b, dims, dropout_p, dtype=torch.bfloat16):
     """Backward A/B over the grid (see the module docstring); also checks A's grads against B's."""
-    peer = peer_name(dropout_p, dtype)
+    peer = peer_of(dropout_p, dtype)[1]
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; dropout p = {dropout_p}")
     print(f"Backward (preprocess + main loop + dQ conversion), {str(dtype)[6:]}, B*S = 16k, H*D = 2048; TFLOPS = "
           "2.5 x forward FLOPs / median time; det = deterministic dQ.")
@@ -406,22 +401,19 @@ def main_bwd(lib_a, lib_b, dims, dropout_p, dtype=torch.bfloat16):
     print(f"| D | S | causal | A TF | B TF | {peer} TF | B/A (>1: B faster) | A/peer | B/peer | A/peer prof | "
           "B/peer prof | B det/A det | A det/A | max rel diff A-B | kernel A |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for d, s, b, h, causal in grid_points(dims, F32_SEQS if dtype == torch.float32 else GRID_SEQS):
+    for d, s, b, h, causal in grid_points(dims, dtype):
         pt = BwdPoint(lib_b, d, s, b, h, causal, dropout_p, dtype)
         fa, fb = pt.flashport(lib_a), pt.flashport(lib_b)
         fad, fbd = pt.flashport(lib_a, True), pt.flashport(lib_b, True)
         peer_bwd = pt.peer_bwd
-        times = {n: [] for n in ("A", "B", "C", "Ad", "Bd")}
-        for _ in range(5):
-            for name, fn in (("A", fa), ("B", fb), ("C", peer_bwd), ("Ad", fad), ("Bd", fbd)):
-                times[name].append(bf.time_ms(fn, warmup=2, reps=10))
+        ms = interleaved_medians({"A": fa, "B": fb, "C": peer_bwd, "Ad": fad, "Bd": fbd})
         prof = {n: profiled_us(fn, calls=10) for n, fn in (("A", fa), ("B", fb), ("C", peer_bwd))}
         fa(), fb()
         torch.cuda.synchronize()
         diff = max(((x - y).float().norm() / y.float().norm().clamp_min(1e-30)).item()
                    for x, y in zip(fa.grads, fb.grads))
         flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
-        tf = {n: flops / (statistics.median(t) * 1e-3) / 1e12 for n, t in times.items()}
+        tf = {n: flops / (m * 1e-3) / 1e12 for n, m in ms.items()}
         print(f"| {d} | {s} | {'y' if causal else 'n'} | {tf['A']:.0f} | {tf['B']:.0f} | {tf['C']:.0f} | "
               f"{tf['B'] / tf['A']:.3f} | {tf['A'] / tf['C']:.2f} | {tf['B'] / tf['C']:.2f} | "
               f"{prof['C'] / prof['A']:.2f} | {prof['C'] / prof['B']:.2f} | "
@@ -433,22 +425,19 @@ def main_bwd(lib_a, lib_b, dims, dropout_p, dtype=torch.bfloat16):
 def main_grid(lib_a, lib_b, dims, dropout_p, dtype=torch.bfloat16):
     """The forward grid (grid_points) of two builds interleaved with cuDNN (or SDPA flash with dropout,
     SDPA memory-efficient in fp32)."""
-    peer = peer_name(dropout_p, dtype)
+    backend, peer = peer_of(dropout_p, dtype)
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; dropout p = {dropout_p}; "
           f"{str(dtype)[6:]}")
     print(f"| D | S | causal | A TF | B TF | {peer} TF | B/A (>1: B faster) | A/peer | B/peer | kernel A |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for d, s, b, h, causal in grid_points(dims, F32_SEQS if dtype == torch.float32 else GRID_SEQS):
+    for d, s, b, h, causal in grid_points(dims, dtype):
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dtype) for _ in range(3))
         fa = bf.Flashport(lib_a).prepare(q, k, v, torch.empty_like(q), causal, 1)
         fb = bf.Flashport(lib_b).prepare(q, k, v, torch.empty_like(q), causal, 1)
-        peer_fn = bf.sdpa_fn(peer_backend(dropout_p, dtype), q, k, v, causal, False, dropout_p)
-        times = {"A": [], "B": [], "C": []}
-        for _ in range(5):
-            for name, fn in (("A", fa), ("B", fb), ("C", peer_fn)):
-                times[name].append(bf.time_ms(fn, warmup=2, reps=10))
+        peer_fn = bf.sdpa_fn(backend, q, k, v, causal, False, dropout_p)
+        ms = interleaved_medians({"A": fa, "B": fb, "C": peer_fn})
         flops = 4 * b * h * s * s * d / (2 if causal else 1)
-        tf = {n: flops / (statistics.median(t) * 1e-3) / 1e12 for n, t in times.items()}
+        tf = {n: flops / (m * 1e-3) / 1e12 for n, m in ms.items()}
         print(f"| {d} | {s} | {'y' if causal else 'n'} | {tf['A']:.0f} | {tf['B']:.0f} | {tf['C']:.0f} | "
               f"{tf['B'] / tf['A']:.3f} | {tf['A'] / tf['C']:.2f} | {tf['B'] / tf['C']:.2f} | {fa.kernel} |",
               flush=True)
@@ -469,11 +458,7 @@ def main_f32_decode(lib_a, lib_b):
         # The peer on K/V repeated to 32 heads (its GQA support varies by torch version).
         peer = bf.sdpa_fn(SDPBackend.EFFICIENT_ATTENTION, q, k.repeat_interleave(4, dim=2),
                           v.repeat_interleave(4, dim=2), False, False)
-        times = {"A": [], "B": [], "C": []}
-        for _ in range(5):
-            for name, fn in (("A", fa), ("B", fb), ("C", peer)):
-                times[name].append(bf.time_ms(fn, warmup=2, reps=10))
-        us = {n: statistics.median(t) * 1e3 for n, t in times.items()}
+        us = {n: m * 1e3 for n, m in interleaved_medians({"A": fa, "B": fb, "C": peer}).items()}
         print(f"| {b} | {sk} | {us['A']:.1f} | {us['B']:.1f} | {us['C']:.1f} | {us['A'] / us['B']:.3f} | "
               f"{us['C'] / us['B']:.2f} | {fa.used_splits}, {fb.used_splits} | {fb.kernel} |", flush=True)
 
