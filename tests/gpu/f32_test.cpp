@@ -559,6 +559,28 @@ TEST(CudaF32Bwd, ErrorIsFp32RoundingLongSequence) {
   expect_bwd_error_is_fp32(c);
 }
 
+// The forward's block follows the call's rows: 128-row blocks of 8 warps from 128 query rows at
+// D64/D128, 64-row blocks of 4 warps below (decode-shaped calls), D256 always 64 rows.
+TEST(CudaF32Plan, ForwardBlockFollowsTheRows) {
+  SKIP_WITHOUT_GPU();
+  const struct {
+    int64_t d, sq;
+    const char* tile;
+  } cases[] = {{64, 1, "_d64_m64n64"},     {64, 127, "_d64_m64n64"},     {64, 128, "_d64_m128n128"},
+               {128, 16, "_d128_m64n32"},  {128, 1000, "_d128_m128n64"}, {96, 200, "_d128_m128n64"},
+               {256, 1, "_d256_m64n16"},   {256, 1000, "_d256_m64n16"}};
+  for (const auto& x : cases) {
+    Case c = f32_case();
+    c.d = c.dv = x.d, c.sq = x.sq, c.sk = 300;
+    Call call(c);
+    DeviceCall dev(call);
+    fp_attn_params p = call.params(dev.views, FP_BACKEND_CUDA);
+    fp_selection sel{};
+    ASSERT_EQ(fp_attn_fwd_select(&p, &sel), FP_OK) << fp_last_error();
+    EXPECT_NE(std::string(sel.kernel).find(x.tile), std::string::npos) << "d " << x.d << " sq " << x.sq << ": " << sel.kernel;
+  }
+}
+
 TEST(CudaF32Plan, Float64DeclinedWithReason) {
   SKIP_WITHOUT_GPU();
   Case c;

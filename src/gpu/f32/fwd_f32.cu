@@ -1,5 +1,5 @@
-// The fp32 forward main loop (FlashAttention-2 style): one block of 4 warps per (query block, query
-// head, batch x split); warp w owns rows 16w .. 16w + 15. S = Q K^T and O += P V are 3xTF32
+// The fp32 forward main loop (FlashAttention-2 style): one block of 8 or 4 warps (f32_launch.hpp's
+// tiles) per (query block, query head, batch x split); warp w owns rows 16w .. 16w + 15. S = Q K^T and O += P V are 3xTF32
 // mma.sync m16n8k8 products (f32_common.cuh: the error of fp32 FMAs); the online softmax works on
 // the C fragments (rows g and g + 8 of the warp, reduced over the 4 lanes of a quad) and P goes to
 // the P V product from registers. Q sits in shared memory for the whole loop; K and V tiles stream
@@ -21,8 +21,9 @@
 namespace flashport::gpu {
 namespace f32 {
 
+// Registers: 255 at most either way (8 warps: one block an SM; 4 warps: two).
 template <int kTile>
-__global__ void __launch_bounds__(128, 2) fwd_f32_kernel(const __grid_constant__ FwdArgs a) {
+__global__ void __launch_bounds__(kF32FwdTiles[kTile].threads, 256 / kF32FwdTiles[kTile].threads) fwd_f32_kernel(const __grid_constant__ FwdArgs a) {
   constexpr F32Tile C = kF32FwdTiles[kTile];
   constexpr int D = C.head_dim, BM = C.block_m, BN = C.block_n, NT = C.threads, S = C.row_stride();
   // Warp w owns rows 16w .. 16w + 15; SN 8-key tiles of S, ON 8-column tiles of O per warp.
@@ -260,9 +261,11 @@ using F32FwdInstance =
 
 KernelInfo f32_fwd_info_of(int tile, int device) {
   switch (tile) {
-    case kF32D64: return F32FwdInstance<kF32D64>::info(device);
-    case kF32D128: return F32FwdInstance<kF32D128>::info(device);
-    case kF32D256: return F32FwdInstance<kF32D256>::info(device);
+    case kF32FwdD64: return F32FwdInstance<kF32FwdD64>::info(device);
+    case kF32FwdD128: return F32FwdInstance<kF32FwdD128>::info(device);
+    case kF32FwdD256: return F32FwdInstance<kF32FwdD256>::info(device);
+    case kF32FwdD64Rows64: return F32FwdInstance<kF32FwdD64Rows64>::info(device);
+    case kF32FwdD128Rows64: return F32FwdInstance<kF32FwdD128Rows64>::info(device);
   }
   return KernelInfo{gpuErrorInvalidDevice};
 }
@@ -271,7 +274,7 @@ KernelInfo f32_fwd_info_of(int tile, int device) {
 
 std::string f32_fwd_candidate(const Problem& p, int sm_count, int smem_optin, F32FwdChoice* out) {
   F32FwdChoice c;
-  c.tile = f32_tile_for(std::max(p.d, p.dv));
+  c.tile = f32_fwd_tile_for(std::max(p.d, p.dv), p.seq.sq);
   const F32Tile& C = kF32FwdTiles[c.tile];
   if (C.fwd_smem_bytes() > smem_optin)
     return std::string("cuda backend: ") + C.name + " needs " + std::to_string(C.fwd_smem_bytes()) +
@@ -299,9 +302,11 @@ dim3 f32_fwd_grid(const Problem& p, int tile, int splits) {
 
 gpuError_t launch_f32_fwd(int tile, const FwdArgs& a, dim3 grid, gpuStream_t stream) {
   switch (tile) {
-    case kF32D64: return F32FwdInstance<kF32D64>::launch(a, grid, stream);
-    case kF32D128: return F32FwdInstance<kF32D128>::launch(a, grid, stream);
-    case kF32D256: return F32FwdInstance<kF32D256>::launch(a, grid, stream);
+    case kF32FwdD64: return F32FwdInstance<kF32FwdD64>::launch(a, grid, stream);
+    case kF32FwdD128: return F32FwdInstance<kF32FwdD128>::launch(a, grid, stream);
+    case kF32FwdD256: return F32FwdInstance<kF32FwdD256>::launch(a, grid, stream);
+    case kF32FwdD64Rows64: return F32FwdInstance<kF32FwdD64Rows64>::launch(a, grid, stream);
+    case kF32FwdD128Rows64: return F32FwdInstance<kF32FwdD128Rows64>::launch(a, grid, stream);
   }
   return gpuErrorInvalidDevice;
 }
