@@ -30,14 +30,15 @@ __device__ __forceinline__ void cp_async_f32x4(float* smem, const float* gmem, i
 // consecutive columns (coalesced); each thread computes its row's address once. `any` is a valid
 // global address for the zero-filling copies (they read nothing). kVec (kStride a multiple of 4,
 // 16-byte aligned tile): 4 columns per copy where the source row is 16-byte aligned, zero rows
-// stored directly, and 8 threads a row (128 bytes a copy instruction and row, whole sectors and
-// 32 banks): a row's address (row_ptr: the layouts, pages, bounds) costs more instructions than
-// its copies, so each thread takes few rows and several copies of each (ncu, session 30: the
-// per-row address code was the forward's top stall lines at 32 threads a row).
-template <int R, int D, int kStride, int NT, bool kVec = false, typename RowPtr>
+// stored directly. kMaxPerRow caps the threads on one row: fewer threads a row means each thread
+// computes fewer row addresses (row_ptr: the layouts, pages, bounds, which cost more instructions
+// than a row's copies) and issues more copies a row. The forward takes 8 (128 bytes a copy
+// instruction and row: whole sectors and 32 banks; ncu, session 30: the per-row address code was
+// its top stall lines at 32 threads a row; H200 session 31: +10-16%); the backward keeps one
+// thread per 4 columns (a D128 row a warp; 8 threads a row measured 2-9% slower there, session 31).
+template <int R, int D, int kStride, int NT, bool kVec = false, int kMaxPerRow = NT, typename RowPtr>
 __device__ __forceinline__ void load_rows(float* tile, int cols, int tid, const float* any, RowPtr row_ptr) {
   constexpr int kW = kVec ? 4 : 1;          // columns per thread and copy
-  constexpr int kMaxPerRow = kVec ? 8 : NT;
   constexpr int kPerRow = D / kW < kMaxPerRow ? D / kW : kMaxPerRow;  // threads on one row
   constexpr int kRowStep = NT / kPerRow;
   static_assert(NT % kPerRow == 0 && D % (kPerRow * kW) == 0 && (!kVec || kStride % 4 == 0), "thread mapping");

@@ -21,6 +21,9 @@
 namespace flashport::gpu {
 namespace f32 {
 
+// Threads on one Q/K/V row of the shared-tile loader (load_rows: why 8).
+constexpr int kLoadThreadsPerRow = 8;
+
 // Registers: 255 at most either way (8 warps: one block an SM; 4 warps: two).
 template <int kTile>
 __global__ void __launch_bounds__(kF32FwdTiles[kTile].threads, 256 / kF32FwdTiles[kTile].threads) fwd_f32_kernel(const __grid_constant__ FwdArgs a) {
@@ -81,12 +84,12 @@ __global__ void __launch_bounds__(kF32FwdTiles[kTile].threads, 256 / kF32FwdTile
   const int dv_cols = a.dv;
 
   if (n_lo < n_hi) {
-    load_rows<BM, D, S, NT, true>(sQ, a.d, tid, q, [&](int r) -> const float* {
+    load_rows<BM, D, S, NT, true, kLoadThreadsPerRow>(sQ, a.d, tid, q, [&](int r) -> const float* {
       const int i = m0 + r;
       return i < lq ? q + a.q_addr.at(b, q_start, i, h) : nullptr;
     });
     auto load_kv = [&](float* tile, const float* base, const KvAddr& ad, int cols, int nb) {
-      load_rows<BN, D, S, NT, true>(tile, cols, tid, base, [&](int r) -> const float* {
+      load_rows<BN, D, S, NT, true, kLoadThreadsPerRow>(tile, cols, tid, base, [&](int r) -> const float* {
         const int j = nb * BN + r;
         return j < lk ? base + kv_key_offset(a.seq, ad, a.num_pages, b, j, kvh) : nullptr;
       });
