@@ -19,6 +19,7 @@
 
 #include "bwd_harness.hpp"
 #include "core/score_rules.hpp"
+#include "gpu/f32/f32_launch.hpp"
 #include "gpu/f32/tf32_frag.hpp"
 #include "scenarios.hpp"
 
@@ -561,15 +562,29 @@ TEST(CudaF32Bwd, ErrorIsFp32RoundingLongSequence) {
 
 // The forward's block follows the call's rows: 128-row blocks of 8 warps from 128 query rows at
 // D64/D128, 64-row blocks of 4 warps below (decode-shaped calls), D256 always 64 rows.
-TEST(CudaF32Plan, ForwardBlockFollowsTheRows) {
+// The forward's block follows the query rows and the device's shared memory, the backward's
+// query step the shared memory: 128-row forward blocks from 128 rows where they fit, 64-row
+// backward steps at D128/D256 where they fit (H100/H200), the narrower tiles elsewhere.
+TEST(CudaF32Plan, TileFollowsRowsAndSharedMemory) {
   SKIP_WITHOUT_GPU();
+  int device = 0, smem = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), cudaSuccess);
   const struct {
     int64_t d, sq;
-    const char* tile;
-  } cases[] = {{64, 1, "_d64_m64n64"},     {64, 127, "_d64_m64n64"},     {64, 128, "_d64_m128n128"},
-               {128, 16, "_d128_m64n32"},  {128, 1000, "_d128_m128n64"}, {96, 200, "_d128_m128n64"},
-               {256, 1, "_d256_m64n16"},   {256, 1000, "_d256_m64n16"}};
-  for (const auto& x : cases) {
+    const char *wide;
+    int wide_bytes;
+    const char* narrow;
+  } fwd_cases[] = {{64, 1, "_d64_m128n128", 104448, "_d64_m64n64"},
+                   {64, 127, "_d64_m128n128", 104448, "_d64_m64n64"},
+                   {64, 128, "_d64_m128n128", 104448, "_d64_m64n64"},
+                   {128, 16, "_d128_m128n64", 135168, "_d128_m64n32"},
+                   {128, 1000, "_d128_m128n64", 135168, "_d128_m64n32"},
+                   {96, 200, "_d128_m128n64", 135168, "_d128_m64n32"},
+                   {256, 1, "_d256_m128n32", 199680, "_d256_m64n16"},
+                   {256, 1000, "_d256_m128n32", 199680, "_d256_m64n16"},
+                   {160, 300, "_d256_m128n32", 199680, "_d256_m64n16"}};
+  for (const auto& x : fwd_cases) {
     Case c = f32_case();
     c.d = c.dv = x.d, c.sq = x.sq, c.sk = 300;
     Call call(c);
@@ -577,7 +592,58 @@ TEST(CudaF32Plan, ForwardBlockFollowsTheRows) {
     fp_attn_params p = call.params(dev.views, FP_BACKEND_CUDA);
     fp_selection sel{};
     ASSERT_EQ(fp_attn_fwd_select(&p, &sel), FP_OK) << fp_last_error();
-    EXPECT_NE(std::string(sel.kernel).find(x.tile), std::string::npos) << "d " << x.d << " sq " << x.sq << ": " << sel.kernel;
+    const char* want = x.sq >= 128 && smem >= x.wide_bytes ? x.wide : x.narrow;
+    EXPECT_NE(std::string(sel.kernel).find(want), std::string::npos)
+        << "forward d " << x.d << " sq " << x.sq << " shared memory " << smem << ": " << sel.kernel;
+  }
+  const struct {
+    int64_t d;
+    const char* wide;
+    int wide_bytes;
+    const char* narrow;
+  } bwd_cases[] = {{64, "_bwd_d64_m64n64", 104960, "_bwd_d64_m64n64"},
+                   {128, "_bwd_d128_m64n64", 170496, "_bwd_d128_m32n64"},
+                   {80, "_bwd_d128_m64n64", 170496, "_bwd_d128_m32n64"},
+                   {256, "_bwd_d256_m64n32", 218624, "_bwd_d256_m32n32"}};
+  for (const auto& x : bwd_cases) {
+    Case c = f32_case();
+    c.d = c.dv = x.d, c.sq = 200, c.sk = 300;
+    BwdCall bc(c);
+    ASSERT_TRUE(bc.ok) << bc.error;
+    DeviceBwd dev(bc);
+    fp_attn_bwd_params p = bc.params(dev.views, dev.dout_v, dev.dq_v, dev.dk_v, dev.dv_v, fp_tensor{},
+                                     FP_BACKEND_CUDA, false);
+    fp_selection sel{};
+    ASSERT_EQ(fp_attn_bwd_select(&p, &sel), FP_OK) << fp_last_error();
+    const char* want = smem >= x.wide_bytes ? x.wide : x.narrow;
+    EXPECT_NE(std::string(sel.kernel).find(want), std::string::npos)
+        << "backward d " << x.d << " shared memory " << smem << ": " << sel.kernel;
+  }
+}
+
+// The tile rules on the host for the shared memory of sm_86/89 (99 KB), the A100 (163 KB) and
+// Hopper (227 KB): every picked tile covers the head dim and fits the device wherever a tile of
+// its head-dim bucket does, the wide ones taken exactly when they fit (and, forward, from 128 rows).
+TEST(CudaF32Plan, TileRulesFitEachDevice) {
+  using namespace flashport::gpu;
+  for (const int smem : {101376, 166912, 232448}) {
+    for (int64_t d = 1; d <= 256; ++d) {
+      for (const int64_t sq : {1, 127, 128, 4096}) {
+        const F32Tile& f = kF32FwdTiles[f32_fwd_tile_for(d, sq, smem)];
+        const F32Tile& wide = kF32FwdTiles[f32_tile_for(d)];
+        EXPECT_GE(f.head_dim, d);
+        EXPECT_LE(f.fwd_smem_bytes(), smem) << "forward d " << d << " smem " << smem;
+        EXPECT_EQ(&f == &wide, sq >= 128 && wide.fwd_smem_bytes() <= smem) << "forward d " << d << " sq " << sq;
+      }
+      const F32Tile& b = kF32BwdTiles[f32_bwd_tile_for(d, smem)];
+      EXPECT_GE(b.head_dim, d);
+      int smallest = 1 << 30;
+      for (const F32Tile& t : kF32BwdTiles)
+        if (t.head_dim == b.head_dim) smallest = std::min(smallest, t.bwd_smem_bytes());
+      if (smallest <= smem) EXPECT_LE(b.bwd_smem_bytes(), smem) << "backward d " << d << " smem " << smem;
+      const F32Tile& bwide = kF32BwdTiles[f32_tile_for(d)];
+      if (bwide.bwd_smem_bytes() <= smem) EXPECT_EQ(&b, &bwide) << "backward d " << d << " smem " << smem;
+    }
   }
 }
 

@@ -87,7 +87,7 @@ __device__ __forceinline__ void add_pair(float* dst, float v0, float v1) {
 // D64: two blocks per SM fit its shared memory, so registers are capped for them; D128 and D256
 // take one block per SM (shared memory) and their registers uncapped.
 template <int kTile>
-__global__ void __launch_bounds__(256, kTile == kF32D64 ? 2 : 1) bwd_f32_kernel(const __grid_constant__ BwdArgs a) {
+__global__ void __launch_bounds__(256, kTile == kF32BwdD64 ? 2 : 1) bwd_f32_kernel(const __grid_constant__ BwdArgs a) {
   constexpr F32Tile C = kF32BwdTiles[kTile];
   constexpr int D = C.head_dim, BM = C.block_m, BN = C.block_n, NT = C.threads, S = C.row_stride();
   constexpr int kWarps = NT / 32, DS = C.q_stride();
@@ -350,18 +350,22 @@ using F32BwdInstance =
 
 KernelInfo f32_bwd_info_of(int tile, int device) {
   switch (tile) {
-    case kF32D64: return F32BwdInstance<kF32D64>::info(device);
-    case kF32D128: return F32BwdInstance<kF32D128>::info(device);
-    case kF32D256: return F32BwdInstance<kF32D256>::info(device);
+    case kF32BwdD64: return F32BwdInstance<kF32BwdD64>::info(device);
+    case kF32BwdD128: return F32BwdInstance<kF32BwdD128>::info(device);
+    case kF32BwdD256: return F32BwdInstance<kF32BwdD256>::info(device);
+    case kF32BwdD128Rows32: return F32BwdInstance<kF32BwdD128Rows32>::info(device);
+    case kF32BwdD256Rows32: return F32BwdInstance<kF32BwdD256Rows32>::info(device);
   }
   return KernelInfo{gpuErrorInvalidDevice};
 }
 
 gpuError_t launch_f32_bwd(int tile, const BwdArgs& a, dim3 grid, gpuStream_t stream) {
   switch (tile) {
-    case kF32D64: return F32BwdInstance<kF32D64>::launch(a, grid, stream);
-    case kF32D128: return F32BwdInstance<kF32D128>::launch(a, grid, stream);
-    case kF32D256: return F32BwdInstance<kF32D256>::launch(a, grid, stream);
+    case kF32BwdD64: return F32BwdInstance<kF32BwdD64>::launch(a, grid, stream);
+    case kF32BwdD128: return F32BwdInstance<kF32BwdD128>::launch(a, grid, stream);
+    case kF32BwdD256: return F32BwdInstance<kF32BwdD256>::launch(a, grid, stream);
+    case kF32BwdD128Rows32: return F32BwdInstance<kF32BwdD128Rows32>::launch(a, grid, stream);
+    case kF32BwdD256Rows32: return F32BwdInstance<kF32BwdD256Rows32>::launch(a, grid, stream);
   }
   return gpuErrorInvalidDevice;
 }
@@ -372,10 +376,11 @@ struct F32BwdLayout {
   BwdWorkspace ws;
 };
 
-F32BwdLayout f32_bwd_layout(const BwdProblem& bp) {
+// The tile is the plan's (f32_bwd_tile_for: the device's shared memory decides it).
+F32BwdLayout f32_bwd_layout(const BwdProblem& bp, int tile) {
   const Problem& p = bp.fwd;
   F32BwdLayout l;
-  l.tile = f32_tile_for(std::max(p.d, p.dv));
+  l.tile = tile;
   const F32Tile& C = kF32BwdTiles[l.tile];
   l.key_blocks = (p.seq.sk + C.block_n - 1) / C.block_n;  // batched: rows per sequence; varlen: max_seqlen_k
   l.m_blocks = (p.seq.sq + C.block_m - 1) / C.block_m;
@@ -395,7 +400,7 @@ Status plan_bwd_f32(const BwdProblem& bp, int smem_optin, Plan* plan) {
   if (p.dtype != FP_F32) return unsupported("cuda backend: the fp32 backward takes float32 calls");
   if (!p.has_lse) return invalid("lse: required by the backward");
   if (const std::string why = bwd_shape_refusal(p); !why.empty()) return unsupported("cuda backend: " + why);
-  const F32BwdLayout l = f32_bwd_layout(bp);
+  const F32BwdLayout l = f32_bwd_layout(bp, f32_bwd_tile_for(std::max(p.d, p.dv), smem_optin));
   const F32Tile& C = kF32BwdTiles[l.tile];
   if (C.bwd_smem_bytes() > smem_optin)
     return unsupported(std::string("cuda backend: ") + C.name + " needs " + std::to_string(C.bwd_smem_bytes()) +
@@ -418,8 +423,12 @@ Status plan_bwd_f32(const BwdProblem& bp, int smem_optin, Plan* plan) {
 
 Status run_bwd_f32(const BwdProblem& bp, const Plan& plan, void* workspace, gpuStream_t stream) {
   const Problem& p = bp.fwd;
-  const F32BwdLayout l = f32_bwd_layout(bp);
-  if (l.ws.total != plan.workspace_bytes || plan.kernel_id != kKernelF32Bwd || PlanArgs::tile(plan) != l.tile)
+  const int tile = PlanArgs::tile(plan);
+  if (plan.kernel_id != kKernelF32Bwd || tile < 0 || tile >= kNumF32BwdTiles)
+    return {FP_ERR_RUNTIME, "cuda backend: the plan is not an fp32 backward plan"};
+  const F32BwdLayout l = f32_bwd_layout(bp, tile);
+  if (l.ws.total != plan.workspace_bytes ||
+      kF32BwdTiles[tile].head_dim != kF32BwdTiles[f32_tile_for(std::max(p.d, p.dv))].head_dim)
     return {FP_ERR_RUNTIME, "cuda backend: plan does not match the call (re-select after changing it)"};
   if (p.seq.batch == 0) return Status::ok();
   BwdArgs a = bwd_common_args(bp, l.ws, workspace);

@@ -36,39 +36,56 @@ constexpr F32TileId f32_tile_for(int64_t head_dim) {
   return head_dim <= 64 ? kF32D64 : (head_dim <= 128 ? kF32D128 : kF32D256);
 }
 
-// Forward: warps of 16 query rows each (3xTF32 m16n8k8 products). Calls of 128+ query rows at
-// D64/D128 run 8 warps (one block an SM, the registers' limit): each K/V tile serves 128 rows and
-// the wider key tile gives a warp more independent products a step (session 30, H200: +16-25% over
-// two blocks of 4 warps with 64/32-key tiles). Shorter calls (decode) keep 4-warp blocks, two an
-// SM: with one row a (sequence, head) the 128-row block computed 8 warps' products for it and
-// halved the blocks an SM (1.5x slower). D256 keeps 4 warps (a 128-row block would need 166 KB).
+// Forward: warps of 16 query rows each (3xTF32 m16n8k8 products). Calls of 128+ query rows run
+// 8 warps (one block an SM, the registers' limit): each K/V tile serves 128 rows and the wider key
+// tile gives a warp more independent products a step (H200: +16-25% at D64/D128 in session 30,
+// +21-32% at D256 in session 31, over two blocks of 4 warps with half as many keys a tile).
+// Shorter calls (decode) keep 4-warp blocks, two an SM: with one row a (sequence, head) the
+// 128-row block computed 8 warps' products for it and halved the blocks an SM (1.5x slower). So
+// do devices whose shared memory a block cannot hold the 128-row tile (D256's 195 KB: every
+// device before Hopper; D64/D128 on sm_86/89's 99 KB).
 enum F32FwdTileId : int {
-  kF32FwdD64 = 0, kF32FwdD128, kF32FwdD256,  // the head-dim buckets (F32TileId order)
-  kF32FwdD64Rows64, kF32FwdD128Rows64,       // their 64-row blocks, for calls below 128 rows
+  kF32FwdD64 = 0, kF32FwdD128, kF32FwdD256,              // the head-dim buckets (F32TileId order)
+  kF32FwdD64Rows64, kF32FwdD128Rows64, kF32FwdD256Rows64,  // their 64-row blocks (same order)
   kNumF32FwdTiles
 };
 inline constexpr F32Tile kF32FwdTiles[kNumF32FwdTiles] = {
-    {64, 128, 128, 256, "f32_tf32x3_d64_m128n128"},
-    {128, 128, 64, 256, "f32_tf32x3_d128_m128n64"},
-    {256, 64, 16, 128, "f32_tf32x3_d256_m64n16"},
-    {64, 64, 64, 128, "f32_tf32x3_d64_m64n64"},
-    {128, 64, 32, 128, "f32_tf32x3_d128_m64n32"},
+    {64, 128, 128, 256, "f32_tf32x3_d64_m128n128"},   // 104,448 shared bytes
+    {128, 128, 64, 256, "f32_tf32x3_d128_m128n64"},   // 135,168
+    {256, 128, 32, 256, "f32_tf32x3_d256_m128n32"},   // 199,680
+    {64, 64, 64, 128, "f32_tf32x3_d64_m64n64"},       // 52,224
+    {128, 64, 32, 128, "f32_tf32x3_d128_m64n32"},     // 67,584
+    {256, 64, 16, 128, "f32_tf32x3_d256_m64n16"},     // 99,840
 };
-constexpr int f32_fwd_tile_for(int64_t head_dim, int64_t sq) {
+constexpr int f32_fwd_tile_for(int64_t head_dim, int64_t sq, int smem_optin) {
   const F32TileId bucket = f32_tile_for(head_dim);
-  if (sq >= 128 || bucket == kF32D256) return bucket;
-  return bucket == kF32D64 ? kF32FwdD64Rows64 : kF32FwdD128Rows64;
+  const bool wide = sq >= 128 && kF32FwdTiles[bucket].fwd_smem_bytes() <= smem_optin;
+  return wide ? int(bucket) : int(kF32FwdD64Rows64) + int(bucket);
 }
 // Backward: 8 warps; stages 1 and 2 split the block's keys into 16-key tiles and the queries
 // (stage 1) or columns (stage 2) among the warps of a key tile; stage 3 splits queries x columns.
-inline constexpr F32Tile kF32BwdTiles[kNumF32Tiles] = {
-    {64, 64, 64, 256, "f32_tf32x3_bwd_d64_m64n64"},
-    {128, 32, 64, 256, "f32_tf32x3_bwd_d128_m32n64"},
-    {256, 32, 32, 256, "f32_tf32x3_bwd_d256_m32n32"},
+// D128 and D256 take 64 query rows a step where a block's shared memory holds them (Hopper: H200
+// session 31, +15-25% over 32-row steps, deterministic +18-28%), 32 rows elsewhere (A100: 163 KB).
+enum F32BwdTileId : int {
+  kF32BwdD64 = 0, kF32BwdD128, kF32BwdD256,  // the head-dim buckets (F32TileId order)
+  kF32BwdD128Rows32, kF32BwdD256Rows32,      // D128 and D256 in 32-row steps
+  kNumF32BwdTiles
 };
+inline constexpr F32Tile kF32BwdTiles[kNumF32BwdTiles] = {
+    {64, 64, 64, 256, "f32_tf32x3_bwd_d64_m64n64"},     // 104,960 shared bytes
+    {128, 64, 64, 256, "f32_tf32x3_bwd_d128_m64n64"},   // 170,496
+    {256, 64, 32, 256, "f32_tf32x3_bwd_d256_m64n32"},   // 218,624
+    {128, 32, 64, 256, "f32_tf32x3_bwd_d128_m32n64"},   // 119,040
+    {256, 32, 32, 256, "f32_tf32x3_bwd_d256_m32n32"},   // 142,592
+};
+constexpr int f32_bwd_tile_for(int64_t head_dim, int smem_optin) {
+  const F32TileId bucket = f32_tile_for(head_dim);
+  if (bucket == kF32D64 || kF32BwdTiles[bucket].bwd_smem_bytes() <= smem_optin) return bucket;
+  return bucket == kF32D128 ? kF32BwdD128Rows32 : kF32BwdD256Rows32;
+}
 
-// Kernel template instances: forward 5 tiles, backward 3 buckets + preprocess + convert.
-inline constexpr int kF32Instances = kNumF32FwdTiles + kNumF32Tiles + 2;
+// Kernel template instances: forward 6 tiles, backward 5 tiles + preprocess + convert.
+inline constexpr int kF32Instances = int(kNumF32FwdTiles) + int(kNumF32BwdTiles) + 2;
 
 // Forward: the candidate for an fp32 call (empty string: it runs the call with `tile` and
 // `splits`; else why not), and the launch of the main loop over a decided plan.

@@ -269,6 +269,7 @@ KernelInfo f32_fwd_info_of(int tile, int device) {
     case kF32FwdD256: return F32FwdInstance<kF32FwdD256>::info(device);
     case kF32FwdD64Rows64: return F32FwdInstance<kF32FwdD64Rows64>::info(device);
     case kF32FwdD128Rows64: return F32FwdInstance<kF32FwdD128Rows64>::info(device);
+    case kF32FwdD256Rows64: return F32FwdInstance<kF32FwdD256Rows64>::info(device);
   }
   return KernelInfo{gpuErrorInvalidDevice};
 }
@@ -277,7 +278,7 @@ KernelInfo f32_fwd_info_of(int tile, int device) {
 
 std::string f32_fwd_candidate(const Problem& p, int sm_count, int smem_optin, F32FwdChoice* out) {
   F32FwdChoice c;
-  c.tile = f32_fwd_tile_for(std::max(p.d, p.dv), p.seq.sq);
+  c.tile = f32_fwd_tile_for(std::max(p.d, p.dv), p.seq.sq, smem_optin);
   const F32Tile& C = kF32FwdTiles[c.tile];
   if (C.fwd_smem_bytes() > smem_optin)
     return std::string("cuda backend: ") + C.name + " needs " + std::to_string(C.fwd_smem_bytes()) +
@@ -310,6 +311,7 @@ gpuError_t launch_f32_fwd(int tile, const FwdArgs& a, dim3 grid, gpuStream_t str
     case kF32FwdD256: return F32FwdInstance<kF32FwdD256>::launch(a, grid, stream);
     case kF32FwdD64Rows64: return F32FwdInstance<kF32FwdD64Rows64>::launch(a, grid, stream);
     case kF32FwdD128Rows64: return F32FwdInstance<kF32FwdD128Rows64>::launch(a, grid, stream);
+    case kF32FwdD256Rows64: return F32FwdInstance<kF32FwdD256Rows64>::launch(a, grid, stream);
   }
   return gpuErrorInvalidDevice;
 }
