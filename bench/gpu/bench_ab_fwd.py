@@ -472,6 +472,9 @@ DEFAULT_DIMS = {"grid": "64,128,256", "dropout": "64,128,256", "bwd": "64,128,25
 
 def main():
     lib_a, lib_b = bf.load_lib(sys.argv[1]), bf.load_lib(sys.argv[2])
+    # Every table's A and B columns are the first and second library of the command line, not
+    # "main" and "branch": a swapped run inverts B/A.
+    print(f"A = {sys.argv[1]}\nB = {sys.argv[2]}", flush=True)
     arg = sys.argv[3] if len(sys.argv) > 3 else "grid"
     mode, _, dims_arg = arg.partition(":")
     if mode[:1].isdigit():
