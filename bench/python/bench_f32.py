@@ -6,10 +6,15 @@ forward+backward, in one process; and the error of each against an fp64 computat
     (after `bash python/device_test.sh build`; writes <out>/gpu_f32.{md,json})
     python3 bench/python/bench_f32.py --out /tmp/f32 --quick                            # smoke run
 
-Metric: kernel time per call, torch.profiler's device time of every kernel (and memset/memcpy)
-the call launches, averaged over --reps profiled calls after a warm-up. Shapes: D in {64, 128, 256},
-S in {1k, 4k}, causal or not, B*S = 8k tokens, H*D = 1024; GQA 32/8 D128 causal Sq 1k / Sk 4k; GQA 4:1
-decode (forward only).
+Metrics per call, as the benchmark of record reports them (bench_api.py): kernel (torch.profiler's
+device time of every kernel, memset and copy the call launches, mean of --reps profiled calls after
+two warm-up calls), eager (CUDA events around the call, synced after each, median of --reps), graph
+(one replay of the call captured in a CUDA graph, median of --reps; SDPA's is left out where its
+capture fails) and host (calls issued back to back without waiting, median of 3 batches of 20);
+forward (no grad) and forward+backward. The MATH backend is timed by kernel only (a reference, not
+a peer). Ratios: SDPA efficient / flashport (> 1: flashport faster).
+Shapes: D in {64, 128, 256}, S in {1k, 4k}, causal or not, B*S = 8k tokens, H*D = 1024; GQA 32/8
+D128 causal Sq 1k / Sk 4k; GQA 4:1 decode (forward only).
 Errors: max |x - x64| / max |x64| of out (forward) and of dq, dk, dv (backward), one call per point
 against the same inputs in float64 (MATH backend).
 """
@@ -29,7 +34,7 @@ except ImportError:  # pragma: no cover
     import flashport.torch as fa
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_api import time_kernels  # noqa: E402  (the benchmark of record's device-time timer)
+from bench_api import call_of_kind, device_line, time_eager, time_graph, time_host, time_kernels  # noqa: E402  (the benchmark of record's timers)
 
 LIBS = ("flashport", "sdpa_efficient", "sdpa_math")
 
@@ -91,24 +96,36 @@ def run_point(b, sq, sk, hq, hkv, d, causal, reps, bwd_ok=True):
             with torch.no_grad():
                 out = attention(lib, q, k, v, causal)
             res["err_out"] = rel_err(out, ref["out"])
-            res["fwd_us"] = kernel_us(lambda: attention(lib, q, k, v, causal), reps)
+            qg, kg, vg = (x.clone().requires_grad_(True) for x in (q, k, v))
+            kinds = ("fwd", "fwd_bwd") if bwd_ok else ("fwd",)
+            for kind in kinds:
+                fn = call_of_kind(kind, lambda: attention(lib, qg, kg, vg, causal), qg, kg, vg)
+                res[kind + "_us"] = kernel_us(fn, reps)
+                if lib == "sdpa_math":
+                    continue
+                res[kind + "_eager"] = time_eager(fn, reps, "cuda")
+                res[kind + "_host"] = time_host(fn, 20, 3, "cuda")
+                if lib == "flashport" or SDPA_GRAPH["ok"]:
+                    try:
+                        res[kind + "_graph"] = time_graph(fn, reps)
+                    except Exception as e:  # noqa: BLE001 - a failed capture turns SDPA's graph timing off
+                        SDPA_GRAPH["ok"] = lib == "flashport" and SDPA_GRAPH["ok"]
+                        res[kind + "_graph_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                        torch.cuda.synchronize()
             if bwd_ok:
-                qg, kg, vg = (x.clone().requires_grad_(True) for x in (q, k, v))
-
-                def fwd_bwd():
-                    o = attention(lib, qg, kg, vg, causal)
-                    torch.autograd.grad(o, (qg, kg, vg), dout)
-
                 o = attention(lib, qg, kg, vg, causal)
-                dq, dk, dv = torch.autograd.grad(o, (qg, kg, vg), dout)
-                res["err_grad"] = max(rel_err(g, ref[n]) for g, n in ((dq, "dq"), (dk, "dk"),
-                                                                      (dv, "dv")))
-                res["fwd_bwd_us"] = kernel_us(fwd_bwd, reps)
+                grads = torch.autograd.grad(o, (qg, kg, vg), dout)
+                res["err_grad"] = max(rel_err(g, ref[n]) for g, n in zip(grads, ("dq", "dk", "dv")))
         except Exception as e:  # noqa: BLE001 - a backend that cannot run a point is reported
             res["error"] = str(e).splitlines()[0][:200]
         row[lib] = res
         torch.cuda.empty_cache()
     return row
+
+
+# A failed CUDA-graph capture of SDPA can leave torch's generator in capture state: after the
+# first failure SDPA's graph column is not measured again.
+SDPA_GRAPH = {"ok": True}
 
 
 def main():
@@ -152,31 +169,56 @@ def main():
         print(line, flush=True)
 
     os.makedirs(args.out, exist_ok=True)
-    dev = torch.cuda.get_device_name()
+    dev = device_line("cuda")
+    command = "PYTHONPATH=build-py/site-cuda python3 " + " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:])
     with open(os.path.join(args.out, "gpu_f32.json"), "w") as f:
-        json.dump({"device": dev, "torch": torch.__version__, "rows": rows}, f, indent=1)
-    md = [f"# float32 attention on {dev} (torch {torch.__version__})", "",
-          "Command: `PYTHONPATH=build-py/site-cuda python3 bench/python/bench_f32.py "
-          "--out bench/results`", "",
-          "Kernel time per call (torch.profiler, µs, mean of --reps calls); error: "
-          "max |x - x64| / max |x64| (out; worst of dq, dk, dv).", "",
-          "| shape | flashport fwd | efficient fwd | math fwd | flashport fwd+bwd | "
-          "efficient fwd+bwd | math fwd+bwd | flashport err | efficient err | math err |",
-          "|---|---|---|---|---|---|---|---|---|---|"]
+        json.dump({"command": command, "device": dev, "rows": rows}, f, indent=1)
+    with open(os.path.join(args.out, "gpu_f32.md"), "w") as f:
+        f.write(markdown(rows, command, dev) + "\n")
+    print(f"wrote {args.out}/gpu_f32.md")
 
-    def cell(r, key, fmt):
-        return "-" if r is None or key not in r else format(r[key], fmt)
 
+def markdown(rows, command, dev):
+    """The table: per shape and call, flashport and SDPA efficient side by side (kernel, eager,
+    graph, host µs) with the efficient / flashport ratios, MATH's kernel time, and the errors."""
+    def val(r, key):
+        return None if r is None else r.get(key)
+
+    def us(x):
+        return "-" if x is None else f"{x:,.0f}"
+
+    def ratio(num, den):
+        return "-" if not num or not den else f"{num / den:.2f}x"
+
+    def err(r, key):
+        return "-" if val(r, key) is None else f"{r[key]:.1e}"
+
+    md = ["# float32 attention: flashport vs torch SDPA memory-efficient (and MATH)", "",
+          f"Command: `{command}`  ", f"Device: {dev}", "",
+          "µs per call: kernel (torch.profiler device time), eager (synced per call), graph (one "
+          "CUDA-graph replay), host (calls back to back); ratio = SDPA efficient / flashport (> 1: "
+          "flashport faster). Error: max |x - x64| / max |x64| (out; worst of dq, dk, dv).", "",
+          "| shape | call | kernel flashport | kernel efficient | kernel ratio | eager ratio | "
+          "graph ratio | host flashport | host efficient | kernel math | err flashport | "
+          "err efficient | err math |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         pt, res = row["point"], row["results"]
-        g = {lib: res.get(lib) for lib in LIBS}
-        errs = [f"{cell(g[x], 'err_out', '.1e')} / {cell(g[x], 'err_grad', '.1e')}" for x in LIBS]
-        cells = ([cell(g[x], "fwd_us", ".0f") for x in LIBS] +
-                 [cell(g[x], "fwd_bwd_us", ".0f") for x in LIBS] + errs)
-        md.append(f"| {shape_name(pt)} | " + " | ".join(cells) + " |")
-    with open(os.path.join(args.out, "gpu_f32.md"), "w") as f:
-        f.write("\n".join(md) + "\n")
-    print(f"wrote {args.out}/gpu_f32.md")
+        fp, eff, mth = (res.get(lib) for lib in LIBS)
+        for kind, name in (("fwd", "forward"), ("fwd_bwd", "forward+backward")):
+            if val(fp, kind + "_us") is None and val(eff, kind + "_us") is None:
+                continue
+            ek = "err_out" if kind == "fwd" else "err_grad"
+            cells = [us(val(fp, kind + "_us")), us(val(eff, kind + "_us")),
+                     ratio(val(eff, kind + "_us"), val(fp, kind + "_us")),
+                     ratio(val(eff, kind + "_eager"), val(fp, kind + "_eager")),
+                     ratio(val(eff, kind + "_graph"), val(fp, kind + "_graph")),
+                     us(val(fp, kind + "_host")), us(val(eff, kind + "_host")),
+                     us(val(mth, kind + "_us")), err(fp, ek), err(eff, ek), err(mth, ek)]
+            md.append(f"| {shape_name(pt)} | {name} | " + " | ".join(cells) + " |")
+    notes = sorted({f"{lib}: {r[key]}" for row in rows for lib, r in row["results"].items()
+                    for key in r if key == "error" or key.endswith("graph_error")})
+    return "\n".join(md + ([""] + notes if notes else []))
 
 
 if __name__ == "__main__":
