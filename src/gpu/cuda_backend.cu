@@ -253,8 +253,8 @@ class CudaBackend final : public Backend {
     const int splits = plan.num_splits, tile = PlanArgs::tile(plan), pack = PlanArgs::pack(plan);
     const bool hopper = plan.kernel_id == kKernelHopperFwd, f32 = plan.kernel_id == kKernelF32Fwd;
     const bool decode = plan.kernel_id == kKernelDecodeFwd;
-    if ((!hopper && !f32 && !decode && plan.kernel_id != kKernelMmaFwd) || (f32 && tile >= kNumF32FwdTiles) ||
-        splits < 1 || splits > kMaxSplits || tile < 0 || tile >= kNumTileIds)
+    if ((!hopper && !f32 && !decode && plan.kernel_id != kKernelMmaFwd) || splits < 1 || splits > kMaxSplits ||
+        tile < 0 || tile >= (f32 ? int(kNumF32FwdTiles) : int(kNumTileIds)))
       return {FP_ERR_RUNTIME, "cuda backend: the plan is not a CUDA forward plan"};
     const FwdWorkspace w = decode ? decode_kernel_workspace(p, splits)
                                   : fwd_workspace(p, splits, hopper && PlanArgs::tile_counter(plan));
