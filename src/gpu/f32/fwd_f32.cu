@@ -1,13 +1,13 @@
 // The fp32 forward main loop (FlashAttention-2 style): one block of 8 or 4 warps (f32_launch.hpp's
-// tiles) per (query block, query head, batch x split); warp w owns rows 16w .. 16w + 15. S = Q K^T and O += P V are 3xTF32
-// mma.sync m16n8k8 products (f32_common.cuh: the error of fp32 FMAs); the online softmax works on
-// the C fragments (rows g and g + 8 of the warp, reduced over the 4 lanes of a quad) and P goes to
-// the P V product from registers. Q sits in shared memory for the whole loop; K and V tiles stream
-// through their own shared buffers (rows of D + 4 floats: conflict-free fragment reads) with
-// cp.async, V's copy overlapping S = Q K^T and the next K's copy overlapping P V. Key tiles are
-// visited last to first, as in the mma.sync kernel. Every score feature reads the shared rules
-// (core/score_rules.hpp) and the shared addressing (core/problem.hpp); dropout keeps exactly the
-// elements dropout_keep keeps in every other backend.
+// tiles) per (query block, query head, batch x split); warp w owns rows 16w .. 16w + 15. S = Q K^T
+// and O += P V are 3xTF32 mma.sync m16n8k8 products (f32_common.cuh: the error of fp32 FMAs); the
+// online softmax works on the C fragments (rows g and g + 8 of the warp, reduced over the 4 lanes
+// of a quad) and P goes to the P V product from registers. Q sits in shared memory for the whole
+// loop; K and V tiles stream through their own shared buffers (rows of D + 4 floats: conflict-free
+// fragment reads) with cp.async, V's copy overlapping S = Q K^T and the next K's copy overlapping P
+// V. Key tiles are visited last to first, as in the mma.sync kernel. Every score feature reads the
+// shared rules (core/score_rules.hpp) and the shared addressing (core/problem.hpp); dropout keeps
+// exactly the elements dropout_keep keeps in every other backend.
 #include <algorithm>
 #include <cstdio>
 
