@@ -261,7 +261,7 @@ class CudaBackend final : public Backend {
     // The decode kernel's layout starts at the caller's first 16-byte boundary (float4 partials).
     void* workspace = decode ? decode_kernel_workspace_base(caller_workspace) : caller_workspace;
     if ((decode ? decode_kernel_workspace_bytes(w) : w.total) != plan.workspace_bytes ||
-        (f32 && kF32FwdTiles[tile].head_dim != kF32FwdTiles[f32_tile_for(std::max(p.d, p.dv))].head_dim))
+        (f32 && !f32_tile_serves(kF32FwdTiles[tile], std::max(p.d, p.dv))))
       return {FP_ERR_RUNTIME, "cuda backend: plan does not match the call (re-select after changing it)"};
     DeviceGuard guard(p.device_index);
     auto stream = static_cast<gpuStream_t>(p.raw->stream);

@@ -560,8 +560,6 @@ TEST(CudaF32Bwd, ErrorIsFp32RoundingLongSequence) {
   expect_bwd_error_is_fp32(c);
 }
 
-// The forward's block follows the call's rows: 128-row blocks of 8 warps from 128 query rows at
-// D64/D128, 64-row blocks of 4 warps below (decode-shaped calls), D256 always 64 rows.
 // The forward's block follows the query rows and the device's shared memory, the backward's
 // query step the shared memory: 128-row forward blocks from 128 rows where they fit, 64-row
 // backward steps at D128/D256 where they fit (H100/H200), the narrower tiles elsewhere.
@@ -632,11 +630,14 @@ TEST(CudaF32Plan, TileRulesFitEachDevice) {
         const F32Tile& f = kF32FwdTiles[f32_fwd_tile_for(d, sq, smem)];
         const F32Tile& wide = kF32FwdTiles[f32_tile_for(d)];
         EXPECT_GE(f.head_dim, d);
+        EXPECT_TRUE(f32_tile_serves(f, d)) << "forward d " << d;
         EXPECT_LE(f.fwd_smem_bytes(), smem) << "forward d " << d << " smem " << smem;
         EXPECT_EQ(&f == &wide, sq >= 128 && wide.fwd_smem_bytes() <= smem) << "forward d " << d << " sq " << sq;
       }
       const F32Tile& b = kF32BwdTiles[f32_bwd_tile_for(d, smem)];
       EXPECT_GE(b.head_dim, d);
+      EXPECT_TRUE(f32_tile_serves(b, d)) << "backward d " << d;
+      EXPECT_FALSE(f32_tile_serves(b, b.head_dim == 64 ? 65 : 64)) << "backward d " << d;  // another bucket
       int smallest = 1 << 30;
       for (const F32Tile& t : kF32BwdTiles)
         if (t.head_dim == b.head_dim) smallest = std::min(smallest, t.bwd_smem_bytes());

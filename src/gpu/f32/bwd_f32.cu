@@ -428,7 +428,7 @@ Status run_bwd_f32(const BwdProblem& bp, const Plan& plan, void* workspace, gpuS
     return {FP_ERR_RUNTIME, "cuda backend: the plan is not an fp32 backward plan"};
   const F32BwdLayout l = f32_bwd_layout(bp, tile);
   if (l.ws.total != plan.workspace_bytes ||
-      kF32BwdTiles[tile].head_dim != kF32BwdTiles[f32_tile_for(std::max(p.d, p.dv))].head_dim)
+      !f32_tile_serves(kF32BwdTiles[tile], std::max(p.d, p.dv)))
     return {FP_ERR_RUNTIME, "cuda backend: plan does not match the call (re-select after changing it)"};
   if (p.seq.batch == 0) return Status::ok();
   BwdArgs a = bwd_common_args(bp, l.ws, workspace);

@@ -35,6 +35,11 @@ enum F32TileId : int { kF32D64 = 0, kF32D128, kF32D256, kNumF32Tiles };
 constexpr F32TileId f32_tile_for(int64_t head_dim) {
   return head_dim <= 64 ? kF32D64 : (head_dim <= 128 ? kF32D128 : kF32D256);
 }
+// Whether a plan's tile serves a call of this head dim (max(d, dv)): the same head-dim bucket (a
+// plan run on a call whose head dims left its bucket does not match).
+constexpr bool f32_tile_serves(const F32Tile& tile, int64_t head_dim) {
+  return f32_tile_for(tile.head_dim) == f32_tile_for(head_dim);
+}
 
 // Forward: warps of 16 query rows each (3xTF32 m16n8k8 products). Calls of 128+ query rows run
 // 8 warps (one block an SM, the registers' limit): each K/V tile serves 128 rows and the wider key
