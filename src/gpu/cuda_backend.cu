@@ -196,13 +196,13 @@ class CudaBackend final : public Backend {
       F32FwdChoice c;
       if (std::string why = f32_fwd_candidate(p, dev.sm_count, dev.smem_optin, &c); !why.empty())
         return unsupported(why);
-      std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:fp32%s%s", kF32FwdTiles[c.tile].name,
-                    c.splits > 1 ? ":splitkv+combine" : "",
+      std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:fp32%s%s%s", kF32FwdTiles[c.tile].name,
+                    c.pack > 1 ? ":packgqa" : "", c.splits > 1 ? ":splitkv+combine" : "",
                     p.seq.snew > 0 ? (p.rotary_dim > 0 ? ":append+rotary" : ":append") : "");
       plan->workspace_bytes = fwd_workspace(p, c.splits).total;
       plan->num_splits = c.splits;
       plan->kernel_id = kKernelF32Fwd;
-      PlanArgs::set(plan, c.tile, 1);
+      PlanArgs::set(plan, c.tile, c.pack);
       return Status::ok();
     }
     // Peer candidates, fastest first: the sm_90a kernel, then the mma.sync kernel.
@@ -275,7 +275,7 @@ class CudaBackend final : public Backend {
     // The split counters' and the tile walk's nonce (fixed in a captured graph).
     if ((decode && w.split_counters > 0) || (hopper && w.has_tile_counter)) a.call_nonce = next_call_nonce();
     if (f32) {
-      const dim3 grid = f32_fwd_grid(p, tile, splits);
+      const dim3 grid = f32_fwd_grid(p, tile, pack, splits);
       if (grid.x > 0 && p.seq.batch > 0) {
         if (gpuError_t e = launch_f32_fwd(tile, a, grid, stream); e != gpuSuccess)
           return {FP_ERR_RUNTIME, std::string("cuda backend: ") + kF32FwdTiles[tile].name +

@@ -394,6 +394,35 @@ TEST(CudaF32Fwd, VarlenAndSplitKv) {
   EXPECT_GT(sel.num_splits, 1) << sel.kernel;
 }
 
+// Decode-shaped GQA calls (Sq * group <= 128) pack the group's query heads into one 64-row
+// block's rows: per-row heads for ALiBi slopes, sinks, dropout streams, the output, LSE and split
+// partials; per-row query positions for causal masks and windows. Beyond 128 rows: unpacked.
+TEST(CudaF32Fwd, PackedGqaRows) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    int64_t sq, hq, hkv, d;
+  };
+  for (const Shape& x : {Shape{1, 32, 8, 128}, Shape{3, 16, 2, 64}, Shape{16, 8, 1, 96}, Shape{13, 6, 1, 256}}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      Case c = f32_case();
+      c.batch = 2, c.hq = x.hq, c.hkv = x.hkv, c.d = c.dv = x.d, c.sq = x.sq, c.sk = 333;
+      c.causal = variant >= 1;
+      if (variant == 1) c.wl = 40, c.alibi = true, c.sinks = true;
+      if (variant == 2) c.dropout = 0.2f, c.softcap = 20.0f, c.splits = 3;
+      if (variant == 3) c.cache = true, c.paged = true, c.page_size = 16, c.nan_unused_cache = true, c.splits = 2;
+      SCOPED_TRACE(c.describe());
+      fp_selection sel{};
+      check_case(c, &sel);
+      EXPECT_NE(std::string(sel.kernel).find(":packgqa"), std::string::npos) << sel.kernel;
+    }
+  }
+  Case wide = f32_case();  // 17 x 8 = 136 rows: one head a block
+  wide.hq = 8, wide.hkv = 1, wide.d = wide.dv = 64, wide.sq = 17, wide.sk = 200, wide.causal = true;
+  fp_selection sel{};
+  check_case(wide, &sel);
+  EXPECT_EQ(std::string(sel.kernel).find(":packgqa"), std::string::npos) << sel.kernel;
+}
+
 TEST(CudaF32Fwd, KvCacheContiguousPagedLeftPad) {
   SKIP_WITHOUT_GPU();
   for (int rep = 0; rep < 4; ++rep) {
@@ -633,6 +662,8 @@ TEST(CudaF32Plan, TileRulesFitEachDevice) {
         EXPECT_TRUE(f32_tile_serves(f, d)) << "forward d " << d;
         EXPECT_LE(f.fwd_smem_bytes(), smem) << "forward d " << d << " smem " << smem;
         EXPECT_EQ(&f == &wide, sq >= 128 && wide.fwd_smem_bytes() <= smem) << "forward d " << d << " sq " << sq;
+        // Packed GQA rows: only the 64-row blocks take them.
+        EXPECT_EQ(kF32FwdTiles[f32_fwd_tile_for(d, sq, smem, 4)].block_m, 64) << "packed d " << d << " sq " << sq;
       }
       const F32Tile& b = kF32BwdTiles[f32_bwd_tile_for(d, smem)];
       EXPECT_GE(b.head_dim, d);

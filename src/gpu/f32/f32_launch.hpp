@@ -62,9 +62,11 @@ inline constexpr F32Tile kF32FwdTiles[kNumF32FwdTiles] = {
     {128, 64, 32, 128, "f32_tf32x3_d128_m64n32"},     // 67,584
     {256, 64, 16, 128, "f32_tf32x3_d256_m64n16"},     // 99,840
 };
-constexpr int f32_fwd_tile_for(int64_t head_dim, int64_t sq, int smem_optin) {
+// Packed GQA calls (pack > 1: a decode step's query heads in one block's rows) run the 64-row
+// blocks, the instances that take packed rows.
+constexpr int f32_fwd_tile_for(int64_t head_dim, int64_t sq, int smem_optin, int pack = 1) {
   const F32TileId bucket = f32_tile_for(head_dim);
-  const bool wide = sq >= 128 && kF32FwdTiles[bucket].fwd_smem_bytes() <= smem_optin;
+  const bool wide = pack == 1 && sq >= 128 && kF32FwdTiles[bucket].fwd_smem_bytes() <= smem_optin;
   return wide ? int(bucket) : int(kF32FwdD64Rows64) + int(bucket);
 }
 // Backward: 8 warps; stages 1 and 2 split the block's keys into 16-key tiles and the queries
@@ -95,10 +97,10 @@ inline constexpr int kF32Instances = int(kNumF32FwdTiles) + int(kNumF32BwdTiles)
 // Forward: the candidate for an fp32 call (empty string: it runs the call with `tile` and
 // `splits`; else why not), and the launch of the main loop over a decided plan.
 struct F32FwdChoice {
-  int tile = 0, splits = 1;
+  int tile = 0, pack = 1, splits = 1;  // pack: GQA heads packed into a block's rows (gqa_pack)
 };
 std::string f32_fwd_candidate(const Problem& p, int sm_count, int smem_optin, F32FwdChoice* out);
-dim3 f32_fwd_grid(const Problem& p, int tile, int splits);
+dim3 f32_fwd_grid(const Problem& p, int tile, int pack, int splits);
 gpuError_t launch_f32_fwd(int tile, const FwdArgs& a, dim3 grid, gpuStream_t stream);
 
 // Backward (float32 calls): plan and run (preprocess, main loop, dq conversion + sink gradient).

@@ -12,6 +12,7 @@
 #include <cstdio>
 
 #include "core/heuristics.hpp"
+#include "gpu/common/fwd_plan.hpp"
 #include "gpu/common/kernel_info.cuh"
 #include "gpu/common/tile_config.hpp"
 #include "gpu/f32/f32_common.cuh"
@@ -49,22 +50,29 @@ __global__ void __launch_bounds__(kF32FwdTiles[kTile].threads, 256 / kF32FwdTile
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, t = lane % 4;
   const int row0 = 16 * warp + F::c_row(lane, 0);  // the thread's rows of the block: row0 and row0 + 8
   const int m0 = (gridDim.x - 1 - blockIdx.x) * BM;  // heaviest query blocks first
-  const int h = blockIdx.y;
+  const int head_idx = blockIdx.y;  // query head, or kv head when the GQA group's heads are packed
   const int b = blockIdx.z / a.splits;
   const int split = blockIdx.z - b * a.splits;
   const ScoreRules& R = a.rules;
 
   const FwdSeqLengths lengths(a, b);
   const int lq = lengths.lq, lk = lengths.lk;
-  if (m0 >= lq) return;
+  // Packed GQA (the 64-row instances only, f32_fwd_tile_for): block row m is query row m / pack of
+  // query head kvh * group + m % pack, so a decode step's heads share each K/V tile. The 128-row
+  // instances fold pack to 1.
+  const int pack = C.block_m == 64 ? a.pack : 1;
+  const int m_rows = lq * pack;
+  if (m0 >= m_rows) return;
   const int64_t q_start = a.seq.q_start(b);
-  const int kvh = h / a.group;
+  const int kvh = pack > 1 ? head_idx : head_idx / a.group;
+  auto row_i = [&](int m) -> int { return pack > 1 ? m / pack : m; };
+  auto row_h = [&](int m) -> int { return pack > 1 ? kvh * a.group + m % pack : head_idx; };
   const KernelScoreRules seq_rules(R, lq, lk, a.scale_log2, a.softcap_in, a.softcap_out);
   // Visible keys of the block's rows, cut to this split. Computed in 64 bits: in 32 bits the
   // compiler ties the key range to the loop's per-row mask bounds and D256's loop spills (ptxas).
-  const int i_last = (m0 + BM < lq ? m0 + BM : lq) - 1;
+  const int i_first = row_i(m0), i_last = row_i((m0 + BM < m_rows ? m0 + BM : m_rows) - 1);
   const SeqScoreRules<int64_t, float> block_rules(R, lq, lk, a.scale_log2, a.softcap_in, a.softcap_out);
-  const int key_lo = static_cast<int>(block_rules.vis_lo(m0));
+  const int key_lo = static_cast<int>(block_rules.vis_lo(i_first));
   const int key_hi = static_cast<int>(block_rules.vis_hi(i_last));
   int n_lo = key_lo / BN;
   int n_hi = key_hi > key_lo ? (key_hi + BN - 1) / BN : n_lo;
@@ -79,14 +87,18 @@ __global__ void __launch_bounds__(kF32FwdTiles[kTile].threads, 256 / kF32FwdTile
   // Score transforms (block-uniform): plain scores stay raw and the scale folds into exp2.
   const bool transformed = seq_rules.softcapped() || seq_rules.alibi() || !(*seq_rules.scale > 0.0f);
   const float mul = transformed ? 1.0f : *seq_rules.scale;
-  const float slope = R.alibi ? -R.alibi_slope(b, h) * kLog2e : 0.0f;
+  // ALiBi slopes of the thread's rows row0, row0 + 8 (one head unless packed).
+  float slope[2];
+  slope[0] = R.alibi ? -R.alibi_slope(b, row_h(m0 + row0 < m_rows ? m0 + row0 : m0)) * kLog2e : 0.0f;
+  slope[1] = pack == 1 ? slope[0]
+                       : (R.alibi ? -R.alibi_slope(b, row_h(m0 + row0 + 8 < m_rows ? m0 + row0 + 8 : m0)) * kLog2e : 0.0f);
   const int d_steps = (a.d + 7) / 8;   // 8-column steps of q.k that hold real columns
   const int dv_cols = a.dv;
 
   if (n_lo < n_hi) {
     load_rows<BM, D, S, NT, true, kLoadThreadsPerRow>(sQ, a.d, tid, q, [&](int r) -> const float* {
-      const int i = m0 + r;
-      return i < lq ? q + a.q_addr.at(b, q_start, i, h) : nullptr;
+      const int m = m0 + r;
+      return m < m_rows ? q + a.q_addr.at(b, q_start, row_i(m), row_h(m)) : nullptr;
     });
     auto load_kv = [&](float* tile, const float* base, const KvAddr& ad, int cols, int nb) {
       load_rows<BN, D, S, NT, true, kLoadThreadsPerRow>(tile, cols, tid, base, [&](int r) -> const float* {
@@ -126,12 +138,12 @@ __global__ void __launch_bounds__(kF32FwdTiles[kTile].threads, 256 / kF32FwdTile
       }
 
       const int n0 = nb * BN;
-      const bool need_mask = seq_rules.tile_needs_mask(nb, BN, m0, i_last);
+      const bool need_mask = seq_rules.tile_needs_mask(nb, BN, i_first, i_last);
       // Element e of s[n]: row 16 warp + c_row(lane, e) = row0 + 8 (e / 2), key n0 + 8n +
       // c_col(lane, e) = n0 + 8n + 2t + e % 2.
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        const int i = m0 + row0 + 8 * hr;
+        const int i = row_i(m0 + row0 + 8 * hr);
         if (transformed) {
           const int base = seq_rules.diagonal(i) - n0;  // ALiBi distance of tile column c: base - c
 #pragma unroll
@@ -140,7 +152,7 @@ __global__ void __launch_bounds__(kF32FwdTiles[kTile].threads, 256 / kF32FwdTile
             for (int e = 0; e < 2; ++e) {
               float& x = s[n][2 * hr + e];
               x = seq_rules.score(x);
-              x += seq_rules.alibi_bias_at(slope, base - (8 * n + F::c_col(lane, e)));
+              x += seq_rules.alibi_bias_at(slope[hr], base - (8 * n + F::c_col(lane, e)));
             }
         }
         if (need_mask) {
@@ -181,7 +193,8 @@ __global__ void __launch_bounds__(kF32FwdTiles[kTile].threads, 256 / kF32FwdTile
       // shuffles hand out its bits).
       if (R.dropout_p > 0.0f) {
         uint32_t keep[2];
-        fwd_keep_bits<SN>(keep, R, b, a.hq, h, m0 + row0 + 8 * (lane & 1), n0);
+        const int m = m0 + row0 + 8 * (lane & 1);
+        fwd_keep_bits<SN>(keep, R, b, a.hq, row_h(m < m_rows ? m : m0), row_i(m), n0);
         fwd_zero_dropped<SN>(keep, [&](int n, int e) -> float& { return s[n][e]; });
       }
       __syncthreads();  // every thread is done reading sK
@@ -228,8 +241,9 @@ __global__ void __launch_bounds__(kF32FwdTiles[kTile].threads, 256 / kF32FwdTile
     float l = row_sum[hr];
     l += shfl_xor(l, 1);
     l += shfl_xor(l, 2);
-    const int i = m0 + row0 + 8 * hr;
-    if (i >= lq) continue;
+    const int m = m0 + row0 + 8 * hr;
+    if (m >= m_rows) continue;
+    const int i = row_i(m), h = row_h(m);
     float mx = row_max[hr];
     const float o_scale = R.sinks != nullptr && split == 0 ? fold_sink(R.sinks[h] * kLog2e, mx, l) : 1.0f;
     const float inv = l > 0.0f ? o_scale * keep_scale / l : 0.0f;
@@ -278,7 +292,8 @@ KernelInfo f32_fwd_info_of(int tile, int device) {
 
 std::string f32_fwd_candidate(const Problem& p, int sm_count, int smem_optin, F32FwdChoice* out) {
   F32FwdChoice c;
-  c.tile = f32_fwd_tile_for(std::max(p.d, p.dv), p.seq.sq, smem_optin);
+  c.pack = gqa_pack(p);
+  c.tile = f32_fwd_tile_for(std::max(p.d, p.dv), p.seq.sq, smem_optin, c.pack);
   const F32Tile& C = kF32FwdTiles[c.tile];
   if (C.fwd_smem_bytes() > smem_optin)
     return std::string("cuda backend: ") + C.name + " needs " + std::to_string(C.fwd_smem_bytes()) +
@@ -287,21 +302,23 @@ std::string f32_fwd_candidate(const Problem& p, int sm_count, int smem_optin, F3
   if (ki.status != gpuSuccess)
     return std::string("cuda backend: kernel ") + C.name + " is not usable on this device (built archs: " FLASHPORT_GPU_ARCHS "): " +
            gpuGetErrorString(ki.status);
-  const int64_t m_blocks = (p.seq.sq + C.block_m - 1) / C.block_m;
-  const int64_t work_tiles = m_blocks * p.hq * p.seq.batch;
+  const int64_t m_blocks = (p.seq.sq * c.pack + C.block_m - 1) / C.block_m;
+  const int64_t heads_grid = c.pack > 1 ? p.hkv : p.hq;
+  const int64_t work_tiles = m_blocks * heads_grid * p.seq.batch;
   const int64_t kv_rows = p.seq.kv_layout == KvLayout::Paged ? p.seq.max_blocks * p.seq.page_size : p.seq.sk;
   const int64_t key_blocks = std::max<int64_t>(1, (kv_rows + C.block_n - 1) / C.block_n);
   const int64_t slots = int64_t(sm_count) * std::max(1, ki.blocks_per_sm);
   c.splits = resolve_num_splits(p.num_splits, work_tiles, key_blocks, slots, kMaxSplits, p.seq.sq <= 16);
-  if (m_blocks > 0x7fffffff || p.hq > 65535 || p.seq.batch * c.splits > 65535)
+  if (m_blocks > 0x7fffffff || heads_grid > 65535 || p.seq.batch * c.splits > 65535)
     return "cuda backend: grid too large (batch * splits <= 65535, heads <= 65535)";
   *out = c;
   return std::string();
 }
 
-dim3 f32_fwd_grid(const Problem& p, int tile, int splits) {
+dim3 f32_fwd_grid(const Problem& p, int tile, int pack, int splits) {
   const F32Tile& C = kF32FwdTiles[tile];
-  return dim3(unsigned((p.seq.sq + C.block_m - 1) / C.block_m), unsigned(p.hq), unsigned(p.seq.batch * splits));
+  return dim3(unsigned((p.seq.sq * pack + C.block_m - 1) / C.block_m), unsigned(pack > 1 ? p.hkv : p.hq),
+              unsigned(p.seq.batch * splits));
 }
 
 gpuError_t launch_f32_fwd(int tile, const FwdArgs& a, dim3 grid, gpuStream_t stream) {
