@@ -32,11 +32,10 @@ __device__ __forceinline__ void cp_async_f32x4(float* smem, const float* gmem, i
 // 16-byte aligned tile): 4 columns per copy where the source row is 16-byte aligned, zero rows
 // stored directly. kMaxPerRow caps the threads on one row: fewer threads a row means each thread
 // computes fewer row addresses (row_ptr: the layouts, pages, bounds, which cost more instructions
-// than a row's copies) and issues more copies a row. The forward takes 8 (128 bytes a copy
+// than a row's copies) and issues more copies a row. Both kernels take 8 (128 bytes a copy
 // instruction and row: whole sectors and 32 banks; ncu, session 30: the per-row address code was
-// its top stall lines at 32 threads a row; H200 session 31: +10-16%); the backward keeps one
-// thread per 4 columns (a D128 row a warp): 8 threads a row measured +2-10% there with 32-row
-// query steps (session 31), not yet with the 64-row steps it now takes on Hopper.
+// the forward's top stall lines at 32 threads a row; H200 session 31: forward +10-16%, backward
+// +2-10% with 32-row query steps).
 template <int R, int D, int kStride, int NT, bool kVec = false, int kMaxPerRow = NT, typename RowPtr>
 __device__ __forceinline__ void load_rows(float* tile, int cols, int tid, const float* any, RowPtr row_ptr) {
   constexpr int kW = kVec ? 4 : 1;          // columns per thread and copy
