@@ -442,6 +442,16 @@ TEST(CudaF32Fwd, KvCacheContiguousPagedLeftPad) {
     c.nan_unused_cache = true;
     check_f32(c);
   }
+  // Prefill-sized calls on paged caches: the 128-row blocks (split K/V planes on Hopper), head
+  // dims of each bucket, one odd (rows not 16-byte aligned: 4-byte copies).
+  for (auto [ps, d] : {std::pair<int64_t, int64_t>{16, 128}, {7, 37}, {64, 256}, {1, 64}}) {
+    Case c = f32_case();
+    c.cache = true, c.paged = true, c.page_size = ps;
+    c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = d, c.sq = 200, c.sk = 700;
+    c.causal = ps != 64;
+    c.nan_unused_cache = true;
+    check_f32(c);
+  }
   for (bool paged : {false, true}) {
     Case c = f32_case();
     c.cache = true, c.paged = paged, c.page_size = 16;
@@ -597,20 +607,23 @@ TEST(CudaF32Plan, TileFollowsRowsAndSharedMemory) {
   int device = 0, smem = 0;
   ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), cudaSuccess);
+  // wide: the split K/V tile (Hopper's shared memory); unsplit: the 128-row tile elsewhere.
   const struct {
     int64_t d, sq;
     const char *wide;
     int wide_bytes;
+    const char* unsplit;
+    int unsplit_bytes;
     const char* narrow;
-  } fwd_cases[] = {{64, 1, "_d64_m128n128", 104448, "_d64_m64n64"},
-                   {64, 127, "_d64_m128n128", 104448, "_d64_m64n64"},
-                   {64, 128, "_d64_m128n128", 104448, "_d64_m64n64"},
-                   {128, 16, "_d128_m128n64", 135168, "_d128_m64n32"},
-                   {128, 1000, "_d128_m128n64", 135168, "_d128_m64n32"},
-                   {96, 200, "_d128_m128n64", 135168, "_d128_m64n32"},
-                   {256, 1, "_d256_m128n32", 199680, "_d256_m64n16"},
-                   {256, 1000, "_d256_m128n32", 199680, "_d256_m64n16"},
-                   {160, 300, "_d256_m128n32", 199680, "_d256_m64n16"}};
+  } fwd_cases[] = {{64, 1, "_d64_m128n128_kvsplit", 174080, "_d64_m128n128", 104448, "_d64_m64n64"},
+                   {64, 127, "_d64_m128n128_kvsplit", 174080, "_d64_m128n128", 104448, "_d64_m64n64"},
+                   {64, 128, "_d64_m128n128_kvsplit", 174080, "_d64_m128n128", 104448, "_d64_m64n64"},
+                   {128, 16, "_d128_m128n64_kvsplit", 202752, "_d128_m128n64", 135168, "_d128_m64n32"},
+                   {128, 1000, "_d128_m128n64_kvsplit", 202752, "_d128_m128n64", 135168, "_d128_m64n32"},
+                   {96, 200, "_d128_m128n64_kvsplit", 202752, "_d128_m128n64", 135168, "_d128_m64n32"},
+                   {256, 1, "_d256_m128n32", 199680, nullptr, 0, "_d256_m64n16"},
+                   {256, 1000, "_d256_m128n32", 199680, nullptr, 0, "_d256_m64n16"},
+                   {160, 300, "_d256_m128n32", 199680, nullptr, 0, "_d256_m64n16"}};
   for (const auto& x : fwd_cases) {
     Case c = f32_case();
     c.d = c.dv = x.d, c.sq = x.sq, c.sk = 300;
@@ -619,8 +632,11 @@ TEST(CudaF32Plan, TileFollowsRowsAndSharedMemory) {
     fp_attn_params p = call.params(dev.views, FP_BACKEND_CUDA);
     fp_selection sel{};
     ASSERT_EQ(fp_attn_fwd_select(&p, &sel), FP_OK) << fp_last_error();
-    const char* want = x.sq >= 128 && smem >= x.wide_bytes ? x.wide : x.narrow;
-    EXPECT_NE(std::string(sel.kernel).find(want), std::string::npos)
+    const char* want = x.sq < 128                                    ? x.narrow
+                       : smem >= x.wide_bytes                        ? x.wide
+                       : x.unsplit != nullptr && smem >= x.unsplit_bytes ? x.unsplit
+                                                                     : x.narrow;
+    EXPECT_NE(std::string(sel.kernel).find(std::string(want) + ":"), std::string::npos)
         << "forward d " << x.d << " sq " << x.sq << " shared memory " << smem << ": " << sel.kernel;
   }
   const struct {
@@ -650,7 +666,8 @@ TEST(CudaF32Plan, TileFollowsRowsAndSharedMemory) {
 
 // The tile rules on the host for the shared memory of sm_86/89 (99 KB), the A100 (163 KB) and
 // Hopper (227 KB): every picked tile covers the head dim and fits the device wherever a tile of
-// its head-dim bucket does, the wide ones taken exactly when they fit (and, forward, from 128 rows).
+// its head-dim bucket does, the wide ones taken exactly when they fit (and, forward, from 128 rows:
+// the split K/V tile where it fits, else the 128-row tile that splits at reads, else 64 rows).
 TEST(CudaF32Plan, TileRulesFitEachDevice) {
   using namespace flashport::gpu;
   for (const int smem : {101376, 166912, 232448}) {
@@ -658,10 +675,14 @@ TEST(CudaF32Plan, TileRulesFitEachDevice) {
       for (const int64_t sq : {1, 127, 128, 4096}) {
         const F32Tile& f = kF32FwdTiles[f32_fwd_tile_for(d, sq, smem)];
         const F32Tile& wide = kF32FwdTiles[f32_tile_for(d)];
+        const bool has_unsplit = f32_tile_for(d) != kF32D256;
+        const F32Tile& unsplit = kF32FwdTiles[has_unsplit ? kF32FwdD64Unsplit + f32_tile_for(d) : kF32FwdD256];
         EXPECT_GE(f.head_dim, d);
         EXPECT_TRUE(f32_tile_serves(f, d)) << "forward d " << d;
         EXPECT_LE(f.fwd_smem_bytes(), smem) << "forward d " << d << " smem " << smem;
+        EXPECT_EQ(f.block_m, sq >= 128 && unsplit.fwd_smem_bytes() <= smem ? 128 : 64) << "forward d " << d << " sq " << sq;
         EXPECT_EQ(&f == &wide, sq >= 128 && wide.fwd_smem_bytes() <= smem) << "forward d " << d << " sq " << sq;
+        EXPECT_EQ(f.kv_split, smem >= 232448 && sq >= 128 && has_unsplit) << "forward d " << d << " smem " << smem;
         // Packed GQA rows: only the 64-row blocks take them.
         EXPECT_EQ(kF32FwdTiles[f32_fwd_tile_for(d, sq, smem, 4)].block_m, 64) << "packed d " << d << " sq " << sq;
       }

@@ -25,6 +25,15 @@ __device__ __forceinline__ void cp_async_f32x4(float* smem, const float* gmem, i
                "r"(src_bytes));
 }
 
+// The thread mapping of load_rows: kPerRow threads on a row, kW columns a copy, kRowStep rows apart.
+template <int D, int NT, bool kVec, int kMaxPerRow>
+struct RowLoaderMap {
+  static constexpr int kW = kVec ? 4 : 1;  // columns per thread and copy
+  static constexpr int kPerRow = D / kW < kMaxPerRow ? D / kW : kMaxPerRow;
+  static constexpr int kRowStep = NT / kPerRow;
+  static_assert(NT % kPerRow == 0 && D % (kPerRow * kW) == 0, "thread mapping");
+};
+
 // Rows [0, R) of a shared tile with row stride kStride floats: row r's `cols` real columns from
 // `row_ptr(r)` (null: a zero row), the rest of the D columns zero. Threads of one row walk
 // consecutive columns (coalesced); each thread computes its row's address once. `any` is a valid
@@ -35,19 +44,19 @@ __device__ __forceinline__ void cp_async_f32x4(float* smem, const float* gmem, i
 // than a row's copies) and issues more copies a row. Both kernels take 8 (128 bytes a copy
 // instruction and row: whole sectors and 32 banks; ncu, session 30: the per-row address code was
 // the forward's top stall lines at 32 threads a row; H200 session 31: forward +10-16%, backward
-// +2-10% with 32-row query steps).
+// +2-10% with 32-row query steps, session 32 with 64-row steps +2% / +6-7% / +11-13% at
+// D64 / D128 / D256).
 template <int R, int D, int kStride, int NT, bool kVec = false, int kMaxPerRow = NT, typename RowPtr>
 __device__ __forceinline__ void load_rows(float* tile, int cols, int tid, const float* any, RowPtr row_ptr) {
-  constexpr int kW = kVec ? 4 : 1;          // columns per thread and copy
-  constexpr int kPerRow = D / kW < kMaxPerRow ? D / kW : kMaxPerRow;  // threads on one row
-  constexpr int kRowStep = NT / kPerRow;
-  static_assert(NT % kPerRow == 0 && D % (kPerRow * kW) == 0 && (!kVec || kStride % 4 == 0), "thread mapping");
-  const int c0 = (tid % kPerRow) * kW;
-  for (int r = tid / kPerRow; r < R; r += kRowStep) {
+  using M = RowLoaderMap<D, NT, kVec, kMaxPerRow>;
+  constexpr int kW = M::kW;
+  static_assert(!kVec || kStride % 4 == 0, "16-byte rows");
+  const int c0 = (tid % M::kPerRow) * kW;
+  for (int r = tid / M::kPerRow; r < R; r += M::kRowStep) {
     const float* src = row_ptr(r);
     const bool vec = kVec && (reinterpret_cast<uintptr_t>(src) & 15) == 0;
 #pragma unroll
-    for (int c = c0; c < D; c += kPerRow * kW) {
+    for (int c = c0; c < D; c += M::kPerRow * kW) {
       if (kVec && src == nullptr) {
         *reinterpret_cast<float4*>(tile + r * kStride + c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       } else if (kVec && vec && c < cols) {
@@ -59,6 +68,28 @@ __device__ __forceinline__ void load_rows(float* tile, int cols, int tid, const 
           cp_async_f32(tile + r * kStride + c + e, in ? src + c + e : any, in ? 4 : 0);
         }
       }
+    }
+  }
+}
+
+// Splits (tf32_frag.hpp: split_tf32) the elements this thread copied with
+// load_rows<R, D, kStride, NT, true, kMaxPerRow>(big, ...): big's bits become the big parts and
+// small's the small parts. Call it after the thread's cp_async_wait of those copies (they are
+// visible to the thread that made them); other threads read the planes after a barrier. One split
+// an element and block instead of one for every warp that reads it (the forward's K and V).
+template <int R, int D, int kStride, int NT, int kMaxPerRow>
+__device__ __forceinline__ void split_own_rows(float* big, float* small, int tid) {
+  using M = RowLoaderMap<D, NT, true, kMaxPerRow>;
+  const int c0 = (tid % M::kPerRow) * 4;
+  for (int r = tid / M::kPerRow; r < R; r += M::kRowStep) {
+#pragma unroll
+    for (int c = c0; c < D; c += M::kPerRow * 4) {
+      float4* b4 = reinterpret_cast<float4*>(big + r * kStride + c);
+      const float4 x = *b4;
+      const Tf32Split s0 = split_tf32(x.x), s1 = split_tf32(x.y), s2 = split_tf32(x.z), s3 = split_tf32(x.w);
+      *b4 = make_float4(float_of(s0.big), float_of(s1.big), float_of(s2.big), float_of(s3.big));
+      *reinterpret_cast<float4*>(small + r * kStride + c) =
+          make_float4(float_of(s0.small), float_of(s1.small), float_of(s2.small), float_of(s3.small));
     }
   }
 }

@@ -20,10 +20,13 @@ namespace flashport::gpu {
 struct F32Tile {
   int head_dim, block_m, block_n, threads;
   const char* name;
+  // Forward: K and V held split (fwd_f32.cu): each tile's tf32 big and small parts in two planes,
+  // split once a block by the threads that copied them instead of once a warp at every read.
+  bool kv_split = false;
   constexpr int row_stride() const { return head_dim + 4; }  // Q, K, V, dO rows
   constexpr int q_stride() const { return block_n + 4; }     // rows of P and dS (bwd): per query
-  // Forward: Q, K, V tiles (P stays in registers).
-  constexpr int fwd_smem_bytes() const { return (block_m + 2 * block_n) * row_stride() * 4; }
+  // Forward: Q, K, V tiles (P stays in registers); split K and V take two planes each.
+  constexpr int fwd_smem_bytes() const { return (block_m + (kv_split ? 4 : 2) * block_n) * row_stride() * 4; }
   // Backward: K, V, Q, dO tiles, P, dS, LSE and D of the step's rows.
   constexpr int bwd_smem_bytes() const {
     return ((2 * block_n + 2 * block_m) * row_stride() + 2 * block_m * q_stride() + 2 * block_m) * 4;
@@ -49,25 +52,34 @@ constexpr bool f32_tile_serves(const F32Tile& tile, int64_t head_dim) {
 // 128-row block computed 8 warps' products for it and halved the blocks an SM (1.5x slower). So
 // do devices whose shared memory a block cannot hold the 128-row tile (D256's 195 KB: every
 // device before Hopper; D64/D128 on sm_86/89's 99 KB).
+// D64 and D128 hold K and V split (kv_split: H200 session 32, +9-10% / +14-15%) where a block's
+// shared memory holds both planes (Hopper); elsewhere (the A100) their 128-row tiles split at
+// every read. D256's split planes fit only 16-key tiles: 0.80x of the 32-key tile, not kept.
 enum F32FwdTileId : int {
   kF32FwdD64 = 0, kF32FwdD128, kF32FwdD256,              // the head-dim buckets (F32TileId order)
   kF32FwdD64Rows64, kF32FwdD128Rows64, kF32FwdD256Rows64,  // their 64-row blocks (same order)
+  kF32FwdD64Unsplit, kF32FwdD128Unsplit,                   // D64/D128 128-row blocks, K/V split at reads
   kNumF32FwdTiles
 };
 inline constexpr F32Tile kF32FwdTiles[kNumF32FwdTiles] = {
-    {64, 128, 128, 256, "f32_tf32x3_d64_m128n128"},   // 104,448 shared bytes
-    {128, 128, 64, 256, "f32_tf32x3_d128_m128n64"},   // 135,168
-    {256, 128, 32, 256, "f32_tf32x3_d256_m128n32"},   // 199,680
-    {64, 64, 64, 128, "f32_tf32x3_d64_m64n64"},       // 52,224
-    {128, 64, 32, 128, "f32_tf32x3_d128_m64n32"},     // 67,584
-    {256, 64, 16, 128, "f32_tf32x3_d256_m64n16"},     // 99,840
+    {64, 128, 128, 256, "f32_tf32x3_d64_m128n128_kvsplit", true},   // 174,080 shared bytes
+    {128, 128, 64, 256, "f32_tf32x3_d128_m128n64_kvsplit", true},   // 202,752
+    {256, 128, 32, 256, "f32_tf32x3_d256_m128n32"},                 // 199,680
+    {64, 64, 64, 128, "f32_tf32x3_d64_m64n64"},                     // 52,224
+    {128, 64, 32, 128, "f32_tf32x3_d128_m64n32"},                   // 67,584
+    {256, 64, 16, 128, "f32_tf32x3_d256_m64n16"},                   // 99,840
+    {64, 128, 128, 256, "f32_tf32x3_d64_m128n128"},                 // 104,448
+    {128, 128, 64, 256, "f32_tf32x3_d128_m128n64"},                 // 135,168
 };
 // Packed GQA calls (pack > 1: a decode step's query heads in one block's rows) run the 64-row
 // blocks, the instances that take packed rows.
 constexpr int f32_fwd_tile_for(int64_t head_dim, int64_t sq, int smem_optin, int pack = 1) {
   const F32TileId bucket = f32_tile_for(head_dim);
-  const bool wide = pack == 1 && sq >= 128 && kF32FwdTiles[bucket].fwd_smem_bytes() <= smem_optin;
-  return wide ? int(bucket) : int(kF32FwdD64Rows64) + int(bucket);
+  const int narrow = int(kF32FwdD64Rows64) + int(bucket);
+  if (pack != 1 || sq < 128) return narrow;
+  if (kF32FwdTiles[bucket].fwd_smem_bytes() <= smem_optin) return bucket;
+  const int unsplit = int(kF32FwdD64Unsplit) + int(bucket);
+  return bucket != kF32D256 && kF32FwdTiles[unsplit].fwd_smem_bytes() <= smem_optin ? unsplit : narrow;
 }
 // Backward: 8 warps; stages 1 and 2 split the block's keys into 16-key tiles and the queries
 // (stage 1) or columns (stage 2) among the warps of a key tile; stage 3 splits queries x columns.
@@ -91,7 +103,7 @@ constexpr int f32_bwd_tile_for(int64_t head_dim, int smem_optin) {
   return bucket == kF32D128 ? kF32BwdD128Rows32 : kF32BwdD256Rows32;
 }
 
-// Kernel template instances: forward 6 tiles, backward 5 tiles + preprocess + convert.
+// Kernel template instances: forward 8 tiles, backward 5 tiles + preprocess + convert.
 inline constexpr int kF32Instances = int(kNumF32FwdTiles) + int(kNumF32BwdTiles) + 2;
 
 // Forward: the candidate for an fp32 call (empty string: it runs the call with `tile` and

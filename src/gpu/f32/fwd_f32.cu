@@ -36,10 +36,16 @@ __global__ void __launch_bounds__(kF32FwdTiles[kTile].threads, 256 / kF32FwdTile
   // (rows 2t, 2t + 1, columns g) hit 32 different banks.
   static_assert(BM == 16 * kWarps && BN % 8 == 0 && D % 8 == 0 && S % 32 == 4, "warp mapping");
 
+  // kKvSplit: K and V tiles held as their tf32 big parts (sK, sV) and small parts (sKs, sVs),
+  // split by the threads that copied them (split_own_rows); else split at every fragment read.
+  // (Q the same way measured +1% at D64, session 32; not kept.)
+  constexpr bool kKvSplit = C.kv_split;
   extern __shared__ __align__(16) float smem[];
   float* sQ = smem;
   float* sK = sQ + BM * S;
   float* sV = sK + BN * S;
+  float* sKs = kKvSplit ? sV + BN * S : nullptr;
+  float* sVs = kKvSplit ? sKs + BN * S : nullptr;
 
   // FwdArgs carries the tensors as untyped storage pointers; an fp32 call's are floats.
   const float* q = reinterpret_cast<const float*>(a.q);
@@ -106,6 +112,9 @@ __global__ void __launch_bounds__(kF32FwdTiles[kTile].threads, 256 / kF32FwdTile
         return j < lk ? base + kv_key_offset(a.seq, ad, a.num_pages, b, j, kvh) : nullptr;
       });
     };
+    auto split_kv = [&](float* big, float* small) {
+      if constexpr (kKvSplit) split_own_rows<BN, D, S, NT, kLoadThreadsPerRow>(big, small, tid);
+    };
     load_kv(sK, k, a.k_addr, a.d, n_hi - 1);
     cp_async_commit();
     for (int nb = n_hi - 1; nb >= n_lo; --nb) {
@@ -113,7 +122,8 @@ __global__ void __launch_bounds__(kF32FwdTiles[kTile].threads, 256 / kF32FwdTile
       load_kv(sV, v, a.v_addr, a.dv, nb);
       cp_async_commit();
       cp_async_wait<1>();
-      __syncthreads();  // K (and Q) landed
+      split_kv(sK, sKs);
+      __syncthreads();  // K (and Q) landed (and split)
 
       // S = Q K^T (3xTF32) over the 8-column steps holding real columns: A = rows of Q (the
       // warp's 16), B = rows of K (key 8n + b_n, column b_k).
@@ -121,7 +131,7 @@ __global__ void __launch_bounds__(kF32FwdTiles[kTile].threads, 256 / kF32FwdTile
 #pragma unroll
       for (int n = 0; n < SN; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
       const float* qa = sQ + 16 * warp * S;
-      const float* kb = sK + F::b_n(lane) * S;
+      const int kb_row = F::b_n(lane) * S;
 #pragma unroll 1
       for (int k8 = 0; k8 < d_steps; ++k8) {
         const int col = 8 * k8;
@@ -132,7 +142,10 @@ __global__ void __launch_bounds__(kF32FwdTiles[kTile].threads, 256 / kF32FwdTile
         for (int n = 0; n < SN; ++n) {
           Tf32Split kf[2];
 #pragma unroll
-          for (int r = 0; r < 2; ++r) kf[r] = split_tf32(kb[8 * n * S + col + F::b_k(lane, r)]);
+          for (int r = 0; r < 2; ++r) {
+            const int at = kb_row + 8 * n * S + col + F::b_k(lane, r);
+            kf[r] = kKvSplit ? Tf32Split{bits_of(sK[at]), bits_of(sKs[at])} : split_tf32(sK[at]);
+          }
           mma_3xtf32(s[n], qf, kf);
         }
       }
@@ -205,14 +218,15 @@ __global__ void __launch_bounds__(kF32FwdTiles[kTile].threads, 256 / kF32FwdTile
       } else {
         cp_async_wait<0>();
       }
-      __syncthreads();  // V landed
+      split_kv(sV, sVs);
+      __syncthreads();  // V landed (and split)
 
       // O += P V (3xTF32), P straight from the S fragments: reduction index k of key step n
       // stands for key 8n + pv_key(k) (A columns t, t + 4 -> keys 2t, 2t + 1), so the A fragment
       // is s[n] reordered by pv_from_c and the B fragment reads V rows 8n + 2t and 8n + 2t + 1
       // (column b_n of each 8-column tile).
       // The tile's BN keys are one chunk summed in the tensor core (mma_3xtf32), added to O in fp32.
-      const float* vb = sV + F::b_n(lane);
+      const int vb_col = F::b_n(lane);
       Tf32Split pf[SN][4];
 #pragma unroll
       for (int n = 0; n < SN; ++n)
@@ -225,7 +239,10 @@ __global__ void __launch_bounds__(kF32FwdTiles[kTile].threads, 256 / kF32FwdTile
         for (int n = 0; n < SN; ++n) {
           Tf32Split vf[2];
 #pragma unroll
-          for (int r = 0; r < 2; ++r) vf[r] = split_tf32(vb[(8 * n + F::pv_key(F::b_k(lane, r))) * S + 8 * c]);
+          for (int r = 0; r < 2; ++r) {
+            const int at = vb_col + (8 * n + F::pv_key(F::b_k(lane, r))) * S + 8 * c;
+            vf[r] = kKvSplit ? Tf32Split{bits_of(sV[at]), bits_of(sVs[at])} : split_tf32(sV[at]);
+          }
           mma_3xtf32_acc(chunk, pf[n], vf);
         }
 #pragma unroll
@@ -284,6 +301,8 @@ KernelInfo f32_fwd_info_of(int tile, int device) {
     case kF32FwdD64Rows64: return F32FwdInstance<kF32FwdD64Rows64>::info(device);
     case kF32FwdD128Rows64: return F32FwdInstance<kF32FwdD128Rows64>::info(device);
     case kF32FwdD256Rows64: return F32FwdInstance<kF32FwdD256Rows64>::info(device);
+    case kF32FwdD64Unsplit: return F32FwdInstance<kF32FwdD64Unsplit>::info(device);
+    case kF32FwdD128Unsplit: return F32FwdInstance<kF32FwdD128Unsplit>::info(device);
   }
   return KernelInfo{gpuErrorInvalidDevice};
 }
@@ -329,6 +348,8 @@ gpuError_t launch_f32_fwd(int tile, const FwdArgs& a, dim3 grid, gpuStream_t str
     case kF32FwdD64Rows64: return F32FwdInstance<kF32FwdD64Rows64>::launch(a, grid, stream);
     case kF32FwdD128Rows64: return F32FwdInstance<kF32FwdD128Rows64>::launch(a, grid, stream);
     case kF32FwdD256Rows64: return F32FwdInstance<kF32FwdD256Rows64>::launch(a, grid, stream);
+    case kF32FwdD64Unsplit: return F32FwdInstance<kF32FwdD64Unsplit>::launch(a, grid, stream);
+    case kF32FwdD128Unsplit: return F32FwdInstance<kF32FwdD128Unsplit>::launch(a, grid, stream);
   }
   return gpuErrorInvalidDevice;
 }
