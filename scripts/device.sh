@@ -23,7 +23,7 @@
 #                              bench_ab_fwd.py takes them (head dims "64,128,256" or "decode")
 # Environment: OUT (logs and tables; default /tmp/flashport-device), SUITE_TIMEOUT (s per test
 # process, default 420), SUITE_SHARDS (processes per suite, gtest sharding; default 4), GTEST_FILTER (tests: only these, e.g. 'CudaBwd.*:CudaFwd.Dropout'), BUILD (default
-# /tmp/build-device), CUDA_ARCH (default: the device's, e.g. 90), GTEST_DIR (a GTest CMake
+# /tmp/build-device; an existing build dir is rebuilt from the tree it was configured from), CUDA_ARCH (default: the device's, e.g. 90), GTEST_DIR (a GTest CMake
 # package dir when the system has none; .gtest/ in the tree is used when present).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,9 +40,13 @@ gtest_args=()
 if [ -n "${GTEST_DIR:-}" ]; then gtest_args=(-DGTest_DIR="$GTEST_DIR");
 elif [ -d .gtest ]; then gtest_args=(-DGTest_DIR="$PWD/.gtest/lib/x86_64-linux-gnu/cmake/GTest"); fi
 
-build() {  # PTXAS_VERBOSE TARGETS...; SRC/B: source tree and build dir (default: this tree, $B)
-  local tb=$(date +%s)
-  cmake -S "${SRC:-.}" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHPORT_CUDA=ON -DFLASHPORT_CPU=ON \
+build() {  # PTXAS_VERBOSE TARGETS...; SRC/B: source tree and build dir (default: the tree $B was
+  # configured from, else this tree: a BUILD of another checkout keeps its own sources)
+  local tb=$(date +%s) src=${SRC:-}
+  if [ -z "$src" ] && [ -f "$B/CMakeCache.txt" ]; then
+    src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$B/CMakeCache.txt")
+  fi
+  cmake -S "${src:-.}" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHPORT_CUDA=ON -DFLASHPORT_CPU=ON \
     -DFLASHPORT_CLI=OFF -DFLASHPORT_CUDA_BENCH=ON "-DCMAKE_CUDA_ARCHITECTURES=$arch" \
     "-DFLASHPORT_CUDA_VERBOSE_PTXAS=$1" "${gtest_args[@]}" > "$OUT/configure.log" 2>&1 ||
     { tail -30 "$OUT/configure.log"; exit 1; }
