@@ -26,8 +26,6 @@ namespace flashport::gpu {
 namespace f32 {
 
 constexpr int kAuxWarps = 8;
-// Threads on one K/V/Q/dO row of the shared-tile loader (load_rows: why 8).
-constexpr int kLoadThreadsPerRow = 8;
 
 // Workspace row r (of total_rows) of a head -> (b, i): batched rows are b * Sq + i; packed rows
 // are addressed directly (b = 0, sequence start 0, row r).
@@ -146,11 +144,11 @@ __global__ void __launch_bounds__(256, kTile == kF32BwdD64 ? 2 : 1) bwd_f32_kern
     const int m_lo = walk.m_lo, nm = walk.nm, steps = walk.steps;
 
     if (steps > 0) {
-      load_rows<BN, D, S, NT, true, kLoadThreadsPerRow>(sK, a.d, tid, k, [&](int r) -> const float* {
+      load_rows<BN, D, S, NT, true>(sK, a.d, tid, k, [&](int r) -> const float* {
         const int j = n0 + r;
         return j < lk ? k + a.k_addr.at(a.seq, b, j, kvh) : nullptr;
       });
-      load_rows<BN, D, S, NT, true, kLoadThreadsPerRow>(sV, a.dv, tid, v, [&](int r) -> const float* {
+      load_rows<BN, D, S, NT, true>(sV, a.dv, tid, v, [&](int r) -> const float* {
         const int j = n0 + r;
         return j < lk ? v + a.v_addr.at(a.seq, b, j, kvh) : nullptr;
       });
@@ -162,11 +160,11 @@ __global__ void __launch_bounds__(256, kTile == kF32BwdD64 ? 2 : 1) bwd_f32_kern
         const int m = m_lo + s % nm;
         const int i0 = m * BM;
         __syncthreads();  // the previous step is done with sQ, sdO, sP, sdS, sL, sDs
-        load_rows<BM, D, S, NT, true, kLoadThreadsPerRow>(sQ, a.d, tid, q, [&](int r) -> const float* {
+        load_rows<BM, D, S, NT, true>(sQ, a.d, tid, q, [&](int r) -> const float* {
           const int i = i0 + r;
           return i < lq ? q + a.q_addr.at(b, q_start, i, h) : nullptr;
         });
-        load_rows<BM, D, S, NT, true, kLoadThreadsPerRow>(sdO, a.dv, tid, dout, [&](int r) -> const float* {
+        load_rows<BM, D, S, NT, true>(sdO, a.dv, tid, dout, [&](int r) -> const float* {
           const int i = i0 + r;
           return i < lq ? dout + a.dout_addr.at(b, q_start, i, h) : nullptr;
         });

@@ -25,10 +25,14 @@ __device__ __forceinline__ void cp_async_f32x4(float* smem, const float* gmem, i
                "r"(src_bytes));
 }
 
+// Threads on one row of a 16-byte-copy load_rows (why 8: load_rows).
+inline constexpr int kLoadThreadsPerRow = 8;
+
 // The thread mapping of load_rows: kPerRow threads on a row, kW columns a copy, kRowStep rows apart.
-template <int D, int NT, bool kVec, int kMaxPerRow>
+template <int D, int NT, bool kVec>
 struct RowLoaderMap {
   static constexpr int kW = kVec ? 4 : 1;  // columns per thread and copy
+  static constexpr int kMaxPerRow = kVec ? kLoadThreadsPerRow : NT;
   static constexpr int kPerRow = D / kW < kMaxPerRow ? D / kW : kMaxPerRow;
   static constexpr int kRowStep = NT / kPerRow;
   static_assert(NT % kPerRow == 0 && D % (kPerRow * kW) == 0, "thread mapping");
@@ -39,16 +43,16 @@ struct RowLoaderMap {
 // consecutive columns (coalesced); each thread computes its row's address once. `any` is a valid
 // global address for the zero-filling copies (they read nothing). kVec (kStride a multiple of 4,
 // 16-byte aligned tile): 4 columns per copy where the source row is 16-byte aligned, zero rows
-// stored directly. kMaxPerRow caps the threads on one row: fewer threads a row means each thread
+// stored directly, and kLoadThreadsPerRow threads on a row: fewer threads a row means each thread
 // computes fewer row addresses (row_ptr: the layouts, pages, bounds, which cost more instructions
 // than a row's copies) and issues more copies a row. Both kernels take 8 (128 bytes a copy
 // instruction and row: whole sectors and 32 banks; ncu, session 30: the per-row address code was
 // the forward's top stall lines at 32 threads a row; H200 session 31: forward +10-16%, backward
 // +2-10% with 32-row query steps, session 32 with 64-row steps +2% / +6-7% / +11-13% at
 // D64 / D128 / D256).
-template <int R, int D, int kStride, int NT, bool kVec = false, int kMaxPerRow = NT, typename RowPtr>
+template <int R, int D, int kStride, int NT, bool kVec = false, typename RowPtr>
 __device__ __forceinline__ void load_rows(float* tile, int cols, int tid, const float* any, RowPtr row_ptr) {
-  using M = RowLoaderMap<D, NT, kVec, kMaxPerRow>;
+  using M = RowLoaderMap<D, NT, kVec>;
   constexpr int kW = M::kW;
   static_assert(!kVec || kStride % 4 == 0, "16-byte rows");
   const int c0 = (tid % M::kPerRow) * kW;
@@ -73,13 +77,13 @@ __device__ __forceinline__ void load_rows(float* tile, int cols, int tid, const 
 }
 
 // Splits (tf32_frag.hpp: split_tf32) the elements this thread copied with
-// load_rows<R, D, kStride, NT, true, kMaxPerRow>(big, ...): big's bits become the big parts and
+// load_rows<R, D, kStride, NT, true>(big, ...): big's bits become the big parts and
 // small's the small parts. Call it after the thread's cp_async_wait of those copies (they are
 // visible to the thread that made them); other threads read the planes after a barrier. One split
 // an element and block instead of one for every warp that reads it (the forward's K and V).
-template <int R, int D, int kStride, int NT, int kMaxPerRow>
+template <int R, int D, int kStride, int NT>
 __device__ __forceinline__ void split_own_rows(float* big, float* small, int tid) {
-  using M = RowLoaderMap<D, NT, true, kMaxPerRow>;
+  using M = RowLoaderMap<D, NT, true>;
   const int c0 = (tid % M::kPerRow) * 4;
   for (int r = tid / M::kPerRow; r < R; r += M::kRowStep) {
 #pragma unroll

@@ -22,9 +22,6 @@
 namespace flashport::gpu {
 namespace f32 {
 
-// Threads on one Q/K/V row of the shared-tile loader (load_rows: why 8).
-constexpr int kLoadThreadsPerRow = 8;
-
 // Registers: 255 at most either way (8 warps: one block an SM; 4 warps: two).
 template <int kTile>
 __global__ void __launch_bounds__(kF32FwdTiles[kTile].threads, 256 / kF32FwdTiles[kTile].threads) fwd_f32_kernel(const __grid_constant__ FwdArgs a) {
@@ -102,18 +99,18 @@ __global__ void __launch_bounds__(kF32FwdTiles[kTile].threads, 256 / kF32FwdTile
   const int dv_cols = a.dv;
 
   if (n_lo < n_hi) {
-    load_rows<BM, D, S, NT, true, kLoadThreadsPerRow>(sQ, a.d, tid, q, [&](int r) -> const float* {
+    load_rows<BM, D, S, NT, true>(sQ, a.d, tid, q, [&](int r) -> const float* {
       const int m = m0 + r;
       return m < m_rows ? q + a.q_addr.at(b, q_start, row_i(m), row_h(m)) : nullptr;
     });
     auto load_kv = [&](float* tile, const float* base, const KvAddr& ad, int cols, int nb) {
-      load_rows<BN, D, S, NT, true, kLoadThreadsPerRow>(tile, cols, tid, base, [&](int r) -> const float* {
+      load_rows<BN, D, S, NT, true>(tile, cols, tid, base, [&](int r) -> const float* {
         const int j = nb * BN + r;
         return j < lk ? base + kv_key_offset(a.seq, ad, a.num_pages, b, j, kvh) : nullptr;
       });
     };
     auto split_kv = [&](float* big, float* small) {
-      if constexpr (kKvSplit) split_own_rows<BN, D, S, NT, kLoadThreadsPerRow>(big, small, tid);
+      if constexpr (kKvSplit) split_own_rows<BN, D, S, NT>(big, small, tid);
     };
     load_kv(sK, k, a.k_addr, a.d, n_hi - 1);
     cp_async_commit();
