@@ -275,8 +275,8 @@ class CudaBackend final : public Backend {
     // The split counters' and the tile walk's nonce (fixed in a captured graph).
     if ((decode && w.split_counters > 0) || (hopper && w.has_tile_counter)) a.call_nonce = next_call_nonce();
     if (f32) {
-      const dim3 grid = f32_fwd_grid(p, tile, pack, splits);
-      if (grid.x > 0 && p.seq.batch > 0) {
+      const dim3 grid = f32_fwd_grid(p, tile, pack, splits, &a.query_blocks_outer);
+      if (grid.x > 0 && grid.y > 0 && grid.z > 0) {
         if (gpuError_t e = launch_f32_fwd(tile, a, grid, stream); e != gpuSuccess)
           return {FP_ERR_RUNTIME, std::string("cuda backend: ") + kF32FwdTiles[tile].name +
                                       " launch: " + gpuGetErrorString(e)};

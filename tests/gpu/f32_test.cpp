@@ -664,6 +664,53 @@ TEST(CudaF32Plan, TileFollowsRowsAndSharedMemory) {
   }
 }
 
+// The forward grid's layout (host): query blocks innermost for equal-cost tiles (a unit's blocks
+// share its K/V), outermost for uneven ones (causal, windows, varlen, caches, splits: every
+// unit's heaviest block first), and innermost again where they would pass the z limit.
+TEST(CudaF32Plan, GridPutsQueryBlocksOuterForUnevenTiles) {
+  using namespace flashport::gpu;
+  flashport::Problem p;
+  p.dtype = FP_F32;
+  p.d = p.dv = 128;
+  p.hq = p.hkv = 8;
+  p.seq.batch = 3, p.seq.sq = p.seq.sk = 1024;
+  const int tile = f32_fwd_tile_for(128, p.seq.sq, 232448);
+  const unsigned m_blocks = 1024 / kF32FwdTiles[tile].block_m;
+  bool outer = true;
+  dim3 g = f32_fwd_grid(p, tile, 1, 1, &outer);
+  EXPECT_FALSE(outer);
+  EXPECT_EQ(g.x, m_blocks);
+  EXPECT_EQ(g.y, 8u);
+  EXPECT_EQ(g.z, 3u);
+  g = f32_fwd_grid(p, tile, 1, 2, &outer);  // splits
+  EXPECT_TRUE(outer);
+  EXPECT_EQ(g.x, 8u);
+  EXPECT_EQ(g.y, 6u);
+  EXPECT_EQ(g.z, m_blocks);
+  p.rules.window_right = 0;  // causal, as the problem states it
+  g = f32_fwd_grid(p, tile, 1, 1, &outer);
+  EXPECT_TRUE(outer);
+  EXPECT_EQ(g.x, 8u);
+  EXPECT_EQ(g.y, 3u);
+  EXPECT_EQ(g.z, m_blocks);
+  p.seq.sq = 60;  // one query block: nothing to order
+  g = f32_fwd_grid(p, f32_fwd_tile_for(128, p.seq.sq, 232448), 1, 1, &outer);
+  EXPECT_FALSE(outer);
+  EXPECT_EQ(g.x, 1u);
+  EXPECT_EQ(g.y, 8u);
+  EXPECT_EQ(g.z, 3u);
+  p.seq.sq = int64_t(128) * 70000;  // past gridDim.z's 65535
+  g = f32_fwd_grid(p, tile, 1, 1, &outer);
+  EXPECT_FALSE(outer);
+  EXPECT_EQ(g.x, 70000u);
+  p.rules.window_right = -1;
+  p.seq.sq = 1024;
+  static const int32_t cu_q[4] = {0, 500, 900, 1024};  // varlen
+  p.seq.cu_q = cu_q;
+  f32_fwd_grid(p, tile, 1, 1, &outer);
+  EXPECT_TRUE(outer);
+}
+
 // The tile rules on the host for the shared memory of sm_86/89 (99 KB), the A100 (163 KB) and
 // Hopper (227 KB): every picked tile covers the head dim and fits the device wherever a tile of
 // its head-dim bucket does, the wide ones taken exactly when they fit (and, forward, from 128 rows:

@@ -53,6 +53,19 @@ inline int gqa_pack(const Problem& p) {
   return (p.group > 1 && p.seq.sq * p.group <= 128) ? static_cast<int>(p.group) : 1;
 }
 
+// A call over a KV cache: rows past a sequence's keys are the cache's, whatever they hold.
+inline bool is_kv_cache_call(const Problem& p) {
+  return p.seq.seqused_k != nullptr || p.seq.kv_layout == KvLayout::Paged || p.seq.cache_batch_idx != nullptr ||
+         p.seq.cache_leftpad != nullptr;
+}
+
+// Every work tile of the call costs the same: no causal or window mask, every sequence as long as
+// the batched tensors (no varlen), no KV cache (seqused_k, paged, cache_batch_idx, left pad).
+inline bool equal_cost_tiles(const Problem& p) {
+  return p.rules.window_left < 0 && p.rules.window_right < 0 && p.seq.cu_q == nullptr && p.seq.cu_k == nullptr &&
+         !is_kv_cache_call(p);
+}
+
 // Key rows a sequence may address: batched/cache capacity, max_seqlen_k for varlen, pages x size.
 inline int64_t max_kv_rows(const Problem& p) {
   if (p.seq.kv_layout == KvLayout::Paged) return p.seq.max_blocks * p.seq.page_size;

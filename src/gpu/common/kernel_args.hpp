@@ -54,6 +54,9 @@ struct FwdArgs {
   // The call's nonce (fwd_plan.hpp next_call_nonce: never 0, fixed in a captured graph): the
   // decode kernel's split counters and the Hopper forward's tile walk (NonceCounter). 0: neither.
   uint64_t call_nonce = 0;
+  // fp32 forward: the grid is (heads, batch x splits, query blocks) instead of (query blocks,
+  // heads, batch x splits), so blocks start every unit's heaviest query block first (f32_fwd_grid).
+  bool query_blocks_outer = false;
 };
 
 // The lengths of sequence b in a forward call (every forward kernel: mma.sync, fp32, Hopper):

@@ -112,7 +112,8 @@ struct F32FwdChoice {
   int tile = 0, pack = 1, splits = 1;  // pack: GQA heads packed into a block's rows (gqa_pack)
 };
 std::string f32_fwd_candidate(const Problem& p, int sm_count, int smem_optin, F32FwdChoice* out);
-dim3 f32_fwd_grid(const Problem& p, int tile, int pack, int splits);
+// The grid of a decided plan, and its layout (FwdArgs::query_blocks_outer).
+dim3 f32_fwd_grid(const Problem& p, int tile, int pack, int splits, bool* query_blocks_outer);
 gpuError_t launch_f32_fwd(int tile, const FwdArgs& a, dim3 grid, gpuStream_t stream);
 
 // Backward (float32 calls): plan and run (preprocess, main loop, dq conversion + sink gradient).

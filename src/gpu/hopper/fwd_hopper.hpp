@@ -153,19 +153,6 @@ struct HopperDimsTag {
   }
 };
 
-// A call over a KV cache: rows past a sequence's keys are the cache's, whatever they hold.
-inline bool is_kv_cache_call(const Problem& p) {
-  return p.seq.seqused_k != nullptr || p.seq.kv_layout == KvLayout::Paged || p.seq.cache_batch_idx != nullptr ||
-         p.seq.cache_leftpad != nullptr;
-}
-
-// Every work tile of the call costs the same: no causal or window mask, every sequence as long as
-// the batched tensors (no varlen), no KV cache (seqused_k, paged, cache_batch_idx, left pad).
-inline bool equal_cost_tiles(const Problem& p) {
-  return p.rules.window_left < 0 && p.rules.window_right < 0 && p.seq.cu_q == nullptr && p.seq.cu_k == nullptr &&
-         !is_kv_cache_call(p);
-}
-
 // D128 calls of equal-cost work tiles with at least kWideMinKeys keys run 160-key tiles (their own
 // instance); varlen is left out because the plan sees only the longest sequence (short ones would
 // waste partial tiles), and dropout because its issue-bound softmax (the Philox calls) loses more
