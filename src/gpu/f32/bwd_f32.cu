@@ -156,11 +156,11 @@ __global__ void __launch_bounds__(256, kTile == kF32BwdD64 ? 2 : 1) bwd_f32_kern
       const int d_steps = (a.d + 7) / 8, dv_steps = (a.dv + 7) / 8;
       // Step s: query head kvh * group + s / nm, query block m_lo + s % nm.
       auto step_head = [&](int s) { return kvh * a.group + s / nm; };
-      auto step_rows = [&](int s) { return (m_lo + s % nm) * BM; };
+      auto step_block = [&](int s) { return m_lo + s % nm; };
       // The Q, dO, lse and D rows of step s, one cp.async group. Rows past Lq get lse 0 and D 0:
       // with their q and dO rows zero, their dS and dV contributions are exactly 0.
       auto load_step = [&](int s) {
-        const int h = step_head(s), i0 = step_rows(s);
+        const int h = step_head(s), i0 = step_block(s) * BM;
         load_rows<BM, D, S, NT, true>(sQ, a.d, tid, q, [&](int r) -> const float* {
           const int i = i0 + r;
           return i < lq ? q + a.q_addr.at(b, q_start, i, h) : nullptr;
@@ -187,8 +187,8 @@ __global__ void __launch_bounds__(256, kTile == kF32BwdD64 ? 2 : 1) bwd_f32_kern
 
       for (int s = 0; s < steps; ++s) {
         const int h = step_head(s);
-        const int m = m_lo + s % nm;
-        const int i0 = step_rows(s);
+        const int m = step_block(s);
+        const int i0 = m * BM;
         if constexpr (!kPrefetch) {
           __syncthreads();  // the previous step is done with sQ, sdO, sL, sDs
           load_step(s);

@@ -309,6 +309,17 @@ KernelInfo f32_fwd_info_of(int tile, int device) {
 
 }  // namespace
 
+namespace {
+// The grid's work units of a plan: query blocks (of packed rows when GQA heads are packed) and
+// heads (kv heads when packed).
+struct F32FwdUnits {
+  int64_t m_blocks, heads;
+};
+F32FwdUnits f32_fwd_units(const Problem& p, const F32Tile& C, int pack) {
+  return {(p.seq.sq * pack + C.block_m - 1) / C.block_m, pack > 1 ? p.hkv : p.hq};
+}
+}  // namespace
+
 std::string f32_fwd_candidate(const Problem& p, int sm_count, int smem_optin, F32FwdChoice* out) {
   F32FwdChoice c;
   c.pack = gqa_pack(p);
@@ -321,14 +332,12 @@ std::string f32_fwd_candidate(const Problem& p, int sm_count, int smem_optin, F3
   if (ki.status != gpuSuccess)
     return std::string("cuda backend: kernel ") + C.name + " is not usable on this device (built archs: " FLASHPORT_GPU_ARCHS "): " +
            gpuGetErrorString(ki.status);
-  const int64_t m_blocks = (p.seq.sq * c.pack + C.block_m - 1) / C.block_m;
-  const int64_t heads_grid = c.pack > 1 ? p.hkv : p.hq;
-  const int64_t work_tiles = m_blocks * heads_grid * p.seq.batch;
-  const int64_t kv_rows = p.seq.kv_layout == KvLayout::Paged ? p.seq.max_blocks * p.seq.page_size : p.seq.sk;
-  const int64_t key_blocks = std::max<int64_t>(1, (kv_rows + C.block_n - 1) / C.block_n);
+  const F32FwdUnits u = f32_fwd_units(p, C, c.pack);
+  const int64_t work_tiles = u.m_blocks * u.heads * p.seq.batch;
+  const int64_t key_blocks = std::max<int64_t>(1, (max_kv_rows(p) + C.block_n - 1) / C.block_n);
   const int64_t slots = int64_t(sm_count) * std::max(1, ki.blocks_per_sm);
   c.splits = resolve_num_splits(p.num_splits, work_tiles, key_blocks, slots, kMaxSplits, p.seq.sq <= 16);
-  if (m_blocks > 0x7fffffff || heads_grid > 65535 || p.seq.batch * c.splits > 65535)
+  if (u.m_blocks > 0x7fffffff || u.heads > 65535 || p.seq.batch * c.splits > 65535)
     return "cuda backend: grid too large (batch * splits <= 65535, heads <= 65535)";
   *out = c;
   return std::string();
@@ -345,9 +354,8 @@ std::string f32_fwd_candidate(const Problem& p, int sm_count, int smem_optin, F3
 // 1.2x / 1.5x with 4-8 heads (fewer units: the tail was a larger share). The backward keeps its
 // order (bwd_f32.cu). Query blocks stay innermost past the z limit (65535).
 dim3 f32_fwd_grid(const Problem& p, int tile, int pack, int splits, bool* query_blocks_outer) {
-  const F32Tile& C = kF32FwdTiles[tile];
-  const unsigned m_blocks = unsigned((p.seq.sq * pack + C.block_m - 1) / C.block_m);
-  const unsigned heads = unsigned(pack > 1 ? p.hkv : p.hq), bz = unsigned(p.seq.batch * splits);
+  const F32FwdUnits u = f32_fwd_units(p, kF32FwdTiles[tile], pack);
+  const unsigned m_blocks = unsigned(u.m_blocks), heads = unsigned(u.heads), bz = unsigned(p.seq.batch * splits);
   *query_blocks_outer = (splits > 1 || !equal_cost_tiles(p)) && m_blocks > 1 && m_blocks <= 65535;
   return *query_blocks_outer ? dim3(heads, bz, m_blocks) : dim3(m_blocks, heads, bz);
 }
