@@ -13,6 +13,7 @@
 // stage 3: dQ = dS K (16 queries x its column tiles). Fragment coordinates: tf32_frag.hpp.
 #include <algorithm>
 #include <cstdio>
+#include <type_traits>
 
 #include "gpu/common/fwd_plan.hpp"
 #include "gpu/common/kernel_info.cuh"
@@ -96,10 +97,17 @@ __global__ void __launch_bounds__(256, kTile == kF32BwdD64 ? 2 : 1) bwd_f32_kern
   // queries of m-tile w % MQ and NC3 8-column tiles (from (w / MQ) NC3).
   constexpr int MK = BN / 16, NQ1 = BM / 8 / (kWarps / MK), NC2 = D / 8 / (kWarps / MK);
   constexpr int MQ = BM / 16, NC3 = D / 8 / (kWarps / MQ);
+  // Stage 1 with one product a warp (the H200 D256 tile): warps [0, kWarps / 2) compute S^T, the
+  // others dP^T; warp p of a half owns the 16 keys of m-tile p % MK and NQ1P query tiles (from
+  // (p / MK) NQ1P), twice a warp's NQ1, so each split A fragment serves twice the products. H200
+  // (session 34, both orders): D256 +3.0-4.0%, D128 +-0.3%, D64 -8.5% (the round trip of S^T and
+  // dP^T through shared memory and its barrier cost more than the fewer A splits save).
+  constexpr bool kOneProductStage1 = kTile == kF32BwdD256;
+  constexpr int NQ1P = kOneProductStage1 ? BM / 8 / (kWarps / 2 / MK) : NQ1;
   // S = 4 (mod 32) and DS = 4 (mod 32): every fragment read below hits 32 banks except stage 3's
   // A reads of dS (two ways).
   static_assert(kWarps % MK == 0 && kWarps % MQ == 0 && NQ1 >= 1 && NC2 >= 1 && NC3 >= 1 && NQ1 * 4 <= 32 &&
-                    S % 32 == 4 && DS % 32 == 4,
+                    (!kOneProductStage1 || (kWarps / 2) % MK == 0) && S % 32 == 4 && DS % 32 == 4,
                 "warp mapping");
   using F = Tf32Frag;
 
@@ -196,16 +204,17 @@ __global__ void __launch_bounds__(256, kTile == kF32BwdD64 ? 2 : 1) bwd_f32_kern
         cp_async_wait<0>();
         __syncthreads();  // step s's rows are in; the previous step's stage 3 is done with sdS
 
-        // ---- stage 1: S^T = K Q^T, dP^T = V dO^T (3xTF32; A = the warp's 16 key rows, B = rows
-        // of Q / dO: query q_tile1 + 8n + b_n, column b_k) ----
+        // ---- stage 1: S^T = K Q^T, dP^T = V dO^T (3xTF32; A = 16 key rows from key0, B = rows of
+        // Q / dO: query q0 + 8n + b_n, column b_k) ----
         float sc[NQ1][4], dp[NQ1][4];
+        auto dots = [&](auto& acc, const float* ta, const float* tb, int k_steps, int key0, int q0) {
+          constexpr int N = std::extent_v<std::remove_reference_t<decltype(acc)>>;
 #pragma unroll
-        for (int n = 0; n < NQ1; ++n)
+          for (int n = 0; n < N; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) sc[n][e] = 0.0f, dp[n][e] = 0.0f;
-        auto dots = [&](float (&acc)[NQ1][4], const float* ta, const float* tb, int k_steps) {
-          const float* pa = ta + key_tile * S;
-          const float* pb = tb + (q_tile1 + F::b_n(lane)) * S;
+            for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+          const float* pa = ta + key0 * S;
+          const float* pb = tb + (q0 + F::b_n(lane)) * S;
 #pragma unroll 1
           for (int k8 = 0; k8 < k_steps; ++k8) {
             const int col = 8 * k8;
@@ -213,7 +222,7 @@ __global__ void __launch_bounds__(256, kTile == kF32BwdD64 ? 2 : 1) bwd_f32_kern
 #pragma unroll
             for (int r = 0; r < 4; ++r) af[r] = split_tf32(pa[F::a_row(lane, r) * S + col + F::a_col(lane, r)]);
 #pragma unroll
-            for (int n = 0; n < NQ1; ++n) {
+            for (int n = 0; n < N; ++n) {
               Tf32Split bf[2];
 #pragma unroll
               for (int r = 0; r < 2; ++r) bf[r] = split_tf32(pb[8 * n * S + col + F::b_k(lane, r)]);
@@ -221,8 +230,31 @@ __global__ void __launch_bounds__(256, kTile == kF32BwdD64 ? 2 : 1) bwd_f32_kern
             }
           }
         };
-        dots(sc, sK, sQ, d_steps);
-        dots(dp, sV, sdO, dv_steps);
+        if constexpr (kOneProductStage1) {
+          // The C fragments go through shared memory (S^T into sP, dP^T into sdS, per query row:
+          // banks g + 8t, no conflict) to the P and dS pass's layout, which overwrites them in place.
+          const bool dp_warp = warp >= kWarps / 2;
+          const int pw = warp % (kWarps / 2);
+          const int key0 = 16 * (pw % MK), q0 = 8 * NQ1P * (pw / MK);
+          float acc[NQ1P][4];
+          dots(acc, dp_warp ? sV : sK, dp_warp ? sdO : sQ, dp_warp ? dv_steps : d_steps, key0, q0);
+          float* dst = dp_warp ? sdS : sP;
+#pragma unroll
+          for (int n = 0; n < NQ1P; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dst[(q0 + 8 * n + F::c_col(lane, e)) * DS + key0 + F::c_row(lane, e)] = acc[n][e];
+          __syncthreads();  // S^T and dP^T complete
+#pragma unroll
+          for (int n = 0; n < NQ1; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int at = (q_tile1 + 8 * n + F::c_col(lane, e)) * DS + key_tile + F::c_row(lane, e);
+              sc[n][e] = sP[at], dp[n][e] = sdS[at];
+            }
+        } else {
+          dots(sc, sK, sQ, d_steps, key_tile, q_tile1);
+          dots(dp, sV, sdO, dv_steps, key_tile, q_tile1);
+        }
 
         // ---- P and dS: element e of tile n is (key key_tile + c_row(lane, e), query q_tile1 + 8n +
         // c_col(lane, e)); both stored per query row ----
