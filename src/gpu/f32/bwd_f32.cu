@@ -100,8 +100,8 @@ __global__ void __launch_bounds__(256, kTile == kF32BwdD64 ? 2 : 1) bwd_f32_kern
   // Stage 1 with one product a warp (the H200 D256 tile): warps [0, kWarps / 2) compute S^T, the
   // others dP^T; warp p of a half owns the 16 keys of m-tile p % MK and NQ1P query tiles (from
   // (p / MK) NQ1P), twice a warp's NQ1, so each split A fragment serves twice the products. H200
-  // (session 34, both orders): D256 +3.0-4.0%, D128 +-0.3%, D64 -8.5% (the round trip of S^T and
-  // dP^T through shared memory and its barrier cost more than the fewer A splits save).
+  // (session 34, both orders): D256 +2.9-4.2%, D128 +-0.3%, D64 -8 to -9% (the round trip of S^T
+  // and dP^T through shared memory and its barrier cost more than the fewer A splits save).
   constexpr bool kOneProductStage1 = kTile == kF32BwdD256;
   constexpr int NQ1P = kOneProductStage1 ? BM / 8 / (kWarps / 2 / MK) : NQ1;
   // S = 4 (mod 32) and DS = 4 (mod 32): every fragment read below hits 32 banks except stage 3's
