@@ -647,7 +647,7 @@ TEST(CudaF32Plan, TileFollowsRowsAndSharedMemory) {
   } bwd_cases[] = {{64, "_bwd_d64_m64n64", 104960, "_bwd_d64_m64n64"},
                    {128, "_bwd_d128_m64n64", 170496, "_bwd_d128_m32n64"},
                    {80, "_bwd_d128_m64n64", 170496, "_bwd_d128_m32n64"},
-                   {256, "_bwd_d256_m64n32", 218624, "_bwd_d256_m32n32"}};
+                   {256, "_bwd_d256_m64n32_w16", 218624, "_bwd_d256_m32n32"}};
   for (const auto& x : bwd_cases) {
     Case c = f32_case();
     c.d = c.dv = x.d, c.sq = 200, c.sk = 300;

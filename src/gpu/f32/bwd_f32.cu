@@ -3,10 +3,11 @@
 // layout (bwd_workspace):
 //   1. preprocess: D_i = dout_i . out_i, LSE in log2 units (+inf for rows that saw nothing),
 //      zeroed fp32 dq accumulator and deterministic-mode semaphores;
-//   2. main loop: one block of 8 warps per (key block, kv head, batch) keeps dK, dV of its keys
-//      in registers over every query block of every query head of its GQA group, and adds dQ into
-//      the accumulator (atomics; deterministic mode orders the key blocks of a query block with a
-//      per-(b, h, q-block) semaphore, so every dq element is summed in the same order every run);
+//   2. main loop: one block (8 warps; Hopper's D256 tile 16) per (key block, kv head, batch)
+//      keeps dK, dV of its keys in registers over every query block of every query head of its
+//      GQA group, and adds dQ into the accumulator (atomics; deterministic mode orders the key
+//      blocks of a query block with a per-(b, h, q-block) semaphore, so every dq element is summed
+//      in the same order every run);
 //   3. convert: dq = scale * accumulator; the sink gradient (mma/bwd_aux.cu's kernel).
 // Stage 1: S^T = K Q^T and dP^T = V dO^T (a warp: 16 keys x its query tiles), then P and dS into
 // shared memory per query row; stage 2: dV += P^T dO, dK += dS^T Q (16 keys x its column tiles);
@@ -86,9 +87,9 @@ __device__ __forceinline__ void add_pair(float* dst, float v0, float v1) {
 }
 
 // D64: two blocks per SM fit its shared memory, so registers are capped for them; D128 and D256
-// take one block per SM (shared memory) and their registers uncapped.
+// take one block per SM (shared memory): 8 warps up to 255 registers, Hopper's D256 16 warps at 128.
 template <int kTile>
-__global__ void __launch_bounds__(256, kTile == kF32BwdD64 ? 2 : 1) bwd_f32_kernel(const __grid_constant__ BwdArgs a) {
+__global__ void __launch_bounds__(kF32BwdTiles[kTile].threads, kTile == kF32BwdD64 ? 2 : 1) bwd_f32_kernel(const __grid_constant__ BwdArgs a) {
   constexpr F32Tile C = kF32BwdTiles[kTile];
   constexpr int D = C.head_dim, BM = C.block_m, BN = C.block_n, NT = C.threads, S = C.row_stride();
   constexpr int kWarps = NT / 32, DS = C.q_stride();

@@ -85,6 +85,9 @@ constexpr int f32_fwd_tile_for(int64_t head_dim, int64_t sq, int smem_optin, int
 // (stage 1) or columns (stage 2) among the warps of a key tile; stage 3 splits queries x columns.
 // D128 and D256 take 64 query rows a step where a block's shared memory holds them (Hopper: H200
 // session 31, +15-25% over 32-row steps, deterministic +18-28%), 32 rows elsewhere (A100: 163 KB).
+// Hopper's D256 tile runs 16 warps (4 a scheduler at 128 registers, against the latency of 2 at
+// 255): H200 session 35, both orders, +2.2-4.5% (deterministic +0.3-0.8%); the same at D128 was
+// 5% slower (more instructions a product: each warp's split fragments serve half the products).
 enum F32BwdTileId : int {
   kF32BwdD64 = 0, kF32BwdD128, kF32BwdD256,  // the head-dim buckets (F32TileId order)
   kF32BwdD128Rows32, kF32BwdD256Rows32,      // D128 and D256 in 32-row steps
@@ -93,7 +96,7 @@ enum F32BwdTileId : int {
 inline constexpr F32Tile kF32BwdTiles[kNumF32BwdTiles] = {
     {64, 64, 64, 256, "f32_tf32x3_bwd_d64_m64n64"},     // 104,960 shared bytes
     {128, 64, 64, 256, "f32_tf32x3_bwd_d128_m64n64"},   // 170,496
-    {256, 64, 32, 256, "f32_tf32x3_bwd_d256_m64n32"},   // 218,624
+    {256, 64, 32, 512, "f32_tf32x3_bwd_d256_m64n32_w16"},  // 218,624
     {128, 32, 64, 256, "f32_tf32x3_bwd_d128_m32n64"},   // 119,040
     {256, 32, 32, 256, "f32_tf32x3_bwd_d256_m32n32"},   // 142,592
 };
