@@ -16,6 +16,12 @@
 #                              (the device tool returns at most 8 files: keep $OUT small). E.g.
 #                                scripts/device.sh steps "OUT=/tmp/device-logs GTEST_FILTER='CudaDecodeKernel.*' bash scripts/device.sh tests" \
 #                                  "PYTHONPATH=build-py/site-cuda python3 bench/python/decode_check.py"
+#   scripts/device.sh record   the benchmarks of record of issues #17 and #18 through the public API,
+#                              one after another into $OUT/record (~20 min on an H200: longer than
+#                              one device call, so start it with setsid and poll record/progress.log):
+#                              bench_api grid + decode (bf16 and fp16, D 64/128/256), bench_coverage,
+#                              bench_dropout, bench_f32, and bench_bwd's deterministic ratios;
+#                              bench/results/targets.md is then refreshed from these files
 #   scripts/device.sh ab TREE [POINTS]
 #                              interleaved A/B (bench/gpu/bench_ab_fwd.py): TREE (another checkout,
 #                              e.g. `git archive BASE | tar -x -C TREE`, carried) as A against this
@@ -127,8 +133,33 @@ case "$mode" in
     done
     tar czf "$OUT/logs.tgz" -C /tmp device-logs
     ;;
+  record)
+    R=$OUT/record
+    mkdir -p "$R"
+    log=$R/progress.log
+    step() {  # NAME TIMEOUT CMD...: one benchmark, its output in $R/NAME.log, a line in progress.log
+      local name=$1 lim=$2 ts=$(date +%s)
+      shift 2
+      PYTHONUNBUFFERED=1 PYTHONPATH=build-py/site-cuda timeout "$lim" "$@" > "$R/$name.log" 2>&1
+      echo "$name rc=$? $(( $(date +%s) - ts )) s (at $(( $(date +%s) - t0 )) s)" >> "$log"
+    }
+    echo "record at $(git rev-parse --short HEAD 2>/dev/null || echo '?'): $(cat "$OUT/device.txt" | head -1)" > "$log"
+    ( bash python/device_test.sh build > "$R/pybuild.log" 2>&1; echo "python package rc=$?" >> "$log" ) &
+    ( build OFF fpbench > "$R/build.log" 2>&1; echo "fpbench rc=$?" >> "$log" ) &
+    wait
+    for d in 64 128 256; do
+      step "api_d$d" 900 python3 bench/python/bench_api.py --out "$R" --name "api_d$d" --modes grid \
+        --dims "$d" --dtypes bf16,fp16 --reps 8
+    done
+    step api_decode 300 python3 bench/python/bench_api.py --out "$R" --name api_decode --modes decode,host
+    FLASHPORT_LOG=1 step coverage 600 python3 bench/python/bench_coverage.py --out "$R"
+    step dropout 600 python3 bench/python/bench_dropout.py --out "$R"
+    step f32 600 python3 bench/python/bench_f32.py --out "$R"
+    step bwd_det 600 python3 bench/gpu/bench_bwd.py --build-dir "$B" --out-dir "$R/bwd" --iters 10
+    echo "ALLDONE" >> "$log"
+    ;;
   *)
-    echo "usage: scripts/device.sh tests|bench|codegen|steps CMD...|ab TREE [POINTS]" >&2
+    echo "usage: scripts/device.sh tests|bench|codegen|steps CMD...|ab TREE [POINTS]|record" >&2
     exit 2
     ;;
 esac
