@@ -16,9 +16,9 @@
 #                              (the device tool returns at most 8 files: keep $OUT small). E.g.
 #                                scripts/device.sh steps "OUT=/tmp/device-logs GTEST_FILTER='CudaDecodeKernel.*' bash scripts/device.sh tests" \
 #                                  "PYTHONPATH=build-py/site-cuda python3 bench/python/decode_check.py"
-#   scripts/device.sh record   the benchmarks of record of issues #17 and #18 through the public API,
-#                              one after another into $OUT/record (~20 min on an H200: longer than
-#                              one device call, so start it with setsid and poll record/progress.log):
+#   scripts/device.sh record   the steps session with the benchmarks of record of issues #17 and
+#                              #18 (tables into $OUT/record; ~20 min on an H200, longer than one
+#                              device call: start it with setsid and poll $OUT/steps.log for ALLDONE):
 #                              bench_api grid + decode (bf16 and fp16, D 64/128/256), bench_coverage,
 #                              bench_dropout, bench_f32, and bench_bwd's deterministic ratios;
 #                              bench/results/targets.md is then refreshed from these files
@@ -62,6 +62,20 @@ build() {  # PTXAS_VERBOSE TARGETS...; SRC/B: source tree and build dir (default
     { grep -B2 -A12 "error" "$OUT/build.log" | head -60; exit 1; }
   grep "library build took" "$OUT/build.log"
   echo "build: $(( $(date +%s) - tb )) s"
+}
+
+run_steps() {  # CMD...: the steps mode (see above); each CMD's output and rc in $OUT/steps.log
+  mkdir -p /tmp/device-logs
+  ( OUT=/tmp/device-logs bash python/device_test.sh build > /tmp/device-logs/pybuild.log 2>&1
+    echo "python package: rc=$? at $(( $(date +%s) - t0 )) s" ) &
+  ( build OFF gpu_tests > /tmp/device-logs/gbuild.log 2>&1; echo "gpu_tests: rc=$? at $(( $(date +%s) - t0 )) s" ) &
+  wait
+  for cmd in "$@"; do
+    echo "== $cmd" | tee -a "$OUT/steps.log"
+    B=$B timeout "${STEP_TIMEOUT:-150}" bash -c "$cmd" 2>&1 | tee -a "$OUT/steps.log"
+    echo "== rc=${PIPESTATUS[0]} at $(( $(date +%s) - t0 )) s" | tee -a "$OUT/steps.log"
+  done
+  tar czf "$OUT/logs.tgz" -C /tmp device-logs
 }
 
 case "$mode" in
@@ -121,42 +135,24 @@ case "$mode" in
     ;;
   steps)
     shift
-    mkdir -p /tmp/device-logs
-    ( OUT=/tmp/device-logs bash python/device_test.sh build > /tmp/device-logs/pybuild.log 2>&1
-      echo "python package: rc=$? at $(( $(date +%s) - t0 )) s" ) &
-    ( build OFF gpu_tests > /tmp/device-logs/gbuild.log 2>&1; echo "gpu_tests: rc=$? at $(( $(date +%s) - t0 )) s" ) &
-    wait
-    for cmd in "$@"; do
-      echo "== $cmd" | tee -a "$OUT/steps.log"
-      B=$B timeout "${STEP_TIMEOUT:-150}" bash -c "$cmd" 2>&1 | tee -a "$OUT/steps.log"
-      echo "== rc=${PIPESTATUS[0]} at $(( $(date +%s) - t0 )) s" | tee -a "$OUT/steps.log"
-    done
-    tar czf "$OUT/logs.tgz" -C /tmp device-logs
+    run_steps "$@"
     ;;
   record)
     R=$OUT/record
     mkdir -p "$R"
-    log=$R/progress.log
-    step() {  # NAME TIMEOUT CMD...: one benchmark, its output in $R/NAME.log, a line in progress.log
-      local name=$1 lim=$2 ts=$(date +%s)
-      shift 2
-      PYTHONUNBUFFERED=1 PYTHONPATH=build-py/site-cuda timeout "$lim" "$@" > "$R/$name.log" 2>&1
-      echo "$name rc=$? $(( $(date +%s) - ts )) s (at $(( $(date +%s) - t0 )) s)" >> "$log"
-    }
-    echo "record at $(git rev-parse --short HEAD 2>/dev/null || echo '?'): $(cat "$OUT/device.txt" | head -1)" > "$log"
-    ( bash python/device_test.sh build > "$R/pybuild.log" 2>&1; echo "python package rc=$?" >> "$log" ) &
-    ( build OFF fpbench > "$R/build.log" 2>&1; echo "fpbench rc=$?" >> "$log" ) &
-    wait
-    for d in 64 128 256; do
-      step "api_d$d" 900 python3 bench/python/bench_api.py --out "$R" --name "api_d$d" --modes grid \
-        --dims "$d" --dtypes bf16,fp16 --reps 8
-    done
-    step api_decode 300 python3 bench/python/bench_api.py --out "$R" --name api_decode --modes decode,host
-    FLASHPORT_LOG=1 step coverage 600 python3 bench/python/bench_coverage.py --out "$R"
-    step dropout 600 python3 bench/python/bench_dropout.py --out "$R"
-    step f32 600 python3 bench/python/bench_f32.py --out "$R"
-    step bwd_det 600 python3 bench/gpu/bench_bwd.py --build-dir "$B" --out-dir "$R/bwd" --iters 10
-    echo "ALLDONE" >> "$log"
+    py="PYTHONUNBUFFERED=1 PYTHONPATH=build-py/site-cuda python3"
+    api="$py bench/python/bench_api.py --out $R"
+    STEP_TIMEOUT=${STEP_TIMEOUT:-900} run_steps \
+      "ninja -C \$B fpbench > /tmp/device-logs/fpbench.log 2>&1" \
+      "$api --name api_d64 --modes grid --dims 64 --dtypes bf16,fp16 --reps 8" \
+      "$api --name api_d128 --modes grid --dims 128 --dtypes bf16,fp16 --reps 8" \
+      "$api --name api_d256 --modes grid --dims 256 --dtypes bf16,fp16 --reps 8" \
+      "$api --name api_decode --modes decode,host" \
+      "FLASHPORT_LOG=1 $py bench/python/bench_coverage.py --out $R" \
+      "$py bench/python/bench_dropout.py --out $R" \
+      "$py bench/python/bench_f32.py --out $R" \
+      "$py bench/gpu/bench_bwd.py --build-dir \$B --out-dir $R/bwd --iters 10"
+    echo "ALLDONE" | tee -a "$OUT/steps.log"
     ;;
   *)
     echo "usage: scripts/device.sh tests|bench|codegen|steps CMD...|ab TREE [POINTS]|record" >&2
