@@ -81,8 +81,9 @@ constexpr int f32_fwd_tile_for(int64_t head_dim, int64_t sq, int smem_optin, int
   const int unsplit = int(kF32FwdD64Unsplit) + int(bucket);
   return bucket != kF32D256 && kF32FwdTiles[unsplit].fwd_smem_bytes() <= smem_optin ? unsplit : narrow;
 }
-// Backward: 8 warps; stages 1 and 2 split the block's keys into 16-key tiles and the queries
-// (stage 1) or columns (stage 2) among the warps of a key tile; stage 3 splits queries x columns.
+// Backward: 8 warps (Hopper's D256 tile 16, below); stages 1 and 2 split the block's keys into
+// 16-key tiles and the queries (stage 1) or columns (stage 2) among the warps of a key tile; stage
+// 3 splits queries x columns.
 // D128 and D256 take 64 query rows a step where a block's shared memory holds them (Hopper: H200
 // session 31, +15-25% over 32-row steps, deterministic +18-28%), 32 rows elsewhere (A100: 163 KB).
 // Hopper's D256 tile runs 16 warps (4 a scheduler at 128 registers, against the latency of 2 at
