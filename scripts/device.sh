@@ -10,7 +10,7 @@
 #                              instruction counts (scripts/cuda_codegen_stats.py)
 #   scripts/device.sh steps CMD...
 #                              one device call's session: the Python package (CUDA, build-py/site-cuda)
-#                              and gpu_tests built side by side, then each CMD (a shell command; $B is
+#                              and gpu_tests (or $STEPS_TARGETS) built side by side, then each CMD (a shell command; $B is
 #                              the CMake build dir) under `timeout $STEP_TIMEOUT` (default 150 s), its
 #                              output in $OUT/steps.log and on stdout; the build logs in $OUT/logs.tgz
 #                              (the device tool returns at most 8 files: keep $OUT small). E.g.
@@ -68,7 +68,8 @@ run_steps() {  # CMD...: the steps mode (see above); each CMD's output and rc in
   mkdir -p /tmp/device-logs
   ( OUT=/tmp/device-logs bash python/device_test.sh build > /tmp/device-logs/pybuild.log 2>&1
     echo "python package: rc=$? at $(( $(date +%s) - t0 )) s" ) &
-  ( build OFF gpu_tests > /tmp/device-logs/gbuild.log 2>&1; echo "gpu_tests: rc=$? at $(( $(date +%s) - t0 )) s" ) &
+  ( build OFF ${STEPS_TARGETS:-gpu_tests} > /tmp/device-logs/gbuild.log 2>&1
+    echo "${STEPS_TARGETS:-gpu_tests}: rc=$? at $(( $(date +%s) - t0 )) s" ) &
   wait
   for cmd in "$@"; do
     echo "== $cmd" | tee -a "$OUT/steps.log"
@@ -142,16 +143,15 @@ case "$mode" in
     mkdir -p "$R"
     py="PYTHONUNBUFFERED=1 PYTHONPATH=build-py/site-cuda python3"
     api="$py bench/python/bench_api.py --out $R"
-    STEP_TIMEOUT=${STEP_TIMEOUT:-900} run_steps \
-      "ninja -C \$B fpbench > /tmp/device-logs/fpbench.log 2>&1" \
+    STEPS_TARGETS=fpbench STEP_TIMEOUT=${STEP_TIMEOUT:-900} run_steps \
       "$api --name api_d64 --modes grid --dims 64 --dtypes bf16,fp16 --reps 8" \
       "$api --name api_d128 --modes grid --dims 128 --dtypes bf16,fp16 --reps 8" \
       "$api --name api_d256 --modes grid --dims 256 --dtypes bf16,fp16 --reps 8" \
       "$api --name api_decode --modes decode,host" \
+      "$py bench/gpu/bench_bwd.py --build-dir \$B --out-dir $R/bwd --iters 10" \
       "FLASHPORT_LOG=1 $py bench/python/bench_coverage.py --out $R" \
       "$py bench/python/bench_dropout.py --out $R" \
-      "$py bench/python/bench_f32.py --out $R" \
-      "$py bench/gpu/bench_bwd.py --build-dir \$B --out-dir $R/bwd --iters 10"
+      "$py bench/python/bench_f32.py --out $R"
     echo "ALLDONE" | tee -a "$OUT/steps.log"
     ;;
   *)

@@ -481,35 +481,35 @@ def device_line(device):
 def grid_ratios(rows):
     """Markdown: the grid's peer / flashport ratios per point (above 1: flashport faster), the
     figures the issues' targets are stated in; empty when the grid has no cuDNN rows."""
-    sel = {(r["call"], r["d"], r["s"], r["causal"], r["lib"]): r for r in rows if r["mode"] == "grid"}
+    sel = {(r["call"], r["d"], r["s"], r["causal"], r.get("dtype"), r["lib"]): r for r in rows if r["mode"] == "grid"}
 
     def ratio(peer, mine, metric):
         a, b = (peer or {}).get(metric), (mine or {}).get(metric)
         return f"{a / b:.2f}" if a and b else "–"
     points = []
-    for (call, d, s, causal, lib) in sel:
-        if lib == "flashport" and (call, d, s, causal) not in points:
-            points.append((call, d, s, causal))
+    for (call, d, s, causal, dtype, lib) in sel:
+        if lib == "flashport" and (call, d, s, causal, dtype) not in points:
+            points.append((call, d, s, causal, dtype))
     if not any((*pt, "sdpa_cudnn") in sel for pt in points):
         return ""
     order = {"fwd": 0, "fwd_grad": 1, "fwd_bwd": 2}
-    points.sort(key=lambda pt: (pt[1], pt[2], pt[3], order.get(pt[0], 3)))
+    points.sort(key=lambda pt: (str(pt[4]), pt[1], pt[2], pt[3], order.get(pt[0], 3)))
     out = ["\n### grid ratios (peer / flashport: above 1, flashport faster)\n",
-           "| call | D | S | causal | kernel: cuDNN / flashport | eager: cuDNN / flashport | "
+           "| call | dtype | D | S | causal | kernel: cuDNN / flashport | eager: cuDNN / flashport | "
            "graph: cuDNN / flashport | kernel: FA2 / flashport | backward kernel (fwd_bwd - fwd): "
            "cuDNN / flashport | host µs: flashport, cuDNN |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
 
-    def backward(lib, d, s, causal):  # the backward's kernel time: fwd_bwd's minus the forward's
-        both, fwd = sel.get(("fwd_bwd", d, s, causal, lib)), sel.get(("fwd", d, s, causal, lib))
+    def backward(lib, d, s, causal, dtype):  # the backward's kernel time: fwd_bwd's minus the forward's
+        both, fwd = sel.get(("fwd_bwd", d, s, causal, dtype, lib)), sel.get(("fwd", d, s, causal, dtype, lib))
         a, b = (both or {}).get("kernel"), (fwd or {}).get("kernel")
         return {"kernel": a - b} if a and b and a > b else None
-    for call, d, s, causal in points:
-        mine, cudnn, fa2 = (sel.get((call, d, s, causal, lib)) for lib in ("flashport", "sdpa_cudnn", "sdpa_flash"))
+    for call, d, s, causal, dtype in points:
+        mine, cudnn, fa2 = (sel.get((call, d, s, causal, dtype, lib)) for lib in ("flashport", "sdpa_cudnn", "sdpa_flash"))
         host = ", ".join(fmt((r or {}).get("host")) for r in (mine, cudnn))
-        bwd = (ratio(backward("sdpa_cudnn", d, s, causal), backward("flashport", d, s, causal), "kernel")
+        bwd = (ratio(backward("sdpa_cudnn", d, s, causal, dtype), backward("flashport", d, s, causal, dtype), "kernel")
                if call == "fwd_bwd" else "–")
-        out.append(f"| {call} | {d} | {s} | {'y' if causal else 'n'} | {ratio(cudnn, mine, 'kernel')} | "
+        out.append(f"| {call} | {dtype} | {d} | {s} | {'y' if causal else 'n'} | {ratio(cudnn, mine, 'kernel')} | "
                    f"{ratio(cudnn, mine, 'eager')} | {ratio(cudnn, mine, 'graph')} | "
                    f"{ratio(fa2, mine, 'kernel')} | {bwd} | {host} |")
     return "\n".join(out)
@@ -550,13 +550,14 @@ def tables(rows):
 
     all_libs = ("flashport", "sdpa_flash", "sdpa_cudnn", "sdpa_cpu", "torch_varlen", "jax_xla",
                 "jax_cudnn")
-    group("host", ("call", "b", "s", "h", "d"), all_libs)
+    group("host", ("call", "dtype", "b", "s", "h", "d"), all_libs)
     ratios_md = grid_ratios(rows)
     if ratios_md:
         out.append(ratios_md)
-    group("grid", ("call", "d", "s", "b", "h", "causal"), all_libs)
-    group("varlen", ("call", "d", "s", "b", "h", "causal"), all_libs)
-    group("decode", ("b", "sk", "hq", "hkv", "d"), all_libs)
+    # dtype in every key: a run over bf16 and fp16 has a row of each per point
+    group("grid", ("call", "dtype", "d", "s", "b", "h", "causal"), all_libs)
+    group("varlen", ("call", "dtype", "d", "s", "b", "h", "causal"), all_libs)
+    group("decode", ("dtype", "b", "sk", "hq", "hkv", "d"), all_libs)
     group("tiny", ("s", "h", "d"), all_libs)
     tiny = {(r["lib"], r["s"]): r.get("host") for r in rows if r["mode"] == "tiny"}
     ratios = [(s, tiny[("flashport", s)] / tiny[("sdpa_cpu", s)]) for (lib, s) in tiny

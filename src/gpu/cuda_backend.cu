@@ -325,7 +325,11 @@ class CudaBackend final : public Backend {
     // backward (bwd_aux.cu), whose checks give the reason when neither runs the call.
 #if defined(FLASHPORT_WITH_HOPPER_BWD)
     const std::string hopper_why = hopper_bwd_check(p, dev.arch, dev.smem_optin);
-    if (hopper_why.empty() && hopper_bwd_plan(p, plan)) return Status::ok();
+    if (hopper_why.empty()) {
+      const BwdKernelInfo ki = hopper_bwd_info_for(hopper_bwd_head_bucket(p.fwd), p.fwd.dtype == FP_BF16,
+                                                   p.fwd.device_index);
+      if (hopper_bwd_plan(p, int64_t(dev.sm_count) * ki.blocks_per_sm, plan)) return Status::ok();
+    }
     const Status st = plan_bwd_cuda(p, dev.smem_optin, plan);
     if (st.is_ok() && dev.arch == 900)
       std::snprintf(plan->passed_over, sizeof(plan->passed_over), "%s", hopper_why.c_str());

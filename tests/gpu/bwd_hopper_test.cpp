@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "core/config.hpp"
+#include "gpu/hopper/bwd_hopper.hpp"
 #include "bwd_harness.hpp"
 
 namespace gputest {
@@ -36,14 +37,18 @@ int64_t hopper_bucket(int64_t d, int64_t dv) {
 }
 
 // Runs the case on the CUDA backend against the reference; checks which kernel ran.
-// `repeats` > 1: the call runs again and must be bit-identical (deterministic mode).
-void check_hopper_bwd(const Case& cs, bool expect_hopper, bool det = false, int repeats = 1) {
+// `repeats` > 1: the call runs again and must be bit-identical (deterministic mode). `rotated`
+// (deterministic, Hopper): whether the plan must take the rotated walk (1) or not (0); -1: either.
+void check_hopper_bwd(const Case& cs, bool expect_hopper, bool det = false, int repeats = 1, int rotated = -1) {
   fp_selection sel{};
   check_bwd(cs, det, repeats, &sel);
   if (sel.kernel[0] == '\0') return;  // the call itself failed: check_bwd reported why
   SCOPED_TRACE(cs.describe() + (det ? " deterministic" : ""));
   const bool took = std::string(sel.kernel).find(kHopperBwdName) != std::string::npos;
   EXPECT_EQ(took, expect_hopper && device_is_sm90() && hopper_built()) << "ran " << sel.kernel;
+  if (took && det && rotated >= 0)
+    EXPECT_EQ(std::string(sel.kernel).find(":deterministic-rotated") != std::string::npos, rotated == 1)
+        << "ran " << sel.kernel;
   if (took) {  // a padded call's plan names its dims
     const int64_t bucket = hopper_bucket(cs.d, cs.dv);
     const std::string dims = ":d" + std::to_string(cs.d) + "_dv" + std::to_string(cs.dv) + ":";
@@ -236,7 +241,8 @@ TEST(CudaHopperBwd, LongerSequences) {
 }
 
 // Deterministic mode: every query block's dQ parts are added in a fixed order (descending key
-// block, semaphores in the workspace), so repeated calls are bit-identical. Many key blocks per
+// block, or the rotated walk's: DeterministicRotatedWalk; semaphores in the workspace), so repeated
+// calls are bit-identical. Many key blocks per
 // query block (the waits), one step per block (Sq small), causal in both alignments (key blocks
 // that start at different query blocks), windows, GQA (several heads per block walk), varlen and
 // seqused_k, dropout, padded and Dq != Dv dims, and each instance (64/128/256).
@@ -277,6 +283,44 @@ TEST(CudaHopperBwd, DeterministicIsBitIdentical) {
     c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = dv, c.sq = 333, c.sk = 900;
     c.causal = true, c.softcap = 30.0f, c.input_std = 3.0;
     check_hopper_bwd(c, true, true, 2);
+  }
+}
+
+// Deterministic mode's rotated walk (bwd_hopper.cu DqRotation): without a causal mask or window,
+// and with a head's key blocks within half a wave, key block n starts at query block n and each
+// query block adds its dQ parts in an order of its own, still fixed. Sequences with as many, fewer
+// and more key blocks than query blocks (the last keep the descending order inside a rotated
+// plan), GQA, dropout and softcap, varlen mixing both kinds and empty sequences, padded head dims;
+// causal calls and key blocks past half a wave take the descending order.
+TEST(CudaHopperBwd, DeterministicRotatedWalk) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t d : {64, 128, 256}) {
+    SCOPED_TRACE("d " + std::to_string(d));
+    const int rot = flashport::gpu::hopper_bwd_rotates(int(d)) ? 1 : 0;  // the instance rotates at all
+    Case c;
+    c.dtype = rand_dtype();
+    c.batch = 2, c.hq = 6, c.hkv = 2, c.d = d, c.dv = d, c.sq = 1000, c.sk = 1000;
+    check_hopper_bwd(c, true, /*det=*/true, /*repeats=*/3, /*rotated=*/rot);
+    c.sq = 777, c.sk = 600, c.dropout = 0.2f, c.softcap = 25.0f;
+    check_hopper_bwd(c, true, true, 2, rot);
+    c.dropout = 0.0f, c.softcap = 0.0f, c.sq = 300, c.sk = 1400;  // more key blocks than query blocks
+    check_hopper_bwd(c, true, true, 2, rot);
+    c.sq = 1000, c.sk = 1000, c.causal = true;
+    check_hopper_bwd(c, true, true, 2, 0);
+    c.causal = false, c.batch = 1, c.hq = 2, c.hkv = 1, c.sq = 40, c.sk = 20000;  // past half a wave
+    check_hopper_bwd(c, true, true, 2, 0);
+    Case v;
+    v.dtype = rand_dtype();
+    v.varlen = true, v.lq = {900, 5, 640, 0, 333, 1}, v.lk = {700, 600, 640, 50, 1, 1};
+    v.hq = 4, v.hkv = 1, v.d = d, v.dv = d;
+    check_hopper_bwd(v, true, true, 2, rot);
+  }
+  for (auto [d, dv] : {std::pair<int64_t, int64_t>{192, 128}, {96, 96}}) {
+    SCOPED_TRACE("d " + std::to_string(d) + " dv " + std::to_string(dv));
+    Case c;
+    c.dtype = rand_dtype();
+    c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = dv, c.sq = 650, c.sk = 500, c.input_std = 2.0;
+    check_hopper_bwd(c, true, true, 2, flashport::gpu::hopper_bwd_rotates(int(hopper_bucket(d, dv))) ? 1 : 0);
   }
 }
 

@@ -132,6 +132,54 @@ __device__ __forceinline__ void dq_reduces_done() {
   bulk_wait_all();
   fence_proxy_async_global();
 }
+
+// A block's steps (BwdWalk): step s is query head kvh group + s / nm and query block m_at(s).
+// In the descending dQ order above, key block n waits for block n + 1 at every query block, so the
+// lag grows along the chain (block 0 adds last everywhere; the deterministic D256 backward ran at
+// 0.71-0.74x the default one). The rotated walk (a.dq_rotated, where every key block sees every
+// query block) starts key block n's walk of each head at query block n and wraps around: at any
+// step the key blocks of a head add into different query blocks, and a block's predecessor in a
+// query block's order added there a step earlier, so no block waits while the chain keeps pace.
+// Query block m's order is then n = m, m - 1, ..., 0, nk - 1, ..., m + 1 (dq_turn), still fixed.
+// Block nk - 1 waits for block 0, the chain's last launched: the plan rotates only when a head's
+// key blocks fit in half a wave (hopper_bwd_plan), so they are resident together. A sequence with
+// more key blocks than query blocks keeps the descending order. DqRotation<false> is the plain
+// walk, with no state: the instances without the rotation (hopper_bwd_rotates) compile as before.
+template <bool kRotates>
+struct DqRotation {
+  __device__ __forceinline__ DqRotation(const BwdArgs&, const BwdBlock&, int, int) {}
+  __device__ __forceinline__ int first() const { return 0; }  // the first query block, past m_lo
+  __device__ __forceinline__ int m_at(int m_lo, int nm, int s) const { return m_lo + s % nm; }
+  // The next step's head h and query block m (k: the step's index in the head's walk).
+  __device__ __forceinline__ void advance(int m_lo, int nm, int& h, int& m, int& /*k*/) const {
+    if (++m == m_lo + nm) m = m_lo, ++h;
+  }
+  // Deterministic mode: the dQ parts added to query block m before this key block's.
+  __device__ __forceinline__ int dq_turn(const KernelScoreRules& S, int m, int n_blk, int bm, int bn) const {
+    return S.last_key_block(m, bm, bn) - n_blk;
+  }
+};
+template <>
+struct DqRotation<true> {
+  int rot = 0, nk = 0;  // nk > 0: the rotated walk over the sequence's nk key blocks
+  __device__ __forceinline__ DqRotation(const BwdArgs& a, const BwdBlock& blk, int bn, int nm) {
+    const int n = (blk.seq.lk + bn - 1) / bn;
+    if (a.dq_rotated && nm > 0 && n <= nm) rot = blk.n_blk, nk = n;
+  }
+  __device__ __forceinline__ int first() const { return rot; }
+  __device__ __forceinline__ int m_at(int m_lo, int nm, int s) const {
+    const int k = s % nm + rot;
+    return m_lo + (k >= nm ? k - nm : k);
+  }
+  __device__ __forceinline__ void advance(int m_lo, int nm, int& h, int& m, int& k) const {
+    if (++m == m_lo + nm) m = m_lo;
+    if (++k == nm) k = 0, ++h;
+  }
+  __device__ __forceinline__ int dq_turn(const KernelScoreRules& S, int m, int n_blk, int bm, int bn) const {
+    if (nk == 0) return S.last_key_block(m, bm, bn) - n_blk;
+    return n_blk <= m ? min(m, nk - 1) - n_blk : m + nk - n_blk;
+  }
+};
 template <int N>
 __device__ __forceinline__ void fence_regs_u32(uint32_t (&r)[N][4]) {
 #pragma unroll
@@ -559,11 +607,11 @@ __device__ __forceinline__ void issue_dq_product(float (&dq_acc)[32], uint32_t d
 // kernel's bottleneck: 128 serial issues a step.) Returns once the copy engine has read the tile.
 // Deterministic mode: the warp first waits for this block's turn at the query block (dq_sema) and
 // passes it on once its reduces are complete; only this warp waits, the MMA warpgroups go on.
-template <int BM, int BN, int D>
-__device__ __forceinline__ void write_dq_tile(const BwdArgs& a, const KernelScoreRules& S, int b, int h, int m,
-                                              int n_blk, int lq, int64_t ws_row0, uint32_t tile, int lane) {
+template <int BM, int BN, int D, typename Rotation>
+__device__ __forceinline__ void write_dq_tile(const BwdArgs& a, const KernelScoreRules& S, const Rotation& w, int b,
+                                              int h, int m, int n_blk, int lq, int64_t ws_row0, uint32_t tile, int lane) {
   if (a.deterministic) {
-    if (lane == 0) dq_wait_turn(dq_sema(a, b, h, m), S.last_key_block(m, BM, BN) - n_blk);
+    if (lane == 0) dq_wait_turn(dq_sema(a, b, h, m), w.dq_turn(S, m, n_blk, BM, BN));
     __syncwarp();
     fence_proxy_async_global();
   }
@@ -596,7 +644,7 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
   const BwdArgs& a = P.a;
   using T = HopperBwdTile;
   constexpr int BN = T::kBlockN, BM = T::block_m(D), kStages = T::kStages;
-  constexpr bool kBf16 = Elem::kIsBf16;
+  constexpr bool kBf16 = Elem::kIsBf16, kRotates = hopper_bwd_rotates(D);
   constexpr int kChunks = D / 8;    // 16-byte chunks per row
   constexpr int kPanels = D / 64;   // 64-column panels of the head dim
   constexpr int kQTiles = BM / 8;   // 8-query accumulator tiles of S^T / dP^T
@@ -651,12 +699,14 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
   const int64_t q_start = blk.seq.q_start, ws_row0 = blk.seq.ws_row0;  // ws_row0: workspace row of i = 0
   const KernelScoreRules& S = blk.rules;
   const ScoreRules& R = a.rules;
-  // Steps (BwdWalk): step s is query head kvh group + s / nm, block m_lo + s % nm. Both roles walk them.
+  // Steps (BwdWalk): step s is query head kvh group + s / nm, block dq_rot.m_at(m_lo, nm, s). Both
+  // roles walk them.
   int m_lo = 0, nm = 0, steps = 0;
   if (blk.has_walk()) {
     const BwdWalk walk = blk.walk(a, BN, BM);
     m_lo = walk.m_lo, nm = walk.nm, steps = walk.steps;
   }
+  const DqRotation<kRotates> dq_rot(a, blk, BN, nm);
 
   if (tid == 0) {
 #pragma unroll
@@ -682,25 +732,25 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
     }
     if (warp < T::kLoaders / 32) {
       // Loaders: stage s % kStages once the MMA warps released its previous use (step s - kStages).
-      int h = kvh * a.group, m = m_lo;  // step s's head and query block
+      int h = kvh * a.group, m = m_lo + dq_rot.first(), k = 0;  // step s's head and query block
       for (int s = 0; s < steps; ++s) {
         const int st = s % kStages;
         mbar_wait(empty_bar(st), ((s / kStages) & 1) ^ 1);
         load_step<BM, D, T::kLoaders>(P, b, q_start, ws_row0, lq, h, m * BM, tid, sQ + st * BM * D,
                                       sdO + st * BM * D, sL + st * BM, sDs + st * BM, full_bar(st));
-        if (++m == m_lo + nm) m = m_lo, ++h;
+        dq_rot.advance(m_lo, nm, h, m, k);
       }
       cp_async_wait<0>();
     } else {
       // dQ writer (warp 3): step s's dQ, staged in buffer s & 1, into the workspace (write_dq_tile);
       // the buffer is free again once the copy engine has read it.
-      int h = kvh * a.group, m = m_lo;  // step s's head and query block
+      int h = kvh * a.group, m = m_lo + dq_rot.first(), k = 0;  // step s's head and query block
       for (int s = 0; s < steps; ++s) {
         const int sbuf = s & 1;
         named_sync<kDqSyncThreads>(kBarDqFull + sbuf);
-        write_dq_tile<BM, BN, D>(a, S, b, h, m, n_blk, lq, ws_row0, smem_u32(sDq + sbuf * (BM * D)), lane);
+        write_dq_tile<BM, BN, D>(a, S, dq_rot, b, h, m, n_blk, lq, ws_row0, smem_u32(sDq + sbuf * (BM * D)), lane);
         if (s + 2 < steps) named_arrive<kDqSyncThreads>(kBarDqEmpty + sbuf);
-        if (++m == m_lo + nm) m = m_lo, ++h;
+        dq_rot.advance(m_lo, nm, h, m, k);
       }
       bulk_wait_all();  // the staging tile must outlive the copy engine's reads
     }
@@ -744,7 +794,9 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
     // registers there).
     uint32_t keep[(4 * kQTiles + 31) / 32] = {};
     auto step_keep = [&](int step) {
-      bwd_keep_bits<kQTiles>(keep, R, b, a.hq, kvh * a.group + step / nm, (m_lo + step % nm) * BM, n0 + key_loc0);
+      int m = m_lo + step % nm;  // (without the rotation, no capture of dq_rot: it changed the SASS)
+      if constexpr (kRotates) m = dq_rot.m_at(m_lo, nm, step);
+      bwd_keep_bits<kQTiles>(keep, R, b, a.hq, kvh * a.group + step / nm, m * BM, n0 + key_loc0);
     };
     if constexpr (kDropout) step_keep(0);
 
@@ -754,7 +806,7 @@ __global__ void __launch_bounds__(HopperBwdTile::kThreads, 1) bwd_hopper_kernel(
     for (int s = 0; s < steps; ++s) {
       const int st = s % kStages;
       const int h = kvh * a.group + s / nm;
-      const int m = m_lo + s % nm;
+      const int m = dq_rot.m_at(m_lo, nm, s);
       const int i0 = m * BM;
       // This warpgroup's 64 keys may be hidden from every row of the step (at D128, BM = 64: the
       // causal diagonal's first step, a window's edges): its P^T and dS^T are zeros, so it skips
@@ -948,7 +1000,7 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
   const BwdArgs& a = P.a;
   using T = HopperBwdTileD256;
   constexpr int D = T::kD, BN = T::kBlockN, BM = T::kBlockM, kStages = T::kStages;
-  constexpr bool kBf16 = Elem::kIsBf16;
+  constexpr bool kBf16 = Elem::kIsBf16, kRotates = hopper_bwd_rotates(D);
   constexpr int kChunks = D / 8;       // 16-byte chunks per row
   constexpr int kPanels = D / 64;      // 64-column panels of dK / dV
   constexpr int kQTiles = BM / 8;      // 8-query accumulator tiles of S^T / dP^T
@@ -1002,12 +1054,14 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
   const int64_t q_start = blk.seq.q_start, ws_row0 = blk.seq.ws_row0;  // ws_row0: workspace row of i = 0
   const KernelScoreRules& S = blk.rules;
   const ScoreRules& R = a.rules;
-  // Steps as in bwd_hopper_kernel: step s is head kvh group + s / nm, query block m_lo + s % nm.
+  // Steps as in bwd_hopper_kernel: step s is head kvh group + s / nm, query block
+  // dq_rot.m_at(m_lo, nm, s).
   int m_lo = 0, nm = 0, steps = 0;
   if (blk.has_walk()) {
     const BwdWalk walk = blk.walk(a, BN, BM);
     m_lo = walk.m_lo, nm = walk.nm, steps = walk.steps;
   }
+  const DqRotation<kRotates> dq_rot(a, blk, BN, nm);
 
   if (tid == 0) {
 #pragma unroll
@@ -1036,27 +1090,27 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
     }
     if (warp < T::kLoaders / 32) {
       // Loaders: stage s % kStages once the writer released its previous use (step s - kStages).
-      int h = kvh * a.group, m = m_lo;  // step s's head and query block
+      int h = kvh * a.group, m = m_lo + dq_rot.first(), k = 0;  // step s's head and query block
       for (int s = 0; s < steps; ++s) {
         const int st = s % kStages;
         mbar_wait(empty_bar(st), ((s / kStages) & 1) ^ 1);
         uint16_t* stage = sQ + st * kStageElems;
         load_step<BM, D, T::kLoaders>(P, b, q_start, ws_row0, lq, h, m * BM, tid, stage, stage + BM * D,
                                       sL + st * BM, sDs + st * BM, full_bar(st));
-        if (++m == m_lo + nm) m = m_lo, ++h;
+        dq_rot.advance(m_lo, nm, h, m, k);
       }
       cp_async_wait<0>();
     } else {
       // dQ writer (warp 3): step s's dQ, staged in ring stage s % kStages, into the workspace
       // (write_dq_tile); then the stage goes back to the loaders.
-      int h = kvh * a.group, m = m_lo;  // step s's head and query block
+      int h = kvh * a.group, m = m_lo + dq_rot.first(), k = 0;  // step s's head and query block
       for (int s = 0; s < steps; ++s) {
         const int st = s % kStages;
         named_sync<kDqSyncThreads>(kBarDqFull + st);
-        write_dq_tile<BM, BN, D>(a, S, b, h, m, n_blk, lq, ws_row0, sQ_u32 + st * (kStageElems * 2), lane);
+        write_dq_tile<BM, BN, D>(a, S, dq_rot, b, h, m, n_blk, lq, ws_row0, sQ_u32 + st * (kStageElems * 2), lane);
         __syncwarp();  // every lane's reduces have read the tile
         if (lane == 0) mbar_arrive(empty_bar(st));
-        if (++m == m_lo + nm) m = m_lo, ++h;
+        dq_rot.advance(m_lo, nm, h, m, k);
       }
       bulk_wait_all();  // the staging tile must outlive the copy engine's reads
     }
@@ -1094,7 +1148,9 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
     // handoff's sign bits.
     uint32_t keep[(4 * kQTiles + 31) / 32] = {};
     auto step_keep = [&](int step) {
-      bwd_keep_bits<kQTiles>(keep, R, b, a.hq, kvh * a.group + step / nm, (m_lo + step % nm) * BM, n0 + key_loc0);
+      int m = m_lo + step % nm;  // (without the rotation, no capture of dq_rot: it changed the SASS)
+      if constexpr (kRotates) m = dq_rot.m_at(m_lo, nm, step);
+      bwd_keep_bits<kQTiles>(keep, R, b, a.hq, kvh * a.group + step / nm, m * BM, n0 + key_loc0);
     };
     if constexpr (kDropout) {
       if (score_side) step_keep(0);
@@ -1104,7 +1160,7 @@ __global__ void __launch_bounds__(HopperBwdTileD256::kThreads, 1) bwd_hopper_d25
     for (int s = 0; s < steps; ++s) {
       const int st = s % kStages;
       const int h = kvh * a.group + s / nm;
-      const int m = m_lo + s % nm;
+      const int m = dq_rot.m_at(m_lo, nm, s);
       const int i0 = m * BM;
       const uint32_t sQs_u32 = sQ_u32 + st * (kStageElems * 2), sdOs_u32 = sQs_u32 + BM * D * 2;
       mbar_wait(full_bar(st), (s / kStages) & 1);
@@ -1320,14 +1376,21 @@ BwdWorkspace hopper_bwd_workspace(const BwdProblem& bp) {
 
 }  // namespace
 
-bool hopper_bwd_plan(const BwdProblem& bp, Plan* plan) {
+bool hopper_bwd_plan(const BwdProblem& bp, int64_t wave_slots, Plan* plan) {
   const Problem& p = bp.fwd;
   *plan = Plan{};
   plan->workspace_bytes = hopper_bwd_workspace(bp).total;
   const int bucket = hopper_bwd_head_bucket(p);
+  // The rotated deterministic walk (DqRotation): every key block sees every query block, and a
+  // head's key blocks (the grid's x) fit in half a wave, so they are resident together with room
+  // left for other work on the device.
+  const int64_t key_blocks = (p.seq.sk + hopper_bwd_block_n(bucket) - 1) / hopper_bwd_block_n(bucket);
+  const bool rotated = bp.deterministic && hopper_bwd_rotates(bucket) && p.rules.window_left < 0 &&
+                       p.rules.window_right < 0 && 2 * key_blocks <= wave_slots;
+  plan->backend_args[0] = rotated ? 1 : 0;
   std::snprintf(plan->kernel, sizeof(plan->kernel), "cuda:%s:%s%s:%s", hopper_bwd_name(bucket),
                 p.dtype == FP_BF16 ? "bf16" : "fp16", HopperDimsTag(p, bucket).text,
-                bp.deterministic ? "deterministic" : "atomic-dq");
+                !bp.deterministic ? "atomic-dq" : rotated ? "deterministic-rotated" : "deterministic");
   plan->num_splits = 1;
   plan->kernel_id = kKernelHopperBwd;
   return true;
@@ -1342,6 +1405,7 @@ Status run_bwd_hopper(const BwdProblem& bp, const Plan& plan, void* workspace, g
   BwdArgs a = bwd_common_args(bp, w, workspace);
   a.vec_ok = true;  // checked by hopper_bwd_check
   a.deterministic = bp.deterministic;
+  a.dq_rotated = bp.deterministic && plan.backend_args[0] == 1;
   a.m_blocks = static_cast<int32_t>(hopper_bwd_m_blocks(p));
   a.ws_sema = reinterpret_cast<int32_t*>(static_cast<char*>(workspace) + w.sema_off);
   a.sema_count = w.sema_count;

@@ -111,6 +111,13 @@ inline int hopper_bwd_head_bucket(const Problem& p) {
   return m <= 64 ? 64 : m <= 128 ? 128 : 256;
 }
 inline constexpr int hopper_bwd_block_n(int d) { return d == 256 ? HopperBwdTileD256::kBlockN : HopperBwdTile::kBlockN; }
+// Whether the instance has deterministic mode's rotated walk (bwd_hopper.cu DqRotation). Not
+// D128: there its extra step state cost the default mode 4-6% at S >= 4k (H200, session 36: the
+// step loop sits at the register limit), and its deterministic mode runs at 0.85-0.87x the
+// default one without it. With it, deterministic D64 went from 0.81-0.85x to 0.97-1.00x and D256
+// from 0.73x to 0.89-0.91x (non-causal S1k/S4k); the default D64 kept its speed (0.99-1.01x), the
+// default D256 too except S4k non-causal (0.96-0.97x in two A/Bs; bench/results/gpu_backward.md).
+inline constexpr bool hopper_bwd_rotates(int d) { return d != 128; }
 inline constexpr int hopper_bwd_smem_bytes(int d) {
   return d == 256 ? HopperBwdTileD256::smem_bytes() : HopperBwdTile::smem_bytes(d);
 }
@@ -165,8 +172,11 @@ inline std::string hopper_bwd_check(const BwdProblem& bp, int arch, int smem_opt
 
 // The Hopper plan of a call hopper_bwd_check accepted: the mma.sync backward's workspace layout
 // (mma/bwd_launch.hpp; semaphores per (b, h, query block) in deterministic mode), the Hopper kernel's name (with ":d<D>_dv<Dv>" when
-// the call runs padded in a larger instance, as the forward's) and id.
-bool hopper_bwd_plan(const BwdProblem& bp, Plan* plan);
+// the call runs padded in a larger instance, as the forward's), its id and, in deterministic
+// mode, whether the walk rotates (backend_args[0]; ":deterministic-rotated" in the name).
+// wave_slots: the device's SMs x the kernel's blocks per SM (the rotated deterministic walk needs a
+// head's key blocks resident together).
+bool hopper_bwd_plan(const BwdProblem& bp, int64_t wave_slots, Plan* plan);
 // Preprocess, the Hopper main loop, dq conversion (mma/bwd_aux_kernels.cuh), on `stream`.
 Status run_bwd_hopper(const BwdProblem& bp, const Plan& plan, void* workspace, gpuStream_t stream);
 

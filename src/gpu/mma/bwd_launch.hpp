@@ -120,6 +120,7 @@ struct BwdArgs {
   bool kv_out_vec_ok = false;  // 4-byte aligned pairs in dk, dv
   bool kv_out_vec16_ok = false;  // 16-byte aligned rows in dk, dv (the Hopper backward's staged dK, dV stores)
   bool deterministic = false;
+  bool dq_rotated = false;  // deterministic Hopper backward: the rotated walk (bwd_hopper.cu DqRotation)
   float scale = 1.0f, scale_log2 = 0.0f, softcap_in = 0.0f, softcap_out = 0.0f;
   // Workspace: lse2 [Hq][total_rows], dsum [Hq][total_rows], dq_acc [Hq][total_rows][dacc],
   // sema [B][Hq][m_blocks].
