@@ -8,6 +8,9 @@
 #include <cstring>
 #include <string>
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include "core/backend.hpp"
 #include "core/heuristics.hpp"
 #include "gpu/common/fwd_plan.hpp"
@@ -52,6 +55,41 @@ const DeviceInfo& device_info(int dev) {
     ready[dev].store(true, std::memory_order_release);
   }
   return cache[dev];
+}
+
+// The SMs a launch on `stream` may use: the SM count of the stream's green context (a green
+// context confines its launches to a partition of the device; CUDA 12.5+ drivers), else the
+// device's. Asked only where a plan needs blocks resident together (the deterministic backward's
+// rotated walk): two driver queries on that path, none elsewhere.
+int launch_sm_count(gpuStream_t stream, int device_sms) {
+  struct Fns {
+    PFN_cuStreamGetCtx_v12050 stream_ctx = nullptr;
+    PFN_cuGreenCtxGetDevResource_v12040 green_resource = nullptr;
+  };
+  static const Fns fns = [] {
+    Fns f;
+    void* a = nullptr;
+    void* b = nullptr;
+    cudaDriverEntryPointQueryResult qa{}, qb{};
+    if (cudaGetDriverEntryPointByVersion("cuStreamGetCtx", &a, 12050, cudaEnableDefault, &qa) == cudaSuccess &&
+        qa == cudaDriverEntryPointSuccess &&
+        cudaGetDriverEntryPointByVersion("cuGreenCtxGetDevResource", &b, 12040, cudaEnableDefault, &qb) ==
+            cudaSuccess &&
+        qb == cudaDriverEntryPointSuccess) {
+      f.stream_ctx = reinterpret_cast<PFN_cuStreamGetCtx_v12050>(a);
+      f.green_resource = reinterpret_cast<PFN_cuGreenCtxGetDevResource_v12040>(b);
+    }
+    cudaGetLastError();
+    return f;
+  }();
+  if (fns.stream_ctx == nullptr) return device_sms;  // a driver without green contexts
+  CUcontext ctx = nullptr;
+  CUgreenCtx green = nullptr;
+  if (fns.stream_ctx(reinterpret_cast<CUstream>(stream), &ctx, &green) != CUDA_SUCCESS || green == nullptr)
+    return device_sms;
+  CUdevResource sms{};
+  if (fns.green_resource(green, &sms, CU_DEV_RESOURCE_TYPE_SM) != CUDA_SUCCESS) return 0;  // unknown: nothing fits
+  return static_cast<int>(sms.sm.smCount);
 }
 
 // Makes `dev` current for the scope (kernels launch on the current device) and restores it.
@@ -328,7 +366,10 @@ class CudaBackend final : public Backend {
     if (hopper_why.empty()) {
       const BwdKernelInfo ki = hopper_bwd_info_for(hopper_bwd_head_bucket(p.fwd), p.fwd.dtype == FP_BF16,
                                                    p.fwd.device_index);
-      if (hopper_bwd_plan(p, int64_t(dev.sm_count) * ki.blocks_per_sm, plan)) return Status::ok();
+      // The SMs of the caller's stream where the plan may need blocks resident together.
+      const int sms = p.deterministic ? launch_sm_count(static_cast<gpuStream_t>(p.fwd.raw->stream), dev.sm_count)
+                                      : dev.sm_count;
+      if (hopper_bwd_plan(p, int64_t(sms) * ki.blocks_per_sm, plan)) return Status::ok();
     }
     const Status st = plan_bwd_cuda(p, dev.smem_optin, plan);
     if (st.is_ok() && dev.arch == 900)

@@ -125,6 +125,7 @@ struct DeviceBwd {
     dq_v = dq.view(dq_h), dk_v = dk.view(dk_h), dv_v = dv.view(dv_h);
     if (!dsinks_h.empty()) dsinks_v = dsinks.view(dsinks_h);
     fp_attn_bwd_params p = bc.params(views, dout_v, dq_v, dk_v, dv_v, dsinks_v, FP_BACKEND_CUDA, det);
+    p.fwd.stream = stream;  // the plan may depend on the stream's SMs (a green context's partition)
     fp_status st = fp_attn_bwd_select(&p, &r.sel);
     if (st == FP_OK) {
       if (r.sel.workspace_bytes > ws.bytes) {
@@ -134,10 +135,11 @@ struct DeviceBwd {
       }
       p.fwd.workspace = ws.ptr;
       p.fwd.workspace_bytes = ws.bytes;
-      p.fwd.stream = stream;
       st = fp_attn_bwd(&p);
     }
-    const cudaError_t e = cudaDeviceSynchronize();
+    // The stream first: a green context's stream is not the primary context's to synchronize.
+    cudaError_t e = stream != nullptr ? cudaStreamSynchronize(stream) : cudaSuccess;
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
     r.ok = st == FP_OK && e == cudaSuccess;
     if (st != FP_OK) r.error = std::string("cuda bwd: ") + fp_status_name(st) + ": " + fp_last_error();
     else if (e != cudaSuccess) r.error = std::string("cuda runtime: ") + cudaGetErrorString(e);
@@ -190,15 +192,17 @@ inline void capture_bwd(const BwdCall& bc, DeviceBwd& dev, bool det, BwdGraph* g
 
 // Runs the case on the CUDA backend against the fp64 reference backward: values, every element
 // written, sentinels after dq/dk/dv/d_sinks and the workspace; `repeats` > 1 also checks that
-// repeated runs are bit-identical. `sel_out` receives the selection (which kernel ran).
-inline void check_bwd(const Case& cs, bool det = false, int repeats = 1, fp_selection* sel_out = nullptr) {
+// repeated runs are bit-identical. `sel_out` receives the selection (which kernel ran); `stream`:
+// the caller's stream of the calls (default: the legacy stream).
+inline void check_bwd(const Case& cs, bool det = false, int repeats = 1, fp_selection* sel_out = nullptr,
+                      cudaStream_t stream = nullptr) {
   SCOPED_TRACE(cs.describe() + (det ? " deterministic" : ""));
   BwdCall bc(cs);
   ASSERT_TRUE(bc.ok) << bc.error;
   const BwdOutputs ref = run_reference_bwd(bc);
   ASSERT_TRUE(ref.ok) << ref.error;
   DeviceBwd dev(bc);
-  const BwdOutputs got = dev.run(bc, det);
+  const BwdOutputs got = dev.run(bc, det, stream);
   ASSERT_TRUE(got.ok) << got.error;
   SCOPED_TRACE(std::string("kernel ") + got.sel.kernel);
   if (sel_out) *sel_out = got.sel;
@@ -218,7 +222,7 @@ inline void check_bwd(const Case& cs, bool det = false, int repeats = 1, fp_sele
     EXPECT_TRUE(dev.dsinks.sentinel_intact());
   }
   for (int r = 1; r < repeats; ++r) {
-    const BwdOutputs again = dev.run(bc, det);
+    const BwdOutputs again = dev.run(bc, det, stream);
     ASSERT_TRUE(again.ok) << again.error;
     EXPECT_TRUE(again.dq.bitwise_equal(got.dq)) << "dq differs on repeat " << r;
     EXPECT_TRUE(again.dk.bitwise_equal(got.dk)) << "dk differs on repeat " << r;

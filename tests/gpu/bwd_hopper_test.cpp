@@ -9,6 +9,8 @@
 // not multiples of 8, unaligned dout, FLASHPORT_HOPPER_BWD=0. Skipped without a CUDA device.
 //
 // The call helpers (BwdCall, DeviceBwd, run_reference_bwd, check_bwd) are bwd_harness.hpp.
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -36,12 +38,69 @@ int64_t hopper_bucket(int64_t d, int64_t dv) {
   return m <= 64 ? 64 : m <= 128 ? 128 : 256;
 }
 
+// A non-blocking stream of a green context holding about `want` SMs of the current device (the
+// driver's split rounds up to its partition rules; `sms` is what it gave), through driver entry
+// points (no -lcuda); `why` says why there is none (a driver or device without green contexts).
+struct GreenStream {
+  CUgreenCtx ctx = nullptr;
+  CUstream stream = nullptr;
+  int sms = 0;
+  std::string why;
+  PFN_cuGreenCtxDestroy_v12040 destroy_ctx = nullptr;
+  PFN_cuStreamDestroy_v4000 destroy_stream = nullptr;
+
+  explicit GreenStream(unsigned want) {
+    auto entry = [&](const char* name, int version) -> void* {
+      void* f = nullptr;
+      cudaDriverEntryPointQueryResult q{};
+      if (cudaGetDriverEntryPointByVersion(name, &f, version, cudaEnableDefault, &q) != cudaSuccess ||
+          q != cudaDriverEntryPointSuccess) {
+        cudaGetLastError();
+        if (why.empty()) why = std::string("driver has no ") + name;
+        return nullptr;
+      }
+      return f;
+    };
+    auto device_get = reinterpret_cast<PFN_cuDeviceGet_v2000>(entry("cuDeviceGet", 2000));
+    auto get_resource = reinterpret_cast<PFN_cuDeviceGetDevResource_v12040>(entry("cuDeviceGetDevResource", 12040));
+    auto split = reinterpret_cast<PFN_cuDevSmResourceSplitByCount_v12040>(entry("cuDevSmResourceSplitByCount", 12040));
+    auto make_desc = reinterpret_cast<PFN_cuDevResourceGenerateDesc_v12040>(entry("cuDevResourceGenerateDesc", 12040));
+    auto create = reinterpret_cast<PFN_cuGreenCtxCreate_v12040>(entry("cuGreenCtxCreate", 12040));
+    auto stream_create = reinterpret_cast<PFN_cuGreenCtxStreamCreate_v12050>(entry("cuGreenCtxStreamCreate", 12050));
+    destroy_ctx = reinterpret_cast<PFN_cuGreenCtxDestroy_v12040>(entry("cuGreenCtxDestroy", 12040));
+    destroy_stream = reinterpret_cast<PFN_cuStreamDestroy_v4000>(entry("cuStreamDestroy", 4000));
+    if (!why.empty()) return;
+    int ordinal = 0;
+    CUdevice dev = 0;
+    CUdevResource all{}, group{}, rest{};
+    unsigned groups = 1;
+    CUdevResourceDesc desc = nullptr;
+    if (cudaGetDevice(&ordinal) != cudaSuccess || device_get(&dev, ordinal) != CUDA_SUCCESS ||
+        get_resource(dev, &all, CU_DEV_RESOURCE_TYPE_SM) != CUDA_SUCCESS ||
+        split(&group, &groups, &all, &rest, 0, want) != CUDA_SUCCESS || groups != 1 ||
+        make_desc(&desc, &group, 1) != CUDA_SUCCESS ||
+        create(&ctx, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM) != CUDA_SUCCESS ||
+        stream_create(&stream, ctx, CU_STREAM_NON_BLOCKING, 0) != CUDA_SUCCESS) {
+      why = "the driver declined the green context";
+      return;
+    }
+    sms = static_cast<int>(group.sm.smCount);
+  }
+  ~GreenStream() {
+    if (stream != nullptr) destroy_stream(stream);
+    if (ctx != nullptr) destroy_ctx(ctx);
+  }
+  GreenStream(const GreenStream&) = delete;
+  GreenStream& operator=(const GreenStream&) = delete;
+};
+
 // Runs the case on the CUDA backend against the reference; checks which kernel ran.
 // `repeats` > 1: the call runs again and must be bit-identical (deterministic mode). `rotated`
 // (deterministic, Hopper): whether the plan must take the rotated walk (1) or not (0); -1: either.
-void check_hopper_bwd(const Case& cs, bool expect_hopper, bool det = false, int repeats = 1, int rotated = -1) {
+void check_hopper_bwd(const Case& cs, bool expect_hopper, bool det = false, int repeats = 1, int rotated = -1,
+                      cudaStream_t stream = nullptr) {
   fp_selection sel{};
-  check_bwd(cs, det, repeats, &sel);
+  check_bwd(cs, det, repeats, &sel, stream);
   if (sel.kernel[0] == '\0') return;  // the call itself failed: check_bwd reported why
   SCOPED_TRACE(cs.describe() + (det ? " deterministic" : ""));
   const bool took = std::string(sel.kernel).find(kHopperBwdName) != std::string::npos;
@@ -321,6 +380,27 @@ TEST(CudaHopperBwd, DeterministicRotatedWalk) {
     c.dtype = rand_dtype();
     c.batch = 2, c.hq = 4, c.hkv = 2, c.d = d, c.dv = dv, c.sq = 650, c.sk = 500, c.input_std = 2.0;
     check_hopper_bwd(c, true, true, 2, flashport::gpu::hopper_bwd_rotates(int(hopper_bucket(d, dv))) ? 1 : 0);
+  }
+}
+
+// The rotated walk on a stream of a green context: the plan sizes the wave from the partition's
+// SMs, not the device's, so a head's key blocks that would not fit in half of the partition take
+// the descending order (the rotated walk could wait for a block no SM of the partition takes:
+// a hang) and the call completes with the right gradients; a chain that fits still rotates.
+TEST(CudaHopperBwd, DeterministicOnGreenContextStream) {
+  SKIP_WITHOUT_GPU();
+  if (!device_is_sm90() || !hopper_built()) GTEST_SKIP() << "needs the Hopper backward";
+  const GreenStream gs(8);
+  if (gs.stream == nullptr) GTEST_SKIP() << gs.why;
+  const cudaStream_t stream = reinterpret_cast<cudaStream_t>(gs.stream);
+  SCOPED_TRACE("green context of " + std::to_string(gs.sms) + " SMs");
+  Case c;  // D64: 128-key blocks, one block per SM
+  c.dtype = rand_dtype();
+  c.batch = 1, c.hq = 2, c.hkv = 1, c.d = 64, c.dv = 64;
+  for (int64_t s : {int64_t(256), int64_t(128) * ((gs.sms + 2) / 2 + 1)}) {
+    c.sq = s, c.sk = s;
+    const int64_t key_blocks = (s + 127) / 128;
+    check_hopper_bwd(c, true, /*det=*/true, /*repeats=*/2, /*rotated=*/2 * key_blocks <= gs.sms ? 1 : 0, stream);
   }
 }
 

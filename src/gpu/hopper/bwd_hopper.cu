@@ -142,7 +142,7 @@ __device__ __forceinline__ void dq_reduces_done() {
 // query block's order added there a step earlier, so no block waits while the chain keeps pace.
 // Query block m's order is then n = m, m - 1, ..., 0, nk - 1, ..., m + 1 (dq_turn), still fixed.
 // Block nk - 1 waits for block 0, the chain's last launched: the plan rotates only when a head's
-// key blocks fit in half a wave (hopper_bwd_plan), so they are resident together. A sequence with
+// key blocks fit in half a wave of the stream's SMs (hopper_bwd_plan), so they are resident together. A sequence with
 // more key blocks than query blocks keeps the descending order. DqRotation<false> is the plain
 // walk, with no state: the instances without the rotation (hopper_bwd_rotates) compile as before.
 template <bool kRotates>
