@@ -142,9 +142,10 @@ __device__ __forceinline__ void dq_reduces_done() {
 // query block's order added there a step earlier, so no block waits while the chain keeps pace.
 // Query block m's order is then n = m, m - 1, ..., 0, nk - 1, ..., m + 1 (dq_turn), still fixed.
 // Block nk - 1 waits for block 0, the chain's last launched: the plan rotates only when a head's
-// key blocks fit in half a wave of the stream's SMs (hopper_bwd_plan), so they are resident together. A sequence with
-// more key blocks than query blocks keeps the descending order. DqRotation<false> is the plain
-// walk, with no state: the instances without the rotation (hopper_bwd_rotates) compile as before.
+// key blocks fit in half a wave of the stream's SMs (hopper_bwd_plan), so they are resident
+// together. A sequence with more key blocks than query blocks keeps the descending order.
+// DqRotation<false> is the plain walk, with no state: the instances without the rotation
+// (hopper_bwd_rotates) compile as before.
 template <bool kRotates>
 struct DqRotation {
   __device__ __forceinline__ DqRotation(const BwdArgs&, const BwdBlock&, int, int) {}
@@ -1382,8 +1383,8 @@ bool hopper_bwd_plan(const BwdProblem& bp, int64_t wave_slots, Plan* plan) {
   plan->workspace_bytes = hopper_bwd_workspace(bp).total;
   const int bucket = hopper_bwd_head_bucket(p);
   // The rotated deterministic walk (DqRotation): every key block sees every query block, and a
-  // head's key blocks (the grid's x) fit in half a wave, so they are resident together with room
-  // left for other work on the device.
+  // head's key blocks (the grid's x) fit in half a wave of the stream's SMs, so they are resident
+  // together with room left for other work on the device.
   const int64_t key_blocks = (p.seq.sk + hopper_bwd_block_n(bucket) - 1) / hopper_bwd_block_n(bucket);
   const bool rotated = bp.deterministic && hopper_bwd_rotates(bucket) && p.rules.window_left < 0 &&
                        p.rules.window_right < 0 && 2 * key_blocks <= wave_slots;
