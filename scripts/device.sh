@@ -22,6 +22,13 @@
 #                              bench_api grid + decode (bf16 and fp16, D 64/128/256), bench_coverage,
 #                              bench_dropout, bench_f32, and bench_bwd's deterministic ratios;
 #                              bench/results/targets.md is then refreshed from these files
+#   scripts/device.sh profile  build fpbench and ncu (--set full, one warm call each) the points
+#                              #17 still misses, at this commit: the forward at S1k (D64/D128,
+#                              causal and not) and D128 S4k non-causal, decode B1 Sk8k (main
+#                              kernel and combine), the D128 backward at S4k; $OUT/ncu_summary.md
+#                              (scripts/ncu_summary.py) and each report's CSVs; PROFILE_POINTS
+#                              (ncu_one.py's points: fwd:D:S:CAUSAL, decode:B:SK, bwd:D:S:CAUSAL)
+#                              picks others
 #   scripts/device.sh ab TREE [POINTS]
 #                              interleaved A/B (bench/gpu/bench_ab_fwd.py): TREE (another checkout,
 #                              e.g. `git archive BASE | tar -x -C TREE`, carried) as A against this
@@ -138,6 +145,21 @@ case "$mode" in
     shift
     run_steps "$@"
     ;;
+  profile)
+    build OFF fpbench
+    lib=$B/bench/gpu/libfpbench.so
+    for pt in ${PROFILE_POINTS:-fwd:64:1024:0 fwd:64:1024:1 fwd:128:1024:0 fwd:128:1024:1 fwd:128:4096:0 decode:1:8192 bwd:128:4096:0}; do
+      name=ncu_${pt//:/_}
+      run=(python3 bench/gpu/ncu_one.py "$lib" "$pt")
+      filter='regex:fwd_hopper|decode|combine|merge'
+      [ "${pt%%:*}" = bwd ] && filter='regex:bwd_hopper'  # the main loop (the forward that makes out/lse runs first)
+      timeout 300 ncu --clock-control none -k "$filter" --launch-skip 2 --launch-count 2 --set full \
+        -f -o "$OUT/$name" "${run[@]}" > "$OUT/$name.log" 2>&1 || echo "ncu $pt: rc=$?"
+      ncu --import "$OUT/$name.ncu-rep" --page details --csv > "$OUT/$name.csv" 2>/dev/null
+      ncu --import "$OUT/$name.ncu-rep" --page raw --csv > "$OUT/${name}_raw.csv" 2>/dev/null
+    done
+    python3 scripts/ncu_summary.py "$OUT"/ncu_*.csv | tee "$OUT/ncu_summary.md"
+    ;;
   record)
     R=$OUT/record
     mkdir -p "$R"
@@ -155,7 +177,7 @@ case "$mode" in
     echo "ALLDONE" | tee -a "$OUT/steps.log"
     ;;
   *)
-    echo "usage: scripts/device.sh tests|bench|codegen|steps CMD...|ab TREE [POINTS]|record" >&2
+    echo "usage: scripts/device.sh tests|bench|codegen|steps CMD...|ab TREE [POINTS]|record|profile" >&2
     exit 2
     ;;
 esac
