@@ -397,10 +397,11 @@ TEST(CudaHopperBwd, DeterministicOnGreenContextStream) {
   Case c;  // D64: 128-key blocks, one block per SM
   c.dtype = rand_dtype();
   c.batch = 1, c.hq = 2, c.hkv = 1, c.d = 64, c.dv = 64;
-  for (int64_t s : {int64_t(256), int64_t(128) * ((gs.sms + 2) / 2 + 1)}) {
-    c.sq = s, c.sk = s;
-    const int64_t key_blocks = (s + 127) / 128;
-    check_hopper_bwd(c, true, /*det=*/true, /*repeats=*/2, /*rotated=*/2 * key_blocks <= gs.sms ? 1 : 0, stream);
+  // 2 key blocks: rotates in any partition of 4 SMs or more; sms + 2 key blocks: more than half a
+  // wave even at 2 blocks per SM, so the descending order.
+  for (int64_t key_blocks : {int64_t(2), int64_t(gs.sms) + 2}) {
+    c.sq = 128 * key_blocks, c.sk = 128 * key_blocks;
+    check_hopper_bwd(c, true, /*det=*/true, /*repeats=*/2, /*rotated=*/key_blocks == 2 ? 1 : 0, stream);
   }
 }
 
