@@ -31,31 +31,29 @@ def shapes_of(arg):
     raise SystemExit(f"ncu_one.py: unknown point {arg!r} (fwd:D:S:CAUSAL, decode:B:SK, f32)")
 
 
-def main():
-    lib = load_lib(sys.argv[1])
-    fp = Flashport(lib)
-    arg = sys.argv[2] if len(sys.argv) > 2 else None
+def calls(lib, arg):
+    """(label, call) pairs of a point argument."""
     if arg is not None and arg.startswith("bwd:"):
         from bench_ab_fwd import BwdPoint  # the backward's inputs, out and lse from the forward
         d, s, causal = (int(x) for x in arg.split(":")[1:])
-        pt = BwdPoint(lib, d, s, 16384 // s, 2048 // d, bool(causal))
-        f = pt.flashport(lib)
-        for _ in range(3):
-            f()
-        torch.cuda.synchronize()
-        print(f"backward D{d} S{s} causal={causal}", flush=True)
+        yield f"backward D{d} S{s} causal={causal}", BwdPoint(lib, d, s, 16384 // s, 2048 // d, bool(causal)).flashport(lib)
         return
     dt = torch.float32 if arg == "f32" else torch.bfloat16
     for (B, S, H, D, Hkv, Sk, causal) in shapes_of(arg):
-        q = torch.randn(B, S, H, D, device="cuda", dtype=dt)
+        q = torch.randn(B, S, H, D, device="cuda", dtype=dt)  # held here while the call runs
         k = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=dt)
-        v = torch.randn_like(k)
-        out = torch.empty_like(q)
-        f = fp.prepare(q, k, v, out, causal, 0)
+        v, out = torch.randn_like(k), torch.empty_like(q)
+        f = Flashport(lib).prepare(q, k, v, out, causal, 0)
+        yield f"B{B} S{S}/{Sk} H{H}/{Hkv} D{D} causal={int(causal)}: {f.kernel}", f
+
+
+def main():
+    lib = load_lib(sys.argv[1])
+    for label, f in calls(lib, sys.argv[2] if len(sys.argv) > 2 else None):
         for _ in range(3):
             f()
         torch.cuda.synchronize()
-        print(f"B{B} S{S}/{Sk} H{H}/{Hkv} D{D} causal={int(causal)}: {f.kernel}", flush=True)
+        print(label, flush=True)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@
 
 #include "core/backend.hpp"
 #include "core/heuristics.hpp"
+#include "gpu/common/driver_entry.hpp"
 #include "gpu/common/fwd_plan.hpp"
 #include "gpu/hopper/bwd_hopper.hpp"
 #include "gpu/mma/bwd_launch.hpp"
@@ -66,23 +67,10 @@ int launch_sm_count(gpuStream_t stream, int device_sms) {
     PFN_cuStreamGetCtx_v12050 stream_ctx = nullptr;
     PFN_cuGreenCtxGetDevResource_v12040 green_resource = nullptr;
   };
-  static const Fns fns = [] {
-    Fns f;
-    void* a = nullptr;
-    void* b = nullptr;
-    cudaDriverEntryPointQueryResult qa{}, qb{};
-    if (cudaGetDriverEntryPointByVersion("cuStreamGetCtx", &a, 12050, cudaEnableDefault, &qa) == cudaSuccess &&
-        qa == cudaDriverEntryPointSuccess &&
-        cudaGetDriverEntryPointByVersion("cuGreenCtxGetDevResource", &b, 12040, cudaEnableDefault, &qb) ==
-            cudaSuccess &&
-        qb == cudaDriverEntryPointSuccess) {
-      f.stream_ctx = reinterpret_cast<PFN_cuStreamGetCtx_v12050>(a);
-      f.green_resource = reinterpret_cast<PFN_cuGreenCtxGetDevResource_v12040>(b);
-    }
-    cudaGetLastError();
-    return f;
-  }();
-  if (fns.stream_ctx == nullptr) return device_sms;  // a driver without green contexts
+  static const Fns fns = {
+      reinterpret_cast<PFN_cuStreamGetCtx_v12050>(driver_entry_point("cuStreamGetCtx", 12050)),
+      reinterpret_cast<PFN_cuGreenCtxGetDevResource_v12040>(driver_entry_point("cuGreenCtxGetDevResource", 12040))};
+  if (fns.stream_ctx == nullptr || fns.green_resource == nullptr) return device_sms;  // no green contexts
   CUcontext ctx = nullptr;
   CUgreenCtx green = nullptr;
   if (fns.stream_ctx(reinterpret_cast<CUstream>(stream), &ctx, &green) != CUDA_SUCCESS || green == nullptr)
@@ -364,12 +352,16 @@ class CudaBackend final : public Backend {
 #if defined(FLASHPORT_WITH_HOPPER_BWD)
     const std::string hopper_why = hopper_bwd_check(p, dev.arch, dev.smem_optin);
     if (hopper_why.empty()) {
-      const BwdKernelInfo ki = hopper_bwd_info_for(hopper_bwd_head_bucket(p.fwd), p.fwd.dtype == FP_BF16,
-                                                   p.fwd.device_index);
-      // The SMs of the caller's stream where the plan may need blocks resident together.
-      const int sms = p.deterministic ? launch_sm_count(static_cast<gpuStream_t>(p.fwd.raw->stream), dev.sm_count)
-                                      : dev.sm_count;
-      if (hopper_bwd_plan(p, int64_t(sms) * ki.blocks_per_sm, plan)) return Status::ok();
+      // Deterministic mode's rotated walk needs a head's key blocks resident together: the wave of
+      // the caller's stream (its SMs x blocks per SM); the default mode asks nothing.
+      int64_t wave_slots = 0;
+      if (p.deterministic) {
+        const BwdKernelInfo ki = hopper_bwd_info_for(hopper_bwd_head_bucket(p.fwd), p.fwd.dtype == FP_BF16,
+                                                     p.fwd.device_index);
+        wave_slots = int64_t(launch_sm_count(static_cast<gpuStream_t>(p.fwd.raw->stream), dev.sm_count)) *
+                     ki.blocks_per_sm;
+      }
+      if (hopper_bwd_plan(p, wave_slots, plan)) return Status::ok();
     }
     const Status st = plan_bwd_cuda(p, dev.smem_optin, plan);
     if (st.is_ok() && dev.arch == 900)

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "core/config.hpp"
+#include "gpu/common/driver_entry.hpp"
 #include "gpu/hopper/bwd_hopper.hpp"
 #include "bwd_harness.hpp"
 
@@ -51,14 +52,8 @@ struct GreenStream {
 
   explicit GreenStream(unsigned want) {
     auto entry = [&](const char* name, int version) -> void* {
-      void* f = nullptr;
-      cudaDriverEntryPointQueryResult q{};
-      if (cudaGetDriverEntryPointByVersion(name, &f, version, cudaEnableDefault, &q) != cudaSuccess ||
-          q != cudaDriverEntryPointSuccess) {
-        cudaGetLastError();
-        if (why.empty()) why = std::string("driver has no ") + name;
-        return nullptr;
-      }
+      void* f = flashport::gpu::driver_entry_point(name, version);
+      if (f == nullptr && why.empty()) why = std::string("driver has no ") + name;
       return f;
     };
     auto device_get = reinterpret_cast<PFN_cuDeviceGet_v2000>(entry("cuDeviceGet", 2000));

@@ -175,7 +175,8 @@ inline std::string hopper_bwd_check(const BwdProblem& bp, int arch, int smem_opt
 // the call runs padded in a larger instance, as the forward's), its id and, in deterministic
 // mode, whether the walk rotates (backend_args[0]; ":deterministic-rotated" in the name).
 // wave_slots: the SMs of the call's stream (a green context's partition, else the device's) x the
-// kernel's blocks per SM (the rotated deterministic walk needs a head's key blocks resident together).
+// kernel's blocks per SM (the rotated deterministic walk needs a head's key blocks resident
+// together); read in deterministic mode only.
 bool hopper_bwd_plan(const BwdProblem& bp, int64_t wave_slots, Plan* plan);
 // Preprocess, the Hopper main loop, dq conversion (mma/bwd_aux_kernels.cuh), on `stream`.
 Status run_bwd_hopper(const BwdProblem& bp, const Plan& plan, void* workspace, gpuStream_t stream);

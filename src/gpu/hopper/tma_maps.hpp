@@ -10,23 +10,16 @@
 #include <cstdint>
 #include <string>
 
+#include "gpu/common/driver_entry.hpp"
+
 namespace flashport::gpu {
 
 using TensorMapEncoder = PFN_cuTensorMapEncodeTiled_v12000;
 
 // The driver's encoder through the runtime (no -lcuda link); null when the driver lacks it.
 inline TensorMapEncoder tensor_map_encoder() {
-  static const TensorMapEncoder fn = []() -> TensorMapEncoder {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return nullptr;
-    }
-    return reinterpret_cast<TensorMapEncoder>(f);
-  }();
+  static const TensorMapEncoder fn =
+      reinterpret_cast<TensorMapEncoder>(driver_entry_point("cuTensorMapEncodeTiled", 12000));
   return fn;
 }
 
