@@ -26,7 +26,9 @@
 #                              #17 still misses, at this commit: the forward at S1k (D64/D128,
 #                              causal and not) and D128 S4k non-causal, decode B1 Sk8k (main
 #                              kernel and combine), the D128 backward at S4k; $OUT/ncu_summary.md
-#                              (scripts/ncu_summary.py) and each report's CSVs; PROFILE_POINTS
+#                              (scripts/ncu_summary.py: sections, pipes, stall reasons, and the
+#                              stall samples by SASS opcode and instruction) and each report's
+#                              CSVs (details, raw, source); PROFILE_POINTS
 #                              (ncu_one.py's points: fwd:D:S:CAUSAL, decode:B:SK, bwd:D:S:CAUSAL)
 #                              picks others
 #   scripts/device.sh ab TREE [POINTS]
@@ -157,6 +159,7 @@ case "$mode" in
         -f -o "$OUT/$name" "${run[@]}" > "$OUT/$name.log" 2>&1 || echo "ncu $pt: rc=$?"
       ncu --import "$OUT/$name.ncu-rep" --page details --csv > "$OUT/$name.csv" 2>/dev/null
       ncu --import "$OUT/$name.ncu-rep" --page raw --csv > "$OUT/${name}_raw.csv" 2>/dev/null
+      ncu --import "$OUT/$name.ncu-rep" --page source --csv --print-source sass > "$OUT/${name}_source.csv" 2>/dev/null
     done
     python3 scripts/ncu_summary.py "$OUT"/ncu_*.csv | tee "$OUT/ncu_summary.md"
     ;;
