@@ -1,28 +1,20 @@
 # Why the API's kernel-time ratio (record) and the C harness's event ratio disagree at S1k: the same
 # tensors through flashport's Python API, the C entry (fpbench) and cuDNN SDPA, each timed by
 # torch.profiler (kernel names and device time per call) and by CUDA events over 10 calls, in rounds.
-import sys, collections, statistics
+import sys, statistics
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel, SDPBackend
-from torch.autograd import DeviceType
-sys.path.insert(0, "bench/gpu")
+sys.path[:0] = ["bench/gpu", "bench/python"]
 import bench_fwd as bf
 import flashport.torch as fa
+from bench_api import kernel_times
 
 lib = bf.load_lib(sys.argv[1])
 
 def kernels(fn, calls=10):
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls): fn()
-        torch.cuda.synchronize()
-    per = collections.defaultdict(lambda: [0, 0.0])
-    for e in prof.events():
-        if e.device_type == DeviceType.CUDA:
-            per[e.name][0] += 1
-            per[e.name][1] += getattr(e, "self_device_time_total", None) or e.self_cuda_time_total
-    return {k: (n / calls, us / calls) for k, (n, us) in per.items()}
+    """{kernel name: (launches, µs) per call} (bench_api's kernel_times)."""
+    return {k: (n / calls, us / calls) for k, (n, us) in kernel_times(fn, calls).items()}
 
 def events(fn, reps=10):
     fn(); torch.cuda.synchronize()
