@@ -100,27 +100,15 @@ def source_summary(path, top=8):
     return out
 
 
-def stalls(path):
-    """{kernel id: [(reason, samples)]} largest first, from a raw-page CSV (row 2: units)."""
+def stalls(raw):
+    """{kernel id: [(reason, share of samples)]} largest first, from raw_rows' kernels."""
     out = {}
-    if not os.path.exists(path):
-        return out
-    with open(path, newline="") as f:
-        rows = list(csv.reader(line for line in f if not line.startswith("==")))
-    if len(rows) < 3:
-        return out
-    head = rows[0]
-    cols = [i for i, h in enumerate(head) if h.startswith(STALL) and not h.endswith("_not_issued")]
-    for r in rows[2:]:
-        got = []
-        for i in cols:
-            try:
-                got.append((head[i][len(STALL):], float(r[i].replace(",", ""))))
-            except (ValueError, IndexError):
-                pass
+    for row in raw:
+        got = [(k[len(STALL):], number(v)) for k, v in row.items()
+               if k.startswith(STALL) and not k.endswith("_not_issued")]
+        got = [(k, v) for k, v in got if v is not None]
         total = sum(v for _, v in got) or 1.0
-        out[r[head.index("ID")] if "ID" in head else str(len(out))] = sorted(
-            ((k, v / total) for k, v in got if v > 0), key=lambda kv: -kv[1])
+        out[row.get("ID", str(len(out)))] = sorted(((k, v / total) for k, v in got if v > 0), key=lambda kv: -kv[1])
     return out
 
 
@@ -129,8 +117,8 @@ def main():
         if path.endswith(("_raw.csv", "_source.csv")):
             continue
         name = os.path.basename(path)[:-4]
-        st = stalls(path[:-4] + "_raw.csv")
         raw = raw_rows(path[:-4] + "_raw.csv")
+        st = stalls(raw)
         for n, ((kid, kernel), metrics) in enumerate(details(path).items()):
             print(f"\n### {name}: {kernel[:110]}\n")
             print("| section | metric | value |\n|---|---|---|")
